@@ -1,0 +1,177 @@
+"""The Checkpoint resource: one model version and everything known about it.
+
+A cycle of an RLCycle creates one Checkpoint and records in its status what it was trained
+on, how training went, what eval said and what the A/B test decided, so ``kubectl describe
+ckpt`` answers "why is this model serving (or not)?". A user may create one by hand to
+register a base model.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from .common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    DnsSubdomain,
+    ObjectMeta,
+    Probability,
+    StoreUri,
+)
+
+
+class CheckpointSpec(ApiModel):
+    """Identity of a model version: where it is stored and where it came from."""
+
+    uri: StoreUri = Field(
+        description="Hugging Face checkpoint directory (config.json, model.safetensors).",
+    )
+    parent: DnsSubdomain | None = Field(
+        None, description="Checkpoint this one was trained from; unset for a base model."
+    )
+    rl_cycle: DnsLabel | None = Field(
+        None, description="RLCycle that produced it; unset for one registered by hand."
+    )
+    cycle: int | None = Field(None, ge=0, description="Cycle number within that RLCycle.")
+
+
+class CheckpointPhase(StrEnum):
+    PENDING = "Pending"
+    STAGING = "Staging"
+    TRAINING = "Training"
+    EVALUATING = "Evaluating"
+    EVALUATED = "Evaluated"
+    REJECTED = "Rejected"
+    CANARY = "Canary"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    SUPERSEDED = "Superseded"
+    FAILED = "Failed"
+
+
+class DataSummary(ApiModel):
+    """What the stage step selected for training."""
+
+    manifest: StoreUri | None = Field(None, description="The staged training set.")
+    interactions: int = Field(0, ge=0, description="Interactions used.")
+    tokens: int = Field(0, ge=0, description="Completion tokens used.")
+    on_policy_fraction: Probability | None = Field(
+        None, description="Share served by the parent checkpoint itself."
+    )
+    quarantined: dict[str, int] | None = Field(
+        None, description="Rows skipped, by reason (never silently trained on)."
+    )
+    files_bad: int = Field(0, ge=0, description="Shard files that could not be read.")
+
+
+class TrainingSummary(ApiModel):
+    """Metrics of the training step (from its train.json)."""
+
+    steps: int = Field(0, ge=0, description="Optimizer steps taken.")
+    tokens: int = Field(0, ge=0, description="Completion tokens trained on.")
+    loss: float | None = Field(None, description="Final policy loss.")
+    kl: float | None = Field(None, description="Mean k3 KL to the parent.")
+    clip_fraction: Probability | None = Field(None, description="Share of clipped tokens.")
+    truncation_fraction: Probability | None = Field(
+        None, description="Share of tokens whose importance ratio was truncated."
+    )
+    mean_advantage: float | None = Field(None, description="Mean advantage of the batch.")
+    grad_norm: float | None = Field(None, ge=0, description="Last gradient norm.")
+    tokens_per_second: float | None = Field(None, ge=0, description="Training throughput.")
+    wall_seconds: float | None = Field(None, ge=0, description="Wall time of the step.")
+
+
+class Verdict(StrEnum):
+    PASSED = "Passed"
+    FAILED = "Failed"
+
+
+class GateResult(ApiModel):
+    """One eval gate: candidate vs parent, with the bootstrap interval of the difference."""
+
+    metric: str = Field(max_length=128, description="<suite>.<metric>.")
+    candidate: float = Field(description="Candidate's value.")
+    parent: float = Field(description="Parent's value.")
+    ci_low: float = Field(description="Lower bound of the difference's confidence interval.")
+    ci_high: float = Field(description="Upper bound of the difference's confidence interval.")
+    passed: bool = Field(description="False when the regression is significant.")
+
+
+class EvalSummary(ApiModel):
+    """The eval step's verdict (from its eval.json)."""
+
+    verdict: Verdict = Field(description="Passed or Failed.")
+    report: StoreUri | None = Field(None, description="Full eval.json.")
+    gates: list[GateResult] | None = Field(None, max_length=64, description="Per-gate results.")
+
+
+class Decision(StrEnum):
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+    CONTINUE = "continue"
+
+
+class MetricComparison(ApiModel):
+    """One metric of the A/B test: both arms, their difference and its always-valid interval."""
+
+    name: str = Field(max_length=128, description="Metric name, e.g. edit_persistence.")
+    baseline: float = Field(description="Stable arm's estimate.")
+    canary: float = Field(description="Canary arm's estimate.")
+    difference: float = Field(description="Canary minus baseline.")
+    ci_low: float = Field(description="Lower bound of the always-valid interval.")
+    ci_high: float = Field(description="Upper bound of the always-valid interval.")
+
+
+class RolloutRecord(ApiModel):
+    """One canary step as it happened."""
+
+    weight: int = Field(ge=0, le=100, description="Canary traffic share in percent.")
+    started_at: datetime = Field(description="When the step began.")
+    ended_at: datetime | None = Field(None, description="When the step ended.")
+    decision: Decision | None = Field(None, description="promote, rollback or continue.")
+    reason: str | None = Field(None, max_length=32768, description="Why, in words.")
+    baseline_samples: int | None = Field(None, ge=0, description="Matured interactions, stable.")
+    canary_samples: int | None = Field(None, ge=0, description="Matured interactions, canary.")
+    metrics: list[MetricComparison] | None = Field(
+        None, max_length=64, description="The A/B numbers at the end of the step."
+    )
+
+
+class CheckpointStatus(ApiModel):
+    """What happened to this model version; written only by the operator."""
+
+    phase: CheckpointPhase | None = Field(None, description="Where in its life it is.")
+    reason: str | None = Field(None, max_length=1024, description="CamelCase reason of phase.")
+    message: str | None = Field(None, max_length=32768, description="Details, in words.")
+    started_at: datetime | None = Field(None, description="When its cycle started.")
+    completed_at: datetime | None = Field(None, description="When it reached a final phase.")
+    data: DataSummary | None = Field(None, description="What it was trained on.")
+    training: TrainingSummary | None = Field(None, description="Training metrics.")
+    eval: EvalSummary | None = Field(None, description="Eval results and verdict.")
+    rollout: list[RolloutRecord] | None = Field(
+        None, max_length=64, description="Canary steps and their A/B results."
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation the status reflects."
+    )
+    conditions: list[Condition] | None = Field(
+        None,
+        description="Conditions with reasons.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class Checkpoint(ApiModel):
+    """A Checkpoint manifest."""
+
+    api_version: Literal["rtrl.io/v1alpha1"] = Field(API_VERSION, description="rtrl.io/v1alpha1")
+    kind: Literal["Checkpoint"] = Field("Checkpoint", description="Checkpoint")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: CheckpointSpec = Field(description="Identity of the model version.")
+    status: CheckpointStatus | None = Field(None, description="The observed state.")

@@ -1,0 +1,227 @@
+"""Shared building blocks of the rtrl API: the base model, constrained scalar types and
+Kubernetes-style conditions.
+
+Every rule lives here once and is expressed twice from the same constants: as a pydantic
+constraint (what ``rtrl validate`` and the operator check) and as an OpenAPI ``pattern`` or a
+CEL rule in the generated CRD (what the API server checks), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "rtrl.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+CEL_KEY = "x-kubernetes-validations"
+
+
+def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, str]:
+    """One CEL validation rule for ``x-kubernetes-validations``.
+
+    ``field_path`` (``.steps``) tells the API server which field to blame, so ``kubectl``
+    names the field just as ``rtrl validate`` does.
+    """
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase in YAML, unknown fields rejected.
+
+    Unknown fields are rejected because the API server's strict field validation (kubectl's
+    default since 1.27) rejects them too; a typo must never silently become a default.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The object as it would appear in YAML: camelCase, unset optional fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --- Durations --------------------------------------------------------------------------
+
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``90s``, ``30m``, ``1h30m`` or ``7d``."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(
+            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), e.g. 30m or 1h30m"
+        )
+    return sum(int(n) * DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest duration string for ``seconds`` (inverse of :func:`parse_duration`)."""
+    if seconds <= 0:
+        return "0s"
+    rest = round(seconds * 1000)
+    out = []
+    for unit, factor in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        n, rest = divmod(rest, factor)
+        if n:
+            out.append(f"{n}{unit}")
+    if rest:
+        out.append(f"{rest}ms")
+    return "".join(out)
+
+
+def _positive_duration(text: str) -> str:
+    if parse_duration(text) <= 0:  # parse_duration rejects what DURATION_PATTERN rejects
+        raise ValueError(f"duration {text!r} must be greater than zero")
+    return text
+
+
+# The pattern goes to the CRD only; pydantic runs the parser, whose message is clearer.
+Duration = Annotated[
+    str,
+    Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}),
+    AfterValidator(_positive_duration),
+]
+
+# --- Names and references ---------------------------------------------------------------
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# An OCI image reference, loosely: no whitespace, no scheme. Registries check the rest.
+IMAGE_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$"
+# The object-store URIs rtrl understands: S3 (any S3-compatible endpoint) and local files.
+STORE_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$"
+# Kubernetes resource.Quantity, as the API server's own OpenAPI schema spells it.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
+DnsSubdomain = Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=253)]
+Image = Annotated[str, Field(pattern=IMAGE_PATTERN, min_length=1, max_length=512)]
+StoreUri = Annotated[
+    str,
+    Field(
+        pattern=STORE_URI_PATTERN,
+        max_length=1024,
+        examples=["s3://interactions/composer/", "file:///var/lib/rtrl/shards/"],
+    ),
+]
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+# What a pattern means, for error messages: "must be an s3:// or file:/// URI" says more
+# than the regular expression does.
+PATTERN_HINTS = {
+    DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', "
+    "starting and ending with a letter or digit",
+    DNS_SUBDOMAIN_PATTERN: "must be a DNS subdomain: lowercase letters, digits, '-' and '.'",
+    ENV_NAME_PATTERN: "must be an environment variable name (letters, digits, '_')",
+    IMAGE_PATTERN: "must be a container image reference, e.g. registry.example.com/trainer:1.0",
+    STORE_URI_PATTERN: "must be an object-store URI: s3://bucket/prefix/ or file:///absolute/path/",
+    QUANTITY_PATTERN: "must be a Kubernetes quantity, e.g. 8, 500m, 64Gi",
+    CONDITION_REASON_PATTERN: "must be a CamelCase reason",
+}
+
+
+# --- Pod placement and resources ---------------------------------------------------------
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1, so training can run on tainted GPU nodes."""
+
+    key: str | None = Field(None, max_length=316, description="Taint key to tolerate.")
+    operator: TolerationOperator = Field(
+        TolerationOperator.EQUAL, description="Exists or Equal (the default)."
+    )
+    value: str | None = Field(None, max_length=63, description="Taint value for Equal.")
+    effect: TaintEffect | None = Field(
+        None, description="Taint effect to tolerate; all effects when unset."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="For NoExecute: how long the pod stays bound after the taint."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Container resources, as in core/v1 (quantities such as ``32``, ``500Gi``, ``1500m``)."""
+
+    requests: dict[str, Quantity] | None = Field(
+        None, description="Minimum resources the scheduler reserves, e.g. cpu, memory."
+    )
+    limits: dict[str, Quantity] | None = Field(
+        None, description="Maximum resources the container may use."
+    )
+
+
+# --- Conditions --------------------------------------------------------------------------
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: the state of one aspect of an object, with the reason it is so.
+
+    ``lastTransitionTime`` changes only when ``status`` changes, so a user can tell how long
+    something has been true.
+    """
+
+    type: str = Field(
+        pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=316, description="Condition type, e.g. Ready."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        pattern=CONDITION_REASON_PATTERN,
+        max_length=1024,
+        description="Machine-readable CamelCase reason for the last transition.",
+    )
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime = Field(
+        description="When status last changed (not when the condition was last written)."
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation the condition was computed from."
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The part of metav1.ObjectMeta that manifests carry; server-set fields are allowed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: DnsSubdomain = Field(description="Object name.")
+    namespace: DnsLabel | None = Field(None, description="Namespace of the object.")
+    labels: dict[str, str] | None = Field(None, description="Labels.")
+    annotations: dict[str, str] | None = Field(None, description="Annotations.")

@@ -1,0 +1,714 @@
+"""The RLCycle resource: the declarative real-time RL loop for one inference Deployment.
+
+This is what a platform team commits to git. RLCycle is to Checkpoint what Deployment is
+to ReplicaSet: each cycle of the loop produces one Checkpoint.
+
+Cross-field rules are written twice, side by side: as a pydantic validator (clear message
+naming the field) and as a CEL rule in ``model_config`` that the generated CRD carries, so
+the API server rejects what ``rtrl validate`` rejects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .common import (
+    API_VERSION,
+    CEL_KEY,
+    DNS_LABEL_PATTERN,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    DnsSubdomain,
+    Duration,
+    EnvName,
+    Image,
+    ObjectMeta,
+    Probability,
+    ResourceRequirements,
+    StoreUri,
+    Toleration,
+    cel,
+    parse_duration,
+)
+from .cron import CRON_PATTERN, parse_cron
+
+# Derived child names (<rlcycle>-<cycle>-train, its headless Service, pod hostnames) must
+# stay within the 63 characters of a DNS label.
+MAX_RLCYCLE_NAME = 40
+MAX_ROLLOUT_STEPS = 10
+
+
+def _cron(expression: str) -> str:
+    parse_cron(expression)
+    return expression
+
+
+# The pattern goes to the CRD only; pydantic runs the parser, whose message is clearer.
+Cron = Annotated[
+    str,
+    Field(max_length=128, json_schema_extra={"pattern": CRON_PATTERN}),
+    AfterValidator(_cron),
+]
+
+
+class TargetSpec(ApiModel):
+    """The inference Deployment that serves the model, and how a checkpoint is injected."""
+
+    deployment: DnsSubdomain = Field(
+        description="Name of the inference Deployment (same namespace) that serves the model."
+    )
+    container: DnsLabel = Field(
+        description="Name of the container in that Deployment that loads the checkpoint."
+    )
+    checkpoint_env: EnvName = Field(
+        "MODEL_URI",
+        description="Environment variable of that container that holds the checkpoint URI.",
+    )
+
+
+class ScheduleSpec(ApiModel):
+    """When cycles start: every ``interval`` after the previous one started, or on ``cron``.
+
+    A cycle can also be started by hand with the annotation ``rtrl.io/trigger``.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "has(self.interval) != has(self.cron)",
+                    "set exactly one of interval and cron",
+                )
+            ]
+        }
+    )
+
+    interval: Duration | None = Field(
+        None, description="Start a cycle this long after the previous one started, e.g. 5h."
+    )
+    cron: Cron | None = Field(
+        None, description="Start cycles on this cron schedule (UTC), e.g. '0 */5 * * *'."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.interval is None) == (self.cron is None):
+            raise ValueError("set exactly one of interval and cron")
+        return self
+
+
+class PopulationSpec(ApiModel):
+    """Which users' interactions to learn from: all by default, or some organisations
+    (specialising a model for one organisation)."""
+
+    orgs: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        None, min_length=1, max_length=1000, description="Only interactions of these orgs."
+    )
+    exclude_orgs: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        None, min_length=1, max_length=1000, description="Never interactions of these orgs."
+    )
+
+
+class DataSpec(ApiModel):
+    """Where the interaction shards are and which of them a cycle may train on."""
+
+    shards: StoreUri = Field(
+        description="Prefix of the Hive-partitioned Parquet interaction shards "
+        "(s3://bucket/prefix/ or file:///path/)."
+    )
+    checkpoint_partition: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]*$")] = Field(
+        "checkpoint",
+        max_length=63,
+        description="Hive partition key that holds the serving checkpoint id "
+        "(interactions/<key>=<id>/...).",
+    )
+    maturity: Duration = Field(
+        "1h",
+        description="How long after an interaction its feedback is final (edit persistence is "
+        "known later); younger interactions wait for a later cycle.",
+    )
+    window: Duration | None = Field(
+        None,
+        description="Only interactions created this long before the cycle starts; "
+        "unset: all since the serving checkpoint went live.",
+    )
+    min_interactions: int = Field(
+        1000, ge=1, description="Fewer matured interactions than this: the cycle waits."
+    )
+    min_tokens: int = Field(
+        0, ge=0, description="Fewer completion tokens than this: the cycle waits."
+    )
+    max_off_policy_fraction: Probability = Field(
+        0.0,
+        description="Share of the training set that may come from the previous checkpoint "
+        "(importance-weighted by its logged log-probs).",
+    )
+    max_bad_fraction: Probability = Field(
+        0.01,
+        description="Share of rows that may be quarantined (unreadable or invalid) before the "
+        "stage step fails instead of training.",
+    )
+    population: PopulationSpec | None = Field(
+        None, description="Restrict learning to part of the user population."
+    )
+
+
+class BaselineKind(StrEnum):
+    BATCH = "batch"
+    ORG = "org"
+
+
+class RewardSpec(ApiModel):
+    """Reward = weighted sum of the implicit-feedback signals of one interaction.
+
+    An interaction with an invalid tool call gets the ``invalidToolCall`` weight, it is never
+    dropped: dropping those taught a model to emit broken calls on tasks it expected to fail.
+    """
+
+    edit_persisted: float = Field(
+        1.0, ge=-100, le=100, description="Weight of edit persistence (0..1, measured later)."
+    )
+    dissatisfied_followup: float = Field(
+        -1.0, ge=-100, le=100, description="Weight of a dissatisfied follow-up (0 or 1)."
+    )
+    latency: float = Field(
+        -0.1,
+        ge=-100,
+        le=100,
+        description="Weight of latency in units of latencyScaleMs (latency_ms / latencyScaleMs).",
+    )
+    latency_scale_ms: float = Field(
+        10_000.0, gt=0, le=3_600_000, description="Latency that counts as one unit."
+    )
+    invalid_tool_call: float = Field(
+        -1.0,
+        ge=-100,
+        le=100,
+        description="Reward added when any tool call of the interaction was invalid.",
+    )
+    asked_clarification: float = Field(
+        0.0,
+        ge=-100,
+        le=100,
+        description="Reward added when the model asked a clarifying question instead of editing.",
+    )
+    clip: float = Field(
+        5.0, gt=0, le=1000, description="Rewards are clipped to [-clip, clip]."
+    )
+    baseline: BaselineKind = Field(
+        BaselineKind.BATCH,
+        description="Advantage baseline: the batch mean, or the mean per org (stratum).",
+    )
+
+    @model_validator(mode="after")
+    def _some_signal(self) -> Self:
+        weights = (
+            self.edit_persisted,
+            self.dissatisfied_followup,
+            self.latency,
+            self.invalid_tool_call,
+            self.asked_clarification,
+        )
+        if not any(weights):
+            raise ValueError("at least one reward weight must be non-zero")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    # Every weight has a default, which the API server fills in first.
+                    "self.editPersisted != 0.0 || self.dissatisfiedFollowup != 0.0 || "
+                    "self.latency != 0.0 || self.invalidToolCall != 0.0 || "
+                    "self.askedClarification != 0.0",
+                    "at least one reward weight must be non-zero",
+                )
+            ]
+        }
+    )
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+
+class TrainingSpec(ApiModel):
+    """The DeepSpeed policy-gradient training Job: where it runs and how it learns."""
+
+    image: Image = Field(description="Trainer image (runs `rtrl-job train`).")
+    nodes: int = Field(1, ge=1, le=512, description="Pods of the Indexed training Job.")
+    gpus_per_node: int = Field(8, ge=0, le=16, description="GPUs per pod (0 trains on CPU).")
+    gpu_resource: str = Field(
+        "nvidia.com/gpu",
+        pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        max_length=253,
+        description="Extended resource name that requests one GPU.",
+    )
+    resources: ResourceRequirements | None = Field(
+        None, description="CPU and memory of each training pod (GPUs come from gpusPerNode)."
+    )
+    node_selector: dict[str, str] | None = Field(
+        None, description="Node labels the training pods must run on."
+    )
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=64, description="Tolerations of the training pods (e.g. GPU taints)."
+    )
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    precision: Precision = Field(Precision.BF16, description="bf16 (default) or fp32.")
+    learning_rate: float = Field(1e-6, gt=0, le=1, description="AdamW learning rate.")
+    batch_tokens: int = Field(
+        1_048_576,
+        ge=1,
+        description="Global batch in completion tokens; gradients accumulate up to it.",
+    )
+    micro_batch_size: int = Field(
+        1, ge=1, le=1024, description="Sequences per GPU per forward pass."
+    )
+    max_sequence_length: int = Field(
+        8192, ge=16, le=1_048_576, description="Longer interactions are truncated."
+    )
+    epochs: int = Field(1, ge=1, le=16, description="Passes over the staged set per cycle.")
+    clip_ratio: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="PPO clip range of the ratio to the policy at the start of the cycle.",
+    )
+    is_truncation: float = Field(
+        2.0,
+        ge=1,
+        le=100,
+        description="Cap of the importance ratio to the logged serving policy (TIS).",
+    )
+    kl_coef: float = Field(
+        0.02, ge=0, le=10, description="Weight of the k3 KL penalty to the parent checkpoint."
+    )
+    grad_clip: float = Field(1.0, gt=0, le=1000, description="Gradient-norm clip.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+    seed: int = Field(0, ge=0, description="Random seed of the training run.")
+
+
+class EvalSuite(StrEnum):
+    REPLAY = "replay"
+    TASKS = "tasks"
+    BEHAVIOUR = "behaviour"
+
+
+class RegressionMode(StrEnum):
+    ABSOLUTE = "absolute"
+    RELATIVE = "relative"
+
+
+class EvalGate(ApiModel):
+    """A candidate fails this gate when ``metric`` regresses by more than ``maxRegression``
+    vs the parent, significantly at the eval ``alpha``."""
+
+    metric: str = Field(
+        pattern=r"^[a-z]+\.[a-z0-9_@.]+$",
+        max_length=128,
+        description="<suite>.<metric>, e.g. tasks.pass_at_1.",
+    )
+    max_regression: float = Field(ge=0, description="Largest tolerated regression.")
+    mode: RegressionMode = Field(
+        RegressionMode.ABSOLUTE, description="Whether maxRegression is absolute or relative."
+    )
+
+
+class EvalSpec(ApiModel):
+    """Suites a candidate runs before any user sees it, and the gates it must pass."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "!has(self.gates) || self.gates.all(g, "
+                    "(has(self.suites) ? self.suites : ['replay', 'tasks', 'behaviour'])"
+                    ".exists(s, g.metric.startsWith(s + '.')))",
+                    "every gate metric must belong to one of the suites (<suite>.<metric>)",
+                    field_path=".gates",
+                ),
+            ]
+        }
+    )
+
+    suites: list[EvalSuite] = Field(
+        default_factory=lambda: [EvalSuite.REPLAY, EvalSuite.TASKS, EvalSuite.BEHAVIOUR],
+        min_length=1,
+        max_length=3,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="Suites to run: replay, tasks, behaviour.",
+    )
+    gates: list[EvalGate] = Field(
+        default_factory=list, max_length=64, description="Regression gates."
+    )
+    alpha: float = Field(
+        0.05, gt=0, le=0.5, description="Significance level of the gates' bootstrap test."
+    )
+
+    @field_validator("suites")
+    @classmethod
+    def _unique_suites(cls, suites: list[EvalSuite]) -> list[EvalSuite]:
+        if len(set(suites)) != len(suites):
+            raise ValueError("each suite may appear once")
+        return suites
+
+    @field_validator("gates")
+    @classmethod
+    def _gates_use_suites(cls, gates: list[EvalGate], info: ValidationInfo) -> list[EvalGate]:
+        suites = info.data.get("suites")
+        if suites is None:  # suites itself was invalid and is reported
+            return gates
+        for i, gate in enumerate(gates):
+            suite = gate.metric.split(".", 1)[0]
+            if suite not in suites:
+                raise ValueError(
+                    f"every gate metric must belong to one of the suites: gates[{i}].metric "
+                    f"{gate.metric!r} needs suite {suite!r}, suites are "
+                    f"{', '.join(map(str, suites))}"
+                )
+        return gates
+
+
+class RolloutStep(ApiModel):
+    """One canary step: the canary's share of traffic and how long it holds at least."""
+
+    weight: int = Field(ge=1, le=100, description="Canary traffic share in percent.")
+    min_duration: Duration = Field(description="Stay at least this long at this weight.")
+    min_samples: int = Field(
+        0, ge=0, description="And until each arm has this many matured interactions."
+    )
+
+
+class InconclusivePolicy(StrEnum):
+    ROLLBACK = "rollback"
+    PROMOTE_IF_NON_INFERIOR = "promote-if-non-inferior"
+    HOLD = "hold"
+
+
+class AnalysisSpec(ApiModel):
+    """The sequential A/B test that decides promotion."""
+
+    alpha: float = Field(
+        0.05, gt=0, le=0.5, description="Error rate of the always-valid sequential test."
+    )
+    max_duration: Duration = Field(
+        "24h", description="After this long without a decision, the inconclusive policy applies."
+    )
+    inconclusive: InconclusivePolicy = Field(
+        InconclusivePolicy.ROLLBACK,
+        description="At maxDuration: rollback, promote-if-non-inferior, or hold.",
+    )
+    non_inferiority_margin: float = Field(
+        0.01, ge=0, le=1, description="Relative margin for promote-if-non-inferior."
+    )
+    srm_alpha: float = Field(
+        0.001,
+        gt=0,
+        le=0.1,
+        description="Significance of the sample-ratio-mismatch check (arm shares vs weight).",
+    )
+
+
+class Band(ApiModel):
+    """How far a behaviour monitor of the canary may move from the stable arm."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "has(self.maxRelativeDrop) || has(self.maxRelativeRise)",
+                    "set maxRelativeDrop, maxRelativeRise or both",
+                )
+            ]
+        }
+    )
+
+    max_relative_drop: float | None = Field(
+        None, ge=0, le=1, description="Largest tolerated relative fall (0.05 = 5%)."
+    )
+    max_relative_rise: float | None = Field(
+        None, ge=0, le=100, description="Largest tolerated relative rise (0.10 = 10%)."
+    )
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Self:
+        if self.max_relative_drop is None and self.max_relative_rise is None:
+            raise ValueError("set maxRelativeDrop, maxRelativeRise or both")
+        return self
+
+
+class GuardrailsSpec(ApiModel):
+    """Behaviour monitors that block promotion when they move too far: the reward-hacking
+    tripwires (e.g. a falling edit rate with a rising clarification rate)."""
+
+    edit_rate: Band | None = Field(
+        default_factory=lambda: Band(max_relative_drop=0.05),
+        description="Share of interactions with an edit proposed.",
+    )
+    clarification_rate: Band | None = Field(
+        default_factory=lambda: Band(max_relative_rise=0.10),
+        description="Share of interactions where the model asked a clarifying question.",
+    )
+    invalid_tool_call_rate: Band | None = Field(
+        default_factory=lambda: Band(max_relative_rise=0.10),
+        description="Share of tool calls that were invalid.",
+    )
+    mean_completion_tokens: Band | None = Field(
+        None, description="Mean completion length in tokens."
+    )
+    latency_p95: Band | None = Field(None, description="95th percentile latency.")
+
+
+class Router(StrEnum):
+    REPLICAS = "replicas"
+    GATEWAY_API = "gatewayapi"
+
+
+def _default_steps() -> list[RolloutStep]:
+    return [
+        RolloutStep(weight=5, min_duration="30m"),
+        RolloutStep(weight=25, min_duration="1h"),
+        RolloutStep(weight=50, min_duration="1h"),
+    ]
+
+
+def _increasing_weights_rule() -> str:
+    """CEL for 'weights strictly increasing'. Standard CEL cannot compare list neighbours in
+    a comprehension, so the rule spells out each adjacent pair up to the list's maxItems."""
+    pairs = [
+        f"(size(self) <= {i + 1} || self[{i}].weight < self[{i + 1}].weight)"
+        for i in range(MAX_ROLLOUT_STEPS - 1)
+    ]
+    return " && ".join(pairs)
+
+
+class RolloutSpec(ApiModel):
+    """How a candidate that passed eval reaches users: canary steps, A/B analysis, guardrails."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "!has(self.router) || self.router != 'gatewayapi' || "
+                    "(has(self.httpRoute) && has(self.service))",
+                    "router gatewayapi needs httpRoute and service",
+                ),
+            ]
+        }
+    )
+
+    router: Router = Field(
+        Router.REPLICAS,
+        description="replicas: split by replica ratio behind the existing Service; "
+        "gatewayapi: weights on an HTTPRoute's backendRefs.",
+    )
+    http_route: DnsSubdomain | None = Field(
+        None, description="HTTPRoute whose backendRefs rtrl weights (router gatewayapi)."
+    )
+    service: DnsSubdomain | None = Field(
+        None, description="Service of the stable arm in that HTTPRoute (router gatewayapi)."
+    )
+    steps: list[RolloutStep] = Field(
+        default_factory=_default_steps,
+        min_length=1,
+        max_length=MAX_ROLLOUT_STEPS,
+        description="Canary steps; weights strictly increasing within 1..100.",
+        json_schema_extra={
+            CEL_KEY: [
+                cel(_increasing_weights_rule(), "step weights must be strictly increasing")
+            ]
+        },
+    )
+    ready_timeout: Duration = Field(
+        "30m", description="The canary must be ready (model loaded) within this, else rollback."
+    )
+    analysis: AnalysisSpec = Field(
+        default_factory=AnalysisSpec, description="The sequential A/B test."
+    )
+    guardrails: GuardrailsSpec = Field(
+        default_factory=GuardrailsSpec, description="Behaviour bands that block promotion."
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[RolloutStep]) -> list[RolloutStep]:
+        for i in range(1, len(steps)):
+            if steps[i].weight <= steps[i - 1].weight:
+                raise ValueError(
+                    f"step weights must be strictly increasing: steps[{i}].weight "
+                    f"{steps[i].weight} is not greater than steps[{i - 1}].weight "
+                    f"{steps[i - 1].weight}"
+                )
+        return steps
+
+    @model_validator(mode="after")
+    def _router_refs(self) -> Self:
+        if self.router == Router.GATEWAY_API and not (self.http_route and self.service):
+            raise ValueError("router gatewayapi needs httpRoute and service")
+        return self
+
+
+class StorageSpec(ApiModel):
+    """Where artifacts go and how pods reach the object store. Credentials are never inline:
+    a Secret reference or the pod's cloud role through its service account."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "!has(self.credentialsSecret) || !has(self.serviceAccountName) || "
+                    "self.credentialsSecret == '' || self.serviceAccountName == ''",
+                    "set credentialsSecret or serviceAccountName, not both",
+                )
+            ]
+        }
+    )
+
+    artifacts: StoreUri = Field(
+        description="Prefix under which checkpoints and step results are written."
+    )
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        max_length=1024,
+        description="S3-compatible endpoint URL (MinIO, Ceph, GCS interop); unset: AWS.",
+    )
+    region: str | None = Field(
+        None, pattern=r"^[a-z0-9-]+$", max_length=64, description="S3 region."
+    )
+    credentials_secret: DnsSubdomain | None = Field(
+        None,
+        description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+        "mounted as environment into Job pods.",
+    )
+    service_account_name: DnsSubdomain | None = Field(
+        None, description="Service account of Job pods, for a cloud role (IRSA, Workload ID)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_credentials(cls, data: object) -> object:
+        if isinstance(data, dict):
+            inline = [
+                str(key)
+                for key in data
+                if any(w in str(key).lower() for w in ("secretaccesskey", "accesskeyid", "password"))
+            ]
+            if inline:
+                raise ValueError(
+                    f"{', '.join(inline)}: credentials are never written into an RLCycle; "
+                    "put them in a Secret and set credentialsSecret"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> Self:
+        if self.credentials_secret and self.service_account_name:
+            raise ValueError("set credentialsSecret or serviceAccountName, not both")
+        return self
+
+
+class RLCycleSpec(ApiModel):
+    """The desired real-time RL loop for one inference Deployment."""
+
+    target: TargetSpec = Field(description="The inference Deployment that serves the model.")
+    schedule: ScheduleSpec = Field(description="When cycles start.")
+    suspend: bool = Field(
+        False, description="No new cycle starts while true; a running one finishes."
+    )
+    data: DataSpec = Field(description="Interaction shards to learn from.")
+    reward: RewardSpec = Field(
+        default_factory=RewardSpec, description="Reward from implicit feedback."
+    )
+    training: TrainingSpec = Field(description="The training Job.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval suites and gates.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Canary rollout and A/B analysis."
+    )
+    storage: StorageSpec = Field(description="Object store for artifacts.")
+    pin: DnsSubdomain | None = Field(
+        None,
+        description="Serve exactly this Checkpoint and start no cycles (GitOps rollback).",
+    )
+    history_limit: int = Field(
+        20, ge=1, le=1000, description="Checkpoints kept; older ones are deleted (not stored "
+        "artifacts, never the serving, pinned or candidate one)."
+    )
+
+    @model_validator(mode="after")
+    def _durations(self) -> Self:
+        rollout_total = sum(parse_duration(s.min_duration) for s in self.rollout.steps)
+        if rollout_total > parse_duration(self.rollout.analysis.max_duration):
+            raise ValueError(
+                "rollout.analysis.maxDuration must be at least the sum of the steps' "
+                "minDuration"
+            )
+        return self
+
+
+class RLCyclePhase(StrEnum):
+    PENDING = "Pending"
+    IDLE = "Idle"
+    STAGING = "Staging"
+    TRAINING = "Training"
+    EVALUATING = "Evaluating"
+    CANARY = "Canary"
+    PROMOTING = "Promoting"
+    ROLLING_BACK = "RollingBack"
+    SUSPENDED = "Suspended"
+    PINNED = "Pinned"
+    INVALID = "Invalid"
+
+
+class RLCycleStatus(ApiModel):
+    """What the operator observed and decided; written only by the operator."""
+
+    phase: RLCyclePhase | None = Field(None, description="Phase of the current cycle.")
+    cycle: int = Field(0, ge=0, description="Number of the current (or last) cycle.")
+    serving: str | None = Field(None, description="Checkpoint serving the stable arm.")
+    candidate: str | None = Field(None, description="Checkpoint of the current cycle.")
+    last_promoted: str | None = Field(None, description="Checkpoint promoted most recently.")
+    canary_weight: int = Field(0, ge=0, le=100, description="Canary traffic share in percent.")
+    cycle_started_at: datetime | None = Field(None, description="When the current cycle began.")
+    next_run: datetime | None = Field(None, description="When the next cycle is due.")
+    message: str | None = Field(None, description="What the operator is doing, in words.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation the status reflects."
+    )
+    conditions: list[Condition] | None = Field(
+        None,
+        description="Ready, Progressing, Degraded, InsufficientData, InvalidSpec.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class RLCycleMeta(ObjectMeta):
+    name: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1)] = Field(
+        max_length=MAX_RLCYCLE_NAME,
+        description="RLCycle name; at most 40 characters so child names stay DNS labels.",
+    )
+
+
+class RLCycle(ApiModel):
+    """An RLCycle manifest as stored in git and in the cluster."""
+
+    api_version: Literal["rtrl.io/v1alpha1"] = Field(API_VERSION, description="rtrl.io/v1alpha1")
+    kind: Literal["RLCycle"] = Field("RLCycle", description="RLCycle")
+    metadata: RLCycleMeta = Field(description="Standard object metadata.")
+    spec: RLCycleSpec = Field(description="The desired loop.")
+    status: RLCycleStatus | None = Field(None, description="The observed state.")

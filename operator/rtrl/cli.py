@@ -1,0 +1,100 @@
+"""The ``rtrl`` command line: generate CRDs, validate manifests and interaction shards
+offline (and, as later commands arrive, run the operator and the local demo).
+
+Exit codes: 0 success, 1 something checked was invalid, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+
+
+def _repo_crds_dir() -> Path:
+    # Running from a checkout: <repo>/operator/rtrl/cli.py -> <repo>/crds
+    return Path(__file__).resolve().parents[2] / "crds"
+
+
+def cmd_crds(args: argparse.Namespace) -> int:
+    from .crdgen import drifted, write_crds
+
+    out = Path(args.out) if args.out else _repo_crds_dir()
+    if args.check:
+        stale = drifted(out)
+        for name in stale:
+            print(f"{out / name}: differs from the API types; run `rtrl crds`", file=sys.stderr)
+        return 1 if stale else 0
+    changed = write_crds(out)
+    for path in changed:
+        print(f"wrote {path}")
+    if not changed:
+        print(f"{out}: up to date")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .manifests import validate_file
+
+    bad = 0
+    for name in args.files:
+        report = validate_file(Path(name))
+        for document, problem in report.problems:
+            where = f"{name}: {document.label}" if document else name
+            print(f"{where}: {problem}")
+        if report.problems:
+            bad += 1
+        elif not args.quiet:
+            parts = [f"{d.label} valid" for d in report.checked]
+            parts += [f"{d.label} skipped (not rtrl.io)" for d in report.skipped]
+            print(f"{name}: {', '.join(parts)}")
+    if bad:
+        print(f"{bad} of {len(args.files)} file(s) invalid", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rtrl",
+        description="Real-time reinforcement learning operator for a served coding model.",
+    )
+    parser.add_argument("--version", action="version", version=f"rtrl {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    crds = commands.add_parser(
+        "crds", help="write the CRDs generated from the API types", description=cmd_crds.__doc__
+    )
+    crds.add_argument("--out", help="directory to write into (default: the repository's crds/)")
+    crds.add_argument(
+        "--check", action="store_true", help="exit 1 if the files differ; write nothing"
+    )
+    crds.set_defaults(func=cmd_crds)
+
+    validate = commands.add_parser(
+        "validate",
+        help="validate RLCycle/Checkpoint manifests offline (models and CRD schema)",
+    )
+    validate.add_argument("files", nargs="+", metavar="FILE", help="YAML manifest files")
+    validate.add_argument("-q", "--quiet", action="store_true", help="print only problems")
+    validate.set_defaults(func=cmd_validate)
+
+    try:
+        from .shards.cli import add_shards_parser
+    except ImportError:  # TEMP while shards land
+        pass
+    else:
+        add_shards_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
