@@ -27,6 +27,7 @@ import celpy
 import jsonschema
 import yaml
 from celpy import celtypes
+from celpy.evaluation import CELEvalError
 from pydantic import ValidationError
 
 from .api import API_VERSION, GROUP, RESOURCES, Resource
@@ -132,12 +133,12 @@ def validate_with_models(body: Json) -> list[Problem]:
     resource = resource_for(body)
     if isinstance(resource, Problem):
         return [resource]
+    # The operator sees what the API server stored, where null fields were pruned.
+    body = _prune_nulls_and_default(body, _schema(resource.kind))
     try:
         resource.model.model_validate_json(json.dumps(body), strict=True)
     except ValidationError as exc:
-        return sorted(
-            {Problem(_format_loc(e["loc"]), _model_message(e)) for e in exc.errors()}
-        )
+        return sorted({Problem(_format_loc(e["loc"]), _model_message(e)) for e in exc.errors()})
     return []
 
 
@@ -194,7 +195,9 @@ def _prune_nulls_and_default(value: Json, schema: Json) -> Json:
     if isinstance(value, list) and "items" in schema:
         return [_prune_nulls_and_default(item, schema["items"]) for item in value]
     if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
-        return {k: _prune_nulls_and_default(v, schema["additionalProperties"]) for k, v in value.items()}
+        return {
+            k: _prune_nulls_and_default(v, schema["additionalProperties"]) for k, v in value.items()
+        }
     return value
 
 
@@ -270,7 +273,7 @@ def validate_with_crd(body: Json) -> list[Problem]:
         for rule in rules:
             try:
                 result = _cel_program(rule["rule"]).evaluate(activation)
-            except celpy.CELEvalError as exc:
+            except CELEvalError as exc:
                 message = f"rule {rule['rule']!r} could not be evaluated: {exc.args[0]}"
                 problems.add(Problem(_format_loc(path), message, "crd"))
                 continue

@@ -15,7 +15,6 @@ from typing import Literal
 from pydantic import Field
 
 from .common import (
-    API_VERSION,
     ApiModel,
     Condition,
     DnsLabel,
@@ -170,7 +169,9 @@ class CheckpointStatus(ApiModel):
 class Checkpoint(ApiModel):
     """A Checkpoint manifest."""
 
-    api_version: Literal["rtrl.io/v1alpha1"] = Field(API_VERSION, description="rtrl.io/v1alpha1")
+    api_version: Literal["rtrl.io/v1alpha1"] = Field(
+        "rtrl.io/v1alpha1", description="rtrl.io/v1alpha1"
+    )
     kind: Literal["Checkpoint"] = Field("Checkpoint", description="Checkpoint")
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: CheckpointSpec = Field(description="Identity of the model version.")

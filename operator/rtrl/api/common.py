@@ -23,13 +23,13 @@ API_VERSION = f"{GROUP}/{VERSION}"
 CEL_KEY = "x-kubernetes-validations"
 
 
-def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, Any]:
     """One CEL validation rule for ``x-kubernetes-validations``.
 
     ``field_path`` (``.steps``) tells the API server which field to blame, so ``kubectl``
     names the field just as ``rtrl validate`` does.
     """
-    entry = {"rule": rule, "message": message}
+    entry: dict[str, Any] = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
     return entry
@@ -59,6 +59,8 @@ class ApiModel(BaseModel):
 
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
+# The same, with at least one non-zero part: every duration in the API is positive.
+POSITIVE_DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))*0*[1-9][0-9]*(ms|s|m|h|d)([0-9]+(ms|s|m|h|d))*$"
 _DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
 
 
@@ -66,7 +68,8 @@ def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``90s``, ``30m``, ``1h30m`` or ``7d``."""
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(
-            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), e.g. 30m or 1h30m"
+            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), "
+            "e.g. 30m or 1h30m"
         )
     return sum(int(n) * DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
 
@@ -95,7 +98,7 @@ def _positive_duration(text: str) -> str:
 # The pattern goes to the CRD only; pydantic runs the parser, whose message is clearer.
 Duration = Annotated[
     str,
-    Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}),
+    Field(max_length=32, json_schema_extra={"pattern": POSITIVE_DURATION_PATTERN}),
     AfterValidator(_positive_duration),
 ]
 

@@ -72,9 +72,9 @@ def _value(text: str, field: _Field) -> int:
 def _parse_field(text: str, field: _Field) -> frozenset[int]:
     values: set[int] = set()
     for item in text.split(","):
-        base, _, step_text = item.partition("/")
+        base, slash, step_text = item.partition("/")
         step = 1
-        if step_text:
+        if slash:
             if not step_text.isdigit() or int(step_text) == 0:
                 raise ValueError(f"cron {field.name} field: step {step_text!r} must be 1 or more")
             step = int(step_text)
@@ -87,7 +87,7 @@ def _parse_field(text: str, field: _Field) -> frozenset[int]:
                 raise ValueError(f"cron {field.name} field: range {base!r} runs backwards")
         else:
             low = _value(base, field)
-            high = field.high if step_text else low
+            high = field.high if slash else low
         values.update(range(low, high + 1, step))
     return frozenset(values)
 

@@ -24,7 +24,6 @@ from pydantic import (
 )
 
 from .common import (
-    API_VERSION,
     CEL_KEY,
     DNS_LABEL_PATTERN,
     ApiModel,
@@ -204,9 +203,7 @@ class RewardSpec(ApiModel):
         le=100,
         description="Reward added when the model asked a clarifying question instead of editing.",
     )
-    clip: float = Field(
-        5.0, gt=0, le=1000, description="Rewards are clipped to [-clip, clip]."
-    )
+    clip: float = Field(5.0, gt=0, le=1000, description="Rewards are clipped to [-clip, clip].")
     baseline: BaselineKind = Field(
         BaselineKind.BATCH,
         description="Advantage baseline: the batch mean, or the mean per org (stratum).",
@@ -529,9 +526,7 @@ class RolloutSpec(ApiModel):
         max_length=MAX_ROLLOUT_STEPS,
         description="Canary steps; weights strictly increasing within 1..100.",
         json_schema_extra={
-            CEL_KEY: [
-                cel(_increasing_weights_rule(), "step weights must be strictly increasing")
-            ]
+            CEL_KEY: [cel(_increasing_weights_rule(), "step weights must be strictly increasing")]
         },
     )
     ready_timeout: Duration = Field(
@@ -607,7 +602,9 @@ class StorageSpec(ApiModel):
             inline = [
                 str(key)
                 for key in data
-                if any(w in str(key).lower() for w in ("secretaccesskey", "accesskeyid", "password"))
+                if any(
+                    w in str(key).lower() for w in ("secretaccesskey", "accesskeyid", "password")
+                )
             ]
             if inline:
                 raise ValueError(
@@ -646,8 +643,11 @@ class RLCycleSpec(ApiModel):
         description="Serve exactly this Checkpoint and start no cycles (GitOps rollback).",
     )
     history_limit: int = Field(
-        20, ge=1, le=1000, description="Checkpoints kept; older ones are deleted (not stored "
-        "artifacts, never the serving, pinned or candidate one)."
+        20,
+        ge=1,
+        le=1000,
+        description="Checkpoints kept; older ones are deleted (not stored "
+        "artifacts, never the serving, pinned or candidate one).",
     )
 
     @model_validator(mode="after")
@@ -655,8 +655,7 @@ class RLCycleSpec(ApiModel):
         rollout_total = sum(parse_duration(s.min_duration) for s in self.rollout.steps)
         if rollout_total > parse_duration(self.rollout.analysis.max_duration):
             raise ValueError(
-                "rollout.analysis.maxDuration must be at least the sum of the steps' "
-                "minDuration"
+                "rollout.analysis.maxDuration must be at least the sum of the steps' minDuration"
             )
         return self
 
@@ -707,7 +706,9 @@ class RLCycleMeta(ObjectMeta):
 class RLCycle(ApiModel):
     """An RLCycle manifest as stored in git and in the cluster."""
 
-    api_version: Literal["rtrl.io/v1alpha1"] = Field(API_VERSION, description="rtrl.io/v1alpha1")
+    api_version: Literal["rtrl.io/v1alpha1"] = Field(
+        "rtrl.io/v1alpha1", description="rtrl.io/v1alpha1"
+    )
     kind: Literal["RLCycle"] = Field("RLCycle", description="RLCycle")
     metadata: RLCycleMeta = Field(description="Standard object metadata.")
     spec: RLCycleSpec = Field(description="The desired loop.")

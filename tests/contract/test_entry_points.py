@@ -1,0 +1,35 @@
+"""The console scripts a user types exist, answer --help, and fail clearly on what this
+version does not have."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import REPO, console_script
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, cwd=REPO)
+
+
+def test_rtrl_help_lists_commands() -> None:
+    out = _run(console_script("rtrl"), "--help")
+    assert out.returncode == 0
+    for command in ("crds", "validate", "shards"):
+        assert command in out.stdout
+
+
+def test_rtrl_job_names_missing_steps() -> None:
+    out = _run(console_script("rtrl-job"), "stage", "--shards", "s3://x/")
+    assert out.returncode == 2
+    assert "step 'stage' is not available in this version" in out.stderr
+
+
+def test_kubectl_plugin_validates_like_rtrl() -> None:
+    plugin = console_script("kubectl-rtrl")
+    ok = _run(plugin, "validate", "examples/rlcycle.yaml")
+    assert ok.returncode == 0 and "RLCycle/composer valid" in ok.stdout
+    bad = _run(plugin, "validate", "examples/invalid/zero-stage-4.yaml")
+    assert bad.returncode == 1 and "spec.training.zeroStage" in bad.stdout
+    later = _run(plugin, "rollback", "composer")
+    assert later.returncode == 2 and "not available" in later.stderr
