@@ -168,7 +168,8 @@ def crd(resource: Resource) -> Schema:
 
 def render(resource: Resource) -> str:
     """The CRD file's text: header comment and YAML, byte-for-byte reproducible."""
-    body = yaml.safe_dump(crd(resource), sort_keys=False, width=100, allow_unicode=True)
+    # Wide lines: a folded regular expression is correct YAML but unreadable.
+    body = yaml.safe_dump(crd(resource), sort_keys=False, width=4096, allow_unicode=True)
     return HEADER + body
 
 
