@@ -12,12 +12,13 @@ killed half-way never exposes a half-written artifact.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 MANIFEST_NAME = "_MANIFEST.json"
 MANIFEST_VERSION = 1
@@ -133,9 +134,12 @@ class ObjectStore(ABC):
         """Download one object to ``path`` (written via a temp file, then renamed)."""
 
     @abstractmethod
-    def open_input(self, key: str) -> IO[bytes]:
+    def open_input(self, key: str) -> io.BufferedReader:
         """A seekable binary reader of one object, for formats that read a footer first
-        (Parquet); ranges are fetched on demand, the object is never loaded whole."""
+        (Parquet); ranges are fetched on demand, the object is never loaded whole.
+
+        A :class:`io.BufferedReader` (so an ``IO[bytes]`` with ``readinto``); use it as a
+        context manager. :class:`ObjectNotFound` when absent."""
 
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
