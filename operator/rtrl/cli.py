@@ -81,12 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     validate.set_defaults(func=cmd_validate)
 
-    try:
-        from .shards.cli import add_shards_parser
-    except ImportError:  # TEMP while shards land
-        pass
-    else:
-        add_shards_parser(commands)
+    from .shards.cli import add_shards_parser
+
+    add_shards_parser(commands)
     return parser
 
 

@@ -1,0 +1,44 @@
+"""Interaction shards: the Parquet files the serving fleet's logging pipelines write, and
+the only doorway through which the rest of rtrl reads them.
+
+- :mod:`~rtrl.shards.schema`: the canonical schema and which foreign types are accepted.
+- :mod:`~rtrl.shards.reader`: streaming canonical reads (trusting the data).
+- :mod:`~rtrl.shards.validate`: the validating reader pipeline steps use, and its report.
+- :mod:`~rtrl.shards.writer` / :mod:`~rtrl.shards.synthetic`: writing shards, and
+  realistic synthetic ones for tests, benchmarks and the demo.
+"""
+
+from rtrl.shards.reader import DEFAULT_BATCH_SIZE, ShardError, ShardFile, iter_batches, list_files
+from rtrl.shards.report import REASONS, FileReport, ValidationReport
+from rtrl.shards.schema import (
+    INTERACTION_SCHEMA,
+    NON_NULL_COLUMNS,
+    REQUIRED_COLUMNS,
+    CastPlan,
+    SchemaProblem,
+    plan_casts,
+)
+from rtrl.shards.synthetic import synthetic_interactions
+from rtrl.shards.validate import ValidatingReader, validate
+from rtrl.shards.writer import write_shards
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "INTERACTION_SCHEMA",
+    "NON_NULL_COLUMNS",
+    "REASONS",
+    "REQUIRED_COLUMNS",
+    "CastPlan",
+    "FileReport",
+    "SchemaProblem",
+    "ShardError",
+    "ShardFile",
+    "ValidatingReader",
+    "ValidationReport",
+    "iter_batches",
+    "list_files",
+    "plan_casts",
+    "synthetic_interactions",
+    "validate",
+    "write_shards",
+]
