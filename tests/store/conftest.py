@@ -130,13 +130,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 f"<Error><Code>{fault.code}</Code><Message>injected by the test proxy"
                 "</Message><RequestId>proxy</RequestId></Error>"
             ).encode()
+            # Recorded before answering: once the client has the answer, the test may read
+            # the log at once.
+            proxy.record(self.command, self.path, fault.status)
             self.send_response(fault.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
-            proxy.record(self.command, self.path, fault.status)
             return
         conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
         try:
@@ -146,6 +148,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body, headers=headers)
             response = conn.getresponse()
             data = response.read()
+            proxy.record(self.command, self.path, response.status)
             self.send_response(response.status, response.reason)
             for key, value in response.getheaders():
                 if key.lower() not in _HOP_BY_HOP:
@@ -157,7 +160,6 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
-            proxy.record(self.command, self.path, response.status)
         finally:
             conn.close()
 
