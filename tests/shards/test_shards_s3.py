@@ -4,14 +4,9 @@ by ``s3://`` URI, the way Job pods do in the cluster."""
 from __future__ import annotations
 
 import argparse
-import logging
-import uuid
-from collections.abc import Iterator
 
-import boto3
 import pyarrow as pa
 import pytest
-from moto.server import ThreadedMotoServer
 
 from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader, iter_batches, write_shards
 from rtrl.shards.cli import add_shards_parser, run_validate
@@ -19,43 +14,10 @@ from rtrl.store import open_store
 from tests.shards.helpers import table
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    werkzeug = logging.getLogger("werkzeug")
-    level = werkzeug.level
-    werkzeug.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        werkzeug.setLevel(level)
-
-
-@pytest.fixture
-def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory) -> str:
-    """A fresh bucket; dummy credentials and the endpoint come from the environment, as in a
-    pod, and nothing from the host's AWS configuration."""
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    name = f"shards-{uuid.uuid4().hex[:12]}"
-    client = boto3.session.Session().client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=name)
-    client.close()
-    return name
-
-
-def test_write_read_and_validate_over_s3(bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
-    uri = f"s3://{bucket}/interactions/composer/"
+def test_write_read_and_validate_over_s3(
+    s3_bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"s3://{s3_bucket}/interactions/composer/"
     data = table(300)
     keys = write_shards(data, open_store(uri), row_group_size=64)
     assert len(keys) == 3
@@ -82,9 +44,11 @@ def test_write_read_and_validate_over_s3(bucket: str, capsys: pytest.CaptureFixt
     assert run_validate(parser.parse_args(["shards", "validate", uri])) == 0
 
 
-def test_missing_bucket_is_a_usage_error(bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_bucket_is_a_usage_error(
+    s3_bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = argparse.ArgumentParser(prog="rtrl")
     add_shards_parser(parser.add_subparsers())
-    args = parser.parse_args(["shards", "validate", f"s3://{bucket}-missing/x/"])
+    args = parser.parse_args(["shards", "validate", f"s3://{s3_bucket}-missing/x/"])
     assert run_validate(args) == 2
     assert "cannot read" in capsys.readouterr().err

@@ -1,11 +1,10 @@
-"""Fixtures for the object-store suite: a moto S3 server over real HTTP (one per module), a
+"""Fixtures for the object-store suite: on the moto S3 server of tests/conftest.py, a
 fault-injecting HTTP proxy in front of it, and a ``make_store`` factory parametrised over
 both backends so every behaviour is checked on ``file://`` and ``s3://`` alike."""
 
 from __future__ import annotations
 
 import http.client
-import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +16,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from rtrl.store import ObjectStore
 from rtrl.store.local import LocalStore
@@ -52,22 +50,6 @@ def aws_env(
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_SESSION_TOKEN": SESSION_TOKEN,
     }
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    """A real HTTP S3 endpoint; shared by a module's tests, each of which uses its own bucket."""
-    werkzeug = logging.getLogger("werkzeug")
-    level = werkzeug.level
-    werkzeug.setLevel(logging.ERROR)  # one INFO line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        werkzeug.setLevel(level)
 
 
 @dataclass
