@@ -288,3 +288,22 @@ def test_documented_model_only_rules(label: str) -> None:
     assert validate_with_models(body)
     assert not validate_with_crd(body)
     assert label in (REPO / "docs" / "validation.md").read_text()
+
+
+def test_every_cel_rule_rejects_something() -> None:
+    """No CEL rule is vacuous: each one is what rejects at least one tested manifest."""
+    from rtrl.api import RESOURCES
+    from rtrl.api.common import CEL_KEY
+    from rtrl.crdgen import openapi_schema
+
+    messages = set()
+    for resource in RESOURCES.values():
+        stack = [openapi_schema(resource)]
+        while stack:
+            node = stack.pop()
+            messages.update(rule["message"] for rule in node.get(CEL_KEY, []))
+            stack.extend(node.get("properties", {}).values())
+            stack.extend(n for n in (node.get("items"), node.get("additionalProperties")) if n)
+    bodies = [yaml.safe_load(p.read_text()) for p in INVALID] + [b for _, b in MUTATIONS]
+    triggered = {p.message for body in bodies for p in validate_with_crd(body)}
+    assert messages - triggered == set()
