@@ -16,7 +16,7 @@ with the ``InvalidSpec`` condition instead of acting on it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -31,7 +31,8 @@ from celpy.evaluation import CELEvalError
 from pydantic import ValidationError
 
 from .api import API_VERSION, GROUP, RESOURCES, Resource
-from .api.common import CEL_KEY, PATTERN_HINTS
+from .api.common import CEL_KEY
+from .api.errors import error_message, format_loc
 from .crdgen import openapi_schema
 
 Json = Any
@@ -79,16 +80,6 @@ def load_documents(path: Path) -> Iterator[Document]:
             yield Document(str(path), index, body)
 
 
-def _format_loc(loc: Iterable[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def is_rtrl_document(body: Json) -> bool:
     """Whether a document claims the rtrl.io group; others (a Deployment in the same
     file) are not rtrl's to judge and are skipped."""
@@ -113,21 +104,6 @@ def resource_for(body: Json) -> Resource | Problem:
 # --- 1. the models ----------------------------------------------------------------------
 
 
-def _model_message(error: Any) -> str:
-    message = str(error["msg"])
-    if error["type"] == "extra_forbidden":
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field is missing"
-    if error["type"] == "string_pattern_mismatch":
-        hint = PATTERN_HINTS.get(error["ctx"]["pattern"])
-        if hint:
-            return f"{error['input']!r} {hint}"
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    return message
-
-
 def validate_with_models(body: Json) -> list[Problem]:
     """Problems the pydantic models find (empty when valid)."""
     resource = resource_for(body)
@@ -138,7 +114,7 @@ def validate_with_models(body: Json) -> list[Problem]:
     try:
         resource.model.model_validate_json(json.dumps(body), strict=True)
     except ValidationError as exc:
-        return sorted({Problem(_format_loc(e["loc"]), _model_message(e)) for e in exc.errors()})
+        return sorted({Problem(format_loc(e["loc"]), error_message(e)) for e in exc.errors()})
     return []
 
 
@@ -251,7 +227,7 @@ def validate_with_crd(body: Json) -> list[Problem]:
             continue
         for key in value:
             if key not in sub["properties"]:
-                problems.add(Problem(_format_loc((*path, key)), "unknown field", "crd"))
+                problems.add(Problem(format_loc((*path, key)), "unknown field", "crd"))
 
     validator = jsonschema.Draft4Validator(schema, format_checker=_FORMATS)
     bad_paths: set[tuple[int | str, ...]] = set()
@@ -262,7 +238,7 @@ def validate_with_crd(body: Json) -> list[Problem]:
             missing = next(f for f in error.validator_value if f not in error.instance)
             path, message = (*path, missing), "required field is missing"
         bad_paths.add(path)
-        problems.add(Problem(_format_loc(path), message, "crd"))
+        problems.add(Problem(format_loc(path), message, "crd"))
 
     for value, sub, path in _walk(body, schema, ()):
         rules = sub.get(CEL_KEY)
@@ -275,11 +251,11 @@ def validate_with_crd(body: Json) -> list[Problem]:
                 result = _cel_program(rule["rule"]).evaluate(activation)
             except CELEvalError as exc:
                 message = f"rule {rule['rule']!r} could not be evaluated: {exc.args[0]}"
-                problems.add(Problem(_format_loc(path), message, "crd"))
+                problems.add(Problem(format_loc(path), message, "crd"))
                 continue
             if result != celtypes.BoolType(True):
                 field_path = [p for p in rule.get("fieldPath", "").split(".") if p]
-                problems.add(Problem(_format_loc((*path, *field_path)), rule["message"], "crd"))
+                problems.add(Problem(format_loc((*path, *field_path)), rule["message"], "crd"))
     return sorted(problems)
 
 

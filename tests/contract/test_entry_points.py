@@ -20,9 +20,16 @@ def test_rtrl_help_lists_commands() -> None:
 
 
 def test_rtrl_job_names_missing_steps() -> None:
-    out = _run(console_script("rtrl-job"), "stage", "--shards", "s3://x/")
+    out = _run(console_script("rtrl-job"), "deploy", "--config", "x.yaml")
     assert out.returncode == 2
-    assert "step 'stage' is not available in this version" in out.stderr
+    assert "step 'deploy' is not available in this version (available: stage" in out.stderr
+
+
+def test_rtrl_job_stage_answers_help() -> None:
+    out = _run(console_script("rtrl-job"), "stage", "--help")
+    assert out.returncode == 0
+    for flag in ("--shards", "--checkpoint", "--out", "--config", "--now", "--since", "--ranks"):
+        assert flag in out.stdout
 
 
 def test_kubectl_plugin_validates_like_rtrl() -> None:

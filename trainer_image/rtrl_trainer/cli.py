@@ -11,11 +11,19 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from rtrl_trainer import stage
+
 # step name -> (one-line help, function adding its arguments, function running it)
 STEPS: dict[
     str,
     tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]],
-] = {}
+] = {
+    "stage": (
+        "select, quarantine and reward matured interactions; write the training set",
+        stage.add_arguments,
+        stage.run,
+    ),
+}
 PLANNED = ("stage", "train", "eval", "analyze")
 
 
