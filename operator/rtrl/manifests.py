@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from .api import API_VERSION, GROUP, RESOURCES, Resource
 from .api.common import CEL_KEY
 from .api.errors import error_message, format_loc
+from .api.yamlfile import load_all
 from .crdgen import openapi_schema
 
 Json = Any
@@ -72,7 +73,7 @@ class Document:
 def load_documents(path: Path) -> Iterator[Document]:
     """The non-empty YAML documents of ``path``; YAML syntax errors raise ValueError."""
     try:
-        docs = list(yaml.safe_load_all(path.read_text()))
+        docs = list(load_all(path.read_text()))
     except yaml.YAMLError as exc:
         raise ValueError(f"not valid YAML: {exc}") from exc
     for index, body in enumerate(docs):

@@ -307,3 +307,13 @@ def test_every_cel_rule_rejects_something() -> None:
     bodies = [yaml.safe_load(p.read_text()) for p in INVALID] + [b for _, b in MUTATIONS]
     triggered = {p.message for body in bodies for p in validate_with_crd(body)}
     assert messages - triggered == set()
+
+
+def test_yaml_is_read_as_kubernetes_reads_it(tmp_path: Path) -> None:
+    """``1e-6`` is a number to kubectl (YAML 1.2), a string to plain PyYAML (YAML 1.1)."""
+    text = (REPO / "examples" / "rlcycle.yaml").read_text()
+    assert "learningRate: 1.0e-6" in text
+    manifest = tmp_path / "rlcycle.yaml"
+    manifest.write_text(text.replace("learningRate: 1.0e-6", "learningRate: 1e-6"))
+    out = _rtrl_validate(manifest)
+    assert out.returncode == 0, out.stdout

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from rtrl_trainer import stage
+from rtrl_trainer import stage, train_config
 
 # step name -> (one-line help, function adding its arguments, function running it)
 STEPS: dict[
@@ -22,6 +22,11 @@ STEPS: dict[
         "select, quarantine and reward matured interactions; write the training set",
         stage.add_arguments,
         stage.run,
+    ),
+    "train": (
+        "train the next checkpoint from the parent and the staged set (DeepSpeed)",
+        train_config.add_arguments,
+        train_config.run_cli,
     ),
 }
 PLANNED = ("stage", "train", "eval", "analyze")

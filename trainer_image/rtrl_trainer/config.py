@@ -14,25 +14,18 @@ The config file may be a whole RLCycle manifest, an RLCycle ``spec``, or a mappi
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from rtrl.api.common import parse_duration
-from rtrl.api.errors import error_message, format_loc
-from rtrl.api.rlcycle import DataSpec, RewardSpec, RLCycleSpec
+from rtrl.api.rlcycle import DataSpec, RewardSpec
 from rtrl.store import parse_store_uri
-
-
-class ConfigError(ValueError):
-    """The configuration is unusable; the message names the file or flag and the field."""
-
+from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validation_problems
 
 # DataSpec fields (camelCase, as in YAML) that a flag may override -> the flag's name.
 DATA_FLAGS: dict[str, str] = {
@@ -42,11 +35,6 @@ DATA_FLAGS: dict[str, str] = {
     "minInteractions": "--min-interactions",
     "minTokens": "--min-tokens",
 }
-# Top-level keys of an RLCycle spec this step does not use but must tolerate, so that the
-# operator can pass the spec through as it is.
-_SPEC_KEYS = frozenset(
-    field.alias or name for name, field in RLCycleSpec.model_fields.items()
-) | frozenset(RLCycleSpec.model_fields)
 
 
 @dataclass(frozen=True)
@@ -111,73 +99,6 @@ def format_time(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _validation_problems(
-    exc: ValidationError, *, where: str, path: str, flags: Mapping[str, str]
-) -> str:
-    """One line per problem: ``FILE: spec.data.maturity: ...`` or ``--maturity: ...``."""
-    lines = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        flag = flags.get(str(loc[0])) if loc else None
-        field = format_loc((path, *loc))
-        if flag is not None:
-            lines.append(f"{flag} ({field}): {error_message(error)}")
-        else:
-            lines.append(f"{where}: {field}: {error_message(error)}")
-    return "; ".join(lines)
-
-
-def _json(value: Any) -> str:
-    # YAML may hold dates or other non-JSON scalars; as strings they fail validation with a
-    # message naming the field, instead of an exception here.
-    return json.dumps(value, default=str)
-
-
-def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The ``data`` and ``reward`` mappings of a config file and the path they sit under
-    (``spec`` for a manifest, empty otherwise), for messages naming fields."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read: {exc.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        detail = " ".join(str(exc).split())
-        raise ConfigError(f"{path}: not valid YAML or JSON: {detail}") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping (an RLCycle, its spec, or data/reward), "
-            f"got {type(doc).__name__}"
-        )
-    base = ""
-    if "spec" in doc or "kind" in doc or "apiVersion" in doc:
-        if doc.get("kind", "RLCycle") != "RLCycle":
-            raise ConfigError(f"{path}: kind: expected RLCycle, got {doc.get('kind')!r}")
-        doc, base = doc.get("spec"), "spec"
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: spec: expected a mapping")
-    unknown = sorted(str(key) for key in doc if key not in _SPEC_KEYS)
-    if unknown:
-        where = f"{base}." if base else ""
-        raise ConfigError(
-            f"{path}: {where}{unknown[0]}: unknown field (expected data and/or reward, "
-            "or a whole RLCycle spec)"
-        )
-    sections: list[dict[str, Any]] = []
-    for name in ("data", "reward"):
-        section = doc.get(name)
-        if section is None:
-            section = {}
-        if not isinstance(section, dict):
-            label = f"{base}.{name}" if base else name
-            raise ConfigError(f"{path}: {label}: expected a mapping")
-        sections.append(section)
-    return sections[0], sections[1], base
-
-
 def build_config(
     *,
     config_file: Path | None,
@@ -202,7 +123,8 @@ def build_config(
     base = ""
     where = "flags"
     if config_file is not None:
-        data_doc, reward_doc, base = load_config_file(config_file)
+        found, base = load_sections(config_file, ("data", "reward"))
+        data_doc, reward_doc = found["data"], found["reward"]
         where = str(config_file)
     prefix = f"{base}." if base else ""
     overrides = {
@@ -228,16 +150,16 @@ def build_config(
             "config file"
         )
     try:
-        data = DataSpec.model_validate_json(_json(data_doc), strict=True)
+        data = DataSpec.model_validate_json(to_json(data_doc), strict=True)
     except ValidationError as exc:
         raise ConfigError(
-            _validation_problems(exc, where=where, path=f"{prefix}data", flags=flags)
+            validation_problems(exc, where=where, path=f"{prefix}data", flags=flags)
         ) from None
     try:
-        reward = RewardSpec.model_validate_json(_json(reward_doc), strict=True)
+        reward = RewardSpec.model_validate_json(to_json(reward_doc), strict=True)
     except ValidationError as exc:
         raise ConfigError(
-            _validation_problems(exc, where=where, path=f"{prefix}reward", flags={})
+            validation_problems(exc, where=where, path=f"{prefix}reward", flags={})
         ) from None
 
     excluded = tuple(dict.fromkeys(exclude_checkpoints))

@@ -90,9 +90,10 @@ from rtrl.shards.layout import parse_partitions
 from rtrl.shards.report import FileReport, ValidationReport
 from rtrl.store import MANIFEST_NAME, ObjectStore, StoreError, open_store
 from rtrl.store.local import LocalStore
-from rtrl_trainer.config import ConfigError, StageConfig, build_config, format_time, parse_time
+from rtrl_trainer.config import StageConfig, build_config, format_time, parse_time
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
 from rtrl_trainer.reward import RunningStats, Strata, advantages, filled, rewards
+from rtrl_trainer.spec_file import ConfigError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
