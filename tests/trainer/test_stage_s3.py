@@ -5,18 +5,15 @@ committed training set read back through the object store."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from moto.server import ThreadedMotoServer
 
 from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
 from rtrl.store import open_store
@@ -25,35 +22,20 @@ from tests.conftest import REPO, console_script
 SECRET = "s3cr3t-DO-NOT-LEAK-stage"
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    werkzeug = logging.getLogger("werkzeug")
-    level = werkzeug.level
-    werkzeug.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        werkzeug.setLevel(level)
-
-
 @pytest.fixture
-def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh bucket; dummy credentials and the endpoint in the environment, as in a pod."""
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASTAGETEST0000000")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     name = f"stage-{uuid.uuid4().hex[:12]}"
-    client = boto3.session.Session().client("s3", endpoint_url=endpoint)
+    client = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
     client.create_bucket(Bucket=name)
     client.close()
     return name

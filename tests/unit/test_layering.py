@@ -21,7 +21,8 @@ LAYERS = ["handlers", "kube", "planning", "api"]
 ALLOWED: dict[str, set[str]] = {
     **{layer: set(LAYERS[i + 1 :]) for i, layer in enumerate(LAYERS)},
     "store": set(),
-    "shards": {"store"},
+    "cliargs": set(),
+    "shards": {"store", "cliargs"},
     "crdgen": {"api"},
     "manifests": {"api", "crdgen"},
     "kubectl_plugin": {"api", "kube", "manifests", "cli"},
@@ -29,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": set(),
 }
 # The Job side may use the shared libraries, never the operator's kube/handlers layers.
-TRAINER_ALLOWED = {"api", "store", "shards", "planning"}
+TRAINER_ALLOWED = {"api", "store", "shards", "planning", "cliargs"}
 # Pure layers: decisions only, clock passed in, no I/O.
 PURE = {"api", "planning"}
 IO_MODULES = {

@@ -84,6 +84,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rtrl.api.common import parse_duration
+from rtrl.cliargs import fraction, non_negative_int, positive_int
 from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader
 from rtrl.shards.dedup import hash_strings
 from rtrl.shards.layout import parse_partitions
@@ -806,36 +807,6 @@ def _time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, not {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, not {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Select the matured interactions the serving checkpoint produced, quarantine bad "
@@ -864,16 +835,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--maturity", metavar="DURATION", help="sets data.maturity, e.g. 1h")
     parser.add_argument(
-        "--max-bad-fraction", type=_fraction, metavar="F", help="sets data.maxBadFraction"
+        "--max-bad-fraction", type=fraction, metavar="F", help="sets data.maxBadFraction"
     )
     parser.add_argument(
-        "--min-interactions", type=_positive_int, metavar="N", help="sets data.minInteractions"
+        "--min-interactions", type=positive_int, metavar="N", help="sets data.minInteractions"
     )
     parser.add_argument(
-        "--min-tokens", type=_non_negative_int, metavar="N", help="sets data.minTokens"
+        "--min-tokens", type=non_negative_int, metavar="N", help="sets data.minTokens"
     )
     parser.add_argument(
-        "--ranks", type=_positive_int, default=1, metavar="N", help="data-parallel ranks"
+        "--ranks", type=positive_int, default=1, metavar="N", help="data-parallel ranks"
     )
     parser.add_argument(
         "--previous-checkpoint",

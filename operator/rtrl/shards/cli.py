@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from rtrl.cliargs import positive_int
 from rtrl.shards.layout import resolve_store
 from rtrl.shards.reader import DEFAULT_BATCH_SIZE
 from rtrl.shards.validate import validate
@@ -33,16 +34,6 @@ def _partition(text: str) -> tuple[str, str]:
             f"expected NAME=VALUE (e.g. checkpoint=ckpt-41), not {text!r}"
         )
     return name, value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
 
 
 def add_shards_parser(
@@ -87,7 +78,7 @@ def add_shards_parser(
         help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
     )
     check.add_argument(
-        "--batch-size", type=_positive, default=DEFAULT_BATCH_SIZE, help=argparse.SUPPRESS
+        "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help=argparse.SUPPRESS
     )
     check.set_defaults(func=run_validate)
     return shards
