@@ -137,16 +137,25 @@ def run(config: TrainConfig) -> int:
     deepspeed.init_distributed(
         dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False
     )
+    code = 0
     try:
         train(config, ranks, device=torch.device("cuda" if cuda else "cpu"), started=started)
     except (TrainAbortError, StoreError, cio.InputError, DataError) as exc:
         if ranks.rank == 0 or not isinstance(exc, TrainAbortError):
             print(f"rtrl-job train: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    if ranks.world_size > 1:
+        # Everything is committed and agreed by now. Leave without running C++ static
+        # destructors: a communication thread still joinable at interpreter exit makes
+        # std::terminate abort the process (seen as SIGABRT after a successful run), which
+        # would turn a finished Job pod into a failed one.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def distributed_env(environ: MutableMapping[str, str]) -> Ranks:
