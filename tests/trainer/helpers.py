@@ -72,6 +72,9 @@ def stage_args(
         now,
         "--min-interactions",
         "1",
+        # The held-out split has its own tests; these keep every selected row in training.
+        "--heldout-fraction",
+        "0",
         *extra,
     ]
 

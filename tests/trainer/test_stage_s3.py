@@ -94,6 +94,7 @@ def test_stage_in_s3_end_to_end(bucket: str, tmp_path: Path) -> None:
         "stage.json",
         "train/rank-00000-of-00002.parquet",
         "train/rank-00001-of-00002.parquet",
+        "heldout/part-00000.parquet",  # the default held-out split for the eval step
     }
     doc = json.loads(store.get_bytes("stage.json"))
     assert (doc["ok"], doc["sufficient"], doc["files_bad"]) == (True, True, 1)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from rtrl_trainer import stage, train_config
+from rtrl_trainer import evaluate, stage, train_config
 
 # step name -> (one-line help, function adding its arguments, function running it)
 STEPS: dict[
@@ -27,6 +27,11 @@ STEPS: dict[
         "train the next checkpoint from the parent and the staged set (DeepSpeed)",
         train_config.add_arguments,
         train_config.run_cli,
+    ),
+    "eval": (
+        "evaluate a candidate checkpoint against its parent and judge the regression gates",
+        evaluate.add_arguments,
+        evaluate.run,
     ),
 }
 PLANNED = ("stage", "train", "eval", "analyze")

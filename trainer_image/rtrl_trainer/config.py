@@ -56,6 +56,9 @@ class StageConfig:
     exclude_checkpoints: tuple[str, ...] = ()
     ranks: int = 1
     endpoint_url: str | None = None
+    # Share of the selected on-policy interactions held out for the eval step (by a hash
+    # of interaction_id), never trained on.
+    heldout_fraction: float = 0.0
 
     @property
     def maturity(self) -> timedelta:
@@ -115,6 +118,7 @@ def build_config(
     exclude_checkpoints: Iterable[str] = (),
     ranks: int = 1,
     endpoint_url: str | None = None,
+    heldout_fraction: float = 0.0,
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
     naming the field (and the file or flag it came from) when anything is wrong."""
@@ -196,6 +200,7 @@ def build_config(
         exclude_checkpoints=excluded,
         ranks=ranks,
         endpoint_url=endpoint_url,
+        heldout_fraction=heldout_fraction,
     )
 
 

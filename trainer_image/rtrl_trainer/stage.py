@@ -102,6 +102,9 @@ EXIT_USAGE = 2
 
 RESULT_NAME = "stage.json"
 TRAIN_DIR = "train"
+HELDOUT_DIR = "heldout"
+HELDOUT_NAME = f"{HELDOUT_DIR}/part-00000.parquet"
+DEFAULT_HELDOUT_FRACTION = 0.05
 CHECKPOINT_MISMATCH = "checkpoint_mismatch"
 # Bad files listed in stage.json; the counts cover all of them.
 MAX_BAD_FILES = 100
@@ -143,6 +146,10 @@ TRAIN_SCHEMA = pa.schema(
         pa.field("on_policy", pa.bool_()),
     ]
 )
+# The held-out split: what the eval step's replay and behaviour suites read (the
+# interaction as logged, with its signals), never trained on.
+HELDOUT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((*_CARRIED, *MONITOR_COLUMNS)))
+HELDOUT_SCHEMA = pa.schema([_CANON[name] for name in HELDOUT_COLUMNS])
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -172,6 +179,7 @@ class Selection:
     prev_rewards: list[npt.NDArray[np.float32]] = field(default_factory=list)
     prev_codes: list[npt.NDArray[np.int32]] = field(default_factory=list)
     prev_tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    heldout: int = 0
 
 
 def _us(value: datetime) -> int:
@@ -276,8 +284,21 @@ def _rows(mask: npt.NDArray[np.bool_]) -> pa.Array:
     return pa.array(np.flatnonzero(mask).astype(np.int64))
 
 
-def select(config: StageConfig, store: ObjectStore, scratch: Path) -> Selection:
-    """Pass 1: stream the shards, keep the selected rows (with rewards) in ``scratch``."""
+def _held_out(ids: pa.Array, fraction: float) -> npt.NDArray[np.bool_]:
+    """Whether each interaction belongs to the held-out split: its 64-bit id hash falls in
+    the lowest ``fraction`` of the hash range (deterministic, independent of files)."""
+    if fraction <= 0:
+        return np.zeros(len(ids), dtype=bool)
+    threshold = np.uint64(min(fraction, 1.0) * float(np.iinfo(np.uint64).max))
+    held: npt.NDArray[np.bool_] = hash_strings(ids) < threshold
+    return held
+
+
+def select(
+    config: StageConfig, store: ObjectStore, scratch: Path, heldout: Path | None = None
+) -> Selection:
+    """Pass 1: stream the shards, keep the selected rows (with rewards) in ``scratch``, and
+    the held-out on-policy rows (``config.heldout_fraction``) in ``heldout``."""
     key = config.data.checkpoint_partition
     wanted = {config.checkpoint}
     if config.admits_previous:
@@ -294,7 +315,13 @@ def select(config: StageConfig, store: ObjectStore, scratch: Path) -> Selection:
         pa.OSFile(os.fspath(scratch), "wb") as sink,
         pa.ipc.new_stream(sink, SCRATCH_SCHEMA, options=options) as scratch_writer,
         Worker("stage-scratch") as background,
+        contextlib.ExitStack() as stack,
     ):
+        heldout_writer = None
+        if heldout is not None:
+            heldout_writer = stack.enter_context(
+                pq.ParquetWriter(os.fspath(heldout), HELDOUT_SCHEMA, compression="zstd")
+            )
         for good in reader:
             # The reader appends a file's report before yielding its rows.
             file = reader.report.files[-1]
@@ -302,6 +329,15 @@ def select(config: StageConfig, store: ObjectStore, scratch: Path) -> Selection:
                 path_checkpoints[file.key] = parse_partitions(file.key).get(key)
             batch = _quarantine_mismatched(good, path_checkpoints[file.key], file, selection)
             keep, on = _select_batch(batch, config, selection)
+            if heldout_writer is not None:
+                held = (
+                    keep & on & _held_out(batch.column("interaction_id"), config.heldout_fraction)
+                )
+                if held.any():
+                    rows = batch.select(list(HELDOUT_COLUMNS)).take(_rows(held))
+                    heldout_writer.write_table(pa.Table.from_batches([rows]).cast(HELDOUT_SCHEMA))
+                    selection.heldout += int(np.count_nonzero(held))
+                    keep &= ~held
             if not keep.any():
                 continue
             if not keep.all():
@@ -655,9 +691,10 @@ def _commit(store: ObjectStore, files: dict[str, Path], metadata: dict[str, Any]
     this one does not write (e.g. another ``--ranks``): the manifest goes first, so at no
     moment does a manifest vouch for a mix of old and new files."""
     store.delete(MANIFEST_NAME)
-    for info in list(store.list(f"{TRAIN_DIR}/")):
-        if info.key not in files:
-            store.delete(info.key)
+    for directory in (TRAIN_DIR, HELDOUT_DIR):
+        for info in list(store.list(f"{directory}/")):
+            if info.key not in files:
+                store.delete(info.key)
     store.commit("", files, metadata)
 
 
@@ -695,7 +732,8 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="rtrl-stage-", dir=work_dir) as tmp:
         tmp_dir = Path(tmp)
         scratch = tmp_dir / "selected.arrow"
-        selection = select(config, shards, scratch)
+        heldout = tmp_dir / "heldout.parquet" if config.heldout_fraction > 0 else None
+        selection = select(config, shards, scratch, heldout)
         select_seconds = time.perf_counter() - clock
         q = quarantine(selection)
         limit = config.data.max_bad_fraction
@@ -729,6 +767,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                 "interactions_used": used,
                 "tokens_used": tokens,
                 "on_policy_interactions": selection.on_rows,
+                "heldout_fraction": config.heldout_fraction,
+                "heldout_interactions": selection.heldout,
+                "heldout_file": None,
                 "off_policy_interactions": admission.admitted,
                 "on_policy_fraction": selection.on_rows / used if used else None,
                 "min_interactions": config.data.min_interactions,
@@ -771,6 +812,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                 f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
             )
             doc["advantage"] = adv_stats.to_dict()
+            if heldout is not None:
+                files[HELDOUT_NAME] = heldout
+                doc["heldout_file"] = HELDOUT_NAME
         scratch.unlink()  # before the upload: the disk held both only while needed
         doc["quarantined_files"] = q.bad_files
         seconds = time.perf_counter() - clock
@@ -847,6 +891,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ranks", type=positive_int, default=1, metavar="N", help="data-parallel ranks"
     )
     parser.add_argument(
+        "--heldout-fraction",
+        type=fraction,
+        default=DEFAULT_HELDOUT_FRACTION,
+        metavar="F",
+        help="share of on-policy interactions held out for eval, never trained on "
+        f"(default {DEFAULT_HELDOUT_FRACTION})",
+    )
+    parser.add_argument(
         "--previous-checkpoint",
         metavar="ID",
         help="admit its rows up to data.maxOffPolicyFraction of the set",
@@ -892,6 +944,7 @@ def run(args: argparse.Namespace) -> int:
             exclude_checkpoints=args.exclude_checkpoint,
             ranks=args.ranks,
             endpoint_url=args.endpoint_url,
+            heldout_fraction=args.heldout_fraction,
         )
         doc = stage(config, work_dir=args.work_dir)
     except ConfigError as exc:

@@ -1,0 +1,112 @@
+"""A checkpoint loaded for evaluation: tokenizer, generation, and per-token log-probs.
+
+Both checkpoints of an eval are Hugging Face directories. Their tokenizer is the one saved
+with the checkpoint; a checkpoint without one (tiny test models, a bare base model) falls
+back to bytes: UTF-8 bytes are token ids 0..255, which needs a vocabulary of at least 256.
+Generation is seeded per call, so two identical checkpoints produce identical completions
+under any decoding settings, and a rerun reproduces its completions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtrl_trainer.checkpoint_io import has_tokenizer
+
+
+class ModelError(ValueError):
+    """The checkpoint cannot be used for evaluation."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Decoding of generated completions (the ``evaluator`` config section)."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    batch_size: int = 8
+
+
+class EvalModel:
+    def __init__(self, directory: Path, *, label: str) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.label = label
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{label}: cannot load the checkpoint: {exc}") from None
+        self.model.eval()  # type: ignore[no-untyped-call]
+        self.vocab = int(self.model.config.vocab_size)
+        self.tokenizer: Any = None
+        if has_tokenizer(p.name for p in directory.iterdir()):
+            self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        elif self.vocab < 256:
+            raise ModelError(
+                f"{label}: no tokenizer and a vocabulary of {self.vocab} < 256 (byte fallback)"
+            )
+        eos = self.model.config.eos_token_id
+        self.eos: int | None = eos if isinstance(eos, int) else None
+        self.max_positions = int(
+            getattr(self.model.config, "n_positions", 0)
+            or getattr(self.model.config, "max_position_embeddings", 0)
+            or 2048
+        )
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is not None:
+            ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+            return ids
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is not None:
+            text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
+            return text
+        return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
+        """One completion per prompt (left-padded batches), without the prompt."""
+        out: list[list[int]] = []
+        room = max(1, self.max_positions - decoding.max_tokens)
+        pad = self.eos if self.eos is not None else 0
+        for start in range(0, len(prompts), decoding.batch_size):
+            batch = [p[-room:] or [pad] for p in prompts[start : start + decoding.batch_size]]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            torch.manual_seed(decoding.seed + start)
+            sample = decoding.temperature > 0
+            extra: dict[str, Any] = (
+                {"do_sample": True, "temperature": decoding.temperature, "top_p": decoding.top_p}
+                if sample
+                else {"do_sample": False}
+            )
+            generated = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=decoding.max_tokens,
+                pad_token_id=pad,
+                eos_token_id=self.eos,
+                **extra,
+            )
+            for row in generated[:, width:].tolist():
+                end = row.index(self.eos) if self.eos is not None and self.eos in row else len(row)
+                out.append(row[:end])
+        return out
+
+    @torch.no_grad()
+    def logits(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
+        """Log-softmax over the vocabulary at each completion position (len(completion) x V)."""
+        ids = (prompt + completion)[-self.max_positions :]
+        n = len(completion)
+        logits = self.model(input_ids=torch.tensor([ids])).logits[0, -n - 1 : -1]
+        result: torch.Tensor = torch.log_softmax(logits.float(), dim=-1)
+        return result
