@@ -527,10 +527,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rtrl-job eval: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except EvalError as exc:
-        print(f"eval: cannot evaluate: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_FAILED
-    except StoreError as exc:
+    except (EvalError, StoreError) as exc:
         print(f"eval: cannot evaluate: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
