@@ -4,6 +4,7 @@ version does not have."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 from tests.conftest import REPO, console_script
 
@@ -40,3 +41,15 @@ def test_kubectl_plugin_validates_like_rtrl() -> None:
     assert bad.returncode == 1 and "spec.training.zeroStage" in bad.stdout
     later = _run(plugin, "rollback", "composer")
     assert later.returncode == 2 and "not available" in later.stderr
+
+
+def test_a_stage_pod_does_not_import_torch() -> None:
+    """Steps are imported on demand: eval's torch/transformers never slow a stage pod."""
+    code = (
+        "import sys\n"
+        "from rtrl_trainer.cli import build_parser\n"
+        "build_parser('stage')\n"
+        "assert 'torch' not in sys.modules, 'stage imported torch'\n"
+    )
+    out = _run(sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr

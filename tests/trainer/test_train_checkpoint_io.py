@@ -110,9 +110,9 @@ def test_deepspeed_files_go_to_their_owner(tmp_path: Path) -> None:
 def test_distributed_commit_and_delete(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "out")
     (tmp_path / "a").write_bytes(b"a")
-    entries = cio.upload(store, "_deepspeed/step-3", {"a": tmp_path / "a"})
+    entries = store.upload_files("_deepspeed/step-3", {"a": tmp_path / "a"})
     assert store.committed("_deepspeed/step-3") is None  # files alone are not a commit
-    cio.write_manifest(store, "_deepspeed/step-3", entries, {"step": 3})
+    store.write_manifest("_deepspeed/step-3", entries, {"step": 3})
     assert set(cio.committed_steps(store)) == {3}
     cio.delete_prefix(store, "_deepspeed/step-3")
     assert cio.committed_steps(store) == {}

@@ -170,26 +170,6 @@ def download(
 # --- committing from several ranks --------------------------------------------------------
 
 
-def upload(store: ObjectStore, prefix: str, files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
-    """Upload ``files`` (name -> local path) under ``prefix``; their manifest entries."""
-    entries: dict[str, dict[str, Any]] = {}
-    for name, path in sorted(files.items()):
-        entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-        store.put_file(join_key(prefix, name), path)
-    return entries
-
-
-def write_manifest(
-    store: ObjectStore,
-    prefix: str,
-    entries: Mapping[str, Mapping[str, Any]],
-    metadata: Mapping[str, Any],
-) -> None:
-    """The commit marker of files uploaded by :func:`upload` (possibly from many ranks)."""
-    manifest = Manifest(prefix=prefix, files=entries, metadata=metadata)
-    store.put_bytes(join_key(prefix, MANIFEST_NAME), manifest.to_json())
-
-
 def delete_prefix(store: ObjectStore, prefix: str) -> None:
     """Uncommit ``prefix`` (manifest first, so it reads as absent at once), then delete it."""
     store.delete(join_key(prefix, MANIFEST_NAME))

@@ -1,66 +1,67 @@
 """``rtrl-job <step>``: the entry point of every Job pod (and of local runs).
 
-Steps are registered in ``STEPS`` as they are built (stage, train, eval, analyze); each
-reads and writes the object store only and commits a small JSON result last. Asking for a
-step this version does not have is a usage error (exit 2) that names the steps it has.
+Each step reads and writes the object store only and commits a small JSON result last.
+A step's module is imported only when that step runs: eval pulls in torch and
+transformers, which a stage pod must not pay for at start-up. Asking for a step this
+version does not have is a usage error (exit 2) that names the steps it has.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from rtrl_trainer import evaluate, stage, train_config
-
-# step name -> (one-line help, function adding its arguments, function running it)
-STEPS: dict[
-    str,
-    tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]],
-] = {
+# step name -> (one-line help, module defining add_arguments(parser) and the run function,
+# name of that run function)
+STEPS: dict[str, tuple[str, str, str]] = {
     "stage": (
         "select, quarantine and reward matured interactions; write the training set",
-        stage.add_arguments,
-        stage.run,
+        "rtrl_trainer.stage",
+        "run",
     ),
     "train": (
         "train the next checkpoint from the parent and the staged set (DeepSpeed)",
-        train_config.add_arguments,
-        train_config.run_cli,
+        "rtrl_trainer.train_config",
+        "run_cli",
     ),
     "eval": (
         "evaluate a candidate checkpoint against its parent and judge the regression gates",
-        evaluate.add_arguments,
-        evaluate.run,
+        "rtrl_trainer.evaluate",
+        "run",
     ),
 }
-PLANNED = ("stage", "train", "eval", "analyze")
+PLANNED = ("analyze",)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(step: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``step``'s module is imported (for its arguments)."""
     parser = argparse.ArgumentParser(
         prog="rtrl-job",
         description="Run one step of an rtrl cycle (inside a Job pod, or locally).",
     )
     steps = parser.add_subparsers(dest="step", metavar="STEP")
-    for name, (help_text, add_arguments, run) in STEPS.items():
+    for name, (help_text, module_name, run_name) in STEPS.items():
         sub = steps.add_parser(name, help=help_text)
-        add_arguments(sub)
-        sub.set_defaults(run=run)
+        if name == step:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(run=getattr(module, run_name))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     if argv and not argv[0].startswith("-") and argv[0] not in STEPS:
-        available = ", ".join(STEPS) or "none yet"
         print(
             f"rtrl-job: step {argv[0]!r} is not available in this version "
-            f"(available: {available}; planned: {', '.join(PLANNED)})",
+            f"(available: {', '.join(STEPS)}; planned: {', '.join(PLANNED)})",
             file=sys.stderr,
         )
         return 2
+    step = argv[0] if argv and argv[0] in STEPS else None
+    parser = build_parser(step)
     args = parser.parse_args(argv)
     if args.step is None:
         parser.print_help()

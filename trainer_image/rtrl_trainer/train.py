@@ -762,13 +762,13 @@ def save_state(
         }
     }
     engine.save_checkpoint(str(local), tag=tag, client_state=client_state)
-    entries = cio.upload(store, prefix, cio.owned_files(local / tag, ranks.rank))
+    entries = store.upload_files(prefix, cio.owned_files(local / tag, ranks.rank))
     everything: dict[str, Any] = {}
     for part in gather(entries):
         everything.update(part)
     if ranks.rank == 0:
         metadata = {"step": step, "worldSize": ranks.world_size, "fingerprint": fingerprint}
-        cio.write_manifest(store, prefix, everything, metadata)
+        store.write_manifest(prefix, everything, metadata)
         for older in cio.committed_steps(store):
             if older < step:
                 cio.delete_prefix(store, cio.step_prefix(older))
@@ -836,12 +836,12 @@ def save_start_logprobs(
     if ranks.rank == 0:
         store.delete(join_key(cio.START_LOGPROBS, MANIFEST_NAME))
     dist.barrier()
-    entries = cio.upload(store, cio.START_LOGPROBS, {path.name: path})
+    entries = store.upload_files(cio.START_LOGPROBS, {path.name: path})
     everything: dict[str, Any] = {}
     for part in gather(entries):
         everything.update(part)
     if ranks.rank == 0:
-        cio.write_manifest(store, cio.START_LOGPROBS, everything, {"fingerprint": fingerprint})
+        store.write_manifest(cio.START_LOGPROBS, everything, {"fingerprint": fingerprint})
     dist.barrier()
 
 

@@ -175,10 +175,26 @@ class ObjectStore(ABC):
         # A previous manifest would vouch for files this commit is about to overwrite; drop
         # it first so that a rewrite in progress reads as absent, not as a mixed artifact.
         self.delete(join_key(prefix, MANIFEST_NAME))
+        return self.write_manifest(prefix, self.upload_files(prefix, files), metadata)
+
+    def upload_files(self, prefix: str, files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+        """The first half of :meth:`commit`: upload ``files`` and return their manifest
+        entries (size, sha256). Several writers (the ranks of a training Job) may each
+        upload their own files; one of them then calls :meth:`write_manifest` with all
+        entries."""
         entries: dict[str, dict[str, Any]] = {}
         for name, path in sorted(files.items()):
             entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
             self.put_file(join_key(prefix, name), path)
+        return entries
+
+    def write_manifest(
+        self,
+        prefix: str,
+        entries: Mapping[str, Mapping[str, Any]],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """The second half of :meth:`commit`: write the manifest, the commit marker."""
         manifest = Manifest(prefix=prefix, files=entries, metadata=dict(metadata or {}))
         self.put_bytes(join_key(prefix, MANIFEST_NAME), manifest.to_json())
         return manifest
