@@ -56,6 +56,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    """Run the operator: reconcile RLCycles in the given namespaces (or all of them)."""
+    import logging
+
+    import kopf
+
+    from . import handlers  # noqa: F401 - registers the handlers with kopf
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.all_namespaces and not args.namespace:
+        print(
+            "rtrl operator: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr
+        )
+        return 2
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace or (),
+        standalone=args.standalone,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rtrl",
@@ -80,6 +107,32 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("files", nargs="+", metavar="FILE", help="YAML manifest files")
     validate.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     validate.set_defaults(func=cmd_validate)
+
+    operator = commands.add_parser(
+        "operator", help="run the operator (kopf)", description=cmd_operator.__doc__
+    )
+    scope = operator.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
+    operator.add_argument(
+        "--peering",
+        default="rtrl",
+        metavar="NAME",
+        help="kopf peering object shared by replicas; one of them is active (default: rtrl)",
+    )
+    operator.add_argument(
+        "--standalone", action="store_true", help="no peering (one replica, or tests)"
+    )
+    operator.add_argument(
+        "--liveness",
+        metavar="URL",
+        default="http://0.0.0.0:8080/healthz",
+        help="liveness endpoint (default: http://0.0.0.0:8080/healthz)",
+    )
+    operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    operator.set_defaults(func=cmd_operator)
 
     from .shards.cli import add_shards_parser
 

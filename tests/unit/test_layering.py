@@ -20,6 +20,7 @@ LAYERS = ["handlers", "kube", "planning", "api"]
 # component of rtrl -> components of rtrl it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     **{layer: set(LAYERS[i + 1 :]) for i, layer in enumerate(LAYERS)},
+    "kube": {"planning", "api", "store"},
     "store": set(),
     "cliargs": set(),
     "shards": {"store", "cliargs"},

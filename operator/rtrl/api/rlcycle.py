@@ -620,6 +620,26 @@ class StorageSpec(ApiModel):
         return self
 
 
+class JobPolicySpec(ApiModel):
+    """How the operator retries a failed step Job (stage, train, eval).
+
+    A failed Job is recreated as a new attempt (``<checkpoint>-<step>-<attempt>``), after a
+    delay that doubles with each attempt; training resumes from its last saved step. When
+    the attempts are spent, the Checkpoint is Failed with the pod's reason and the serving
+    model is left as it is.
+    """
+
+    backoff_limit: int = Field(
+        2, ge=0, le=10, description="Retries of a failed step Job before the cycle fails."
+    )
+    backoff: Duration = Field(
+        "30s", description="Delay before the first retry; each further retry waits twice as long."
+    )
+    active_deadline: Duration | None = Field(
+        None, description="Wall-clock limit of one attempt of a step Job; unset: none."
+    )
+
+
 class RLCycleSpec(ApiModel):
     """The desired real-time RL loop for one inference Deployment."""
 
@@ -638,6 +658,9 @@ class RLCycleSpec(ApiModel):
         default_factory=RolloutSpec, description="Canary rollout and A/B analysis."
     )
     storage: StorageSpec = Field(description="Object store for artifacts.")
+    jobs: JobPolicySpec = Field(
+        default_factory=JobPolicySpec, description="Retries of failed step Jobs."
+    )
     pin: DnsSubdomain | None = Field(
         None,
         description="Serve exactly this Checkpoint and start no cycles (GitOps rollback).",
@@ -685,6 +708,11 @@ class RLCycleStatus(ApiModel):
     canary_weight: int = Field(0, ge=0, le=100, description="Canary traffic share in percent.")
     cycle_started_at: datetime | None = Field(None, description="When the current cycle began.")
     next_run: datetime | None = Field(None, description="When the next cycle is due.")
+    last_trigger: str | None = Field(
+        None,
+        max_length=253,
+        description="Value of the rtrl.io/trigger annotation that last started a cycle.",
+    )
     message: str | None = Field(None, description="What the operator is doing, in words.")
     observed_generation: int | None = Field(
         None, ge=0, description="The metadata.generation the status reflects."

@@ -1,0 +1,143 @@
+"""kopf handlers: thin adapters between kopf's events and the reconciler.
+
+Each RLCycle has one reconciler, a kopf daemon, so decisions about one RLCycle are never
+made twice at once. It sleeps until something relevant changes (the RLCycle, one of its
+Jobs or Checkpoints: the event handlers below wake it), the plan asks to look again
+(``requeue_after``), or the periodic resync is due; then it observes, plans, applies and
+writes the status. The daemon keeps nothing between rounds but a wake-up flag: all state is
+read back from the cluster and the store, so the operator can be killed at any moment.
+
+Run with ``rtrl operator`` (or ``kopf run -m rtrl.handlers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from .kube import KubeClient, KubeError, apply, observe
+from .kube.apply import write_status
+from .planning import children as ch
+from .planning import plan, plan_deletion
+
+GROUP, VERSION = "rtrl.io", "v1alpha1"
+log = logging.getLogger("rtrl.operator")
+
+# Seconds between reconciles when nothing happens (schedules are also requeued exactly).
+RESYNC_SECONDS = float(os.environ.get("RTRL_RESYNC_SECONDS", "30"))
+# A reconcile that fails (API or store unreachable) is retried after this delay.
+ERROR_BACKOFF_SECONDS = float(os.environ.get("RTRL_ERROR_BACKOFF_SECONDS", "5"))
+
+_wakeups: dict[tuple[str, str], asyncio.Event] = {}
+_client: KubeClient | None = None
+
+
+def client() -> KubeClient:
+    global _client  # noqa: PLW0603 - one client per operator process, made on first use
+    if _client is None:
+        _client = KubeClient.from_environment()
+    return _client
+
+
+def wake(namespace: str | None, name: str | None) -> None:
+    if namespace and name:
+        flag = _wakeups.get((namespace, name))
+        if flag is not None:
+            flag.set()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = ch.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="rtrl.io", key="last-handled-configuration"
+    )
+    settings.peering.name = os.environ.get("RTRL_PEERING", "rtrl")
+    settings.posting.enabled = False  # the reconciler posts its own Events, with reasons
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+def reconcile_once(namespace: str, name: str) -> float | None:
+    """One round for one RLCycle; returns when to look again (seconds), None for the resync."""
+    kube = client()
+    rlcycle = kube.get("RLCycle", namespace, name)
+    if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
+        return None
+    observed = observe(kube, rlcycle)
+    decided = plan(observed, datetime.now(UTC))
+    apply(kube, rlcycle, decided.actions)
+    write_status(kube, rlcycle, decided.status)
+    return decided.requeue_after
+
+
+@kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10)
+async def reconciler(
+    name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    assert namespace is not None  # RLCycle is namespaced
+    flag = _wakeups.setdefault((namespace, name), asyncio.Event())
+    try:
+        while not stopped:
+            flag.clear()
+            started = time.monotonic()
+            try:
+                delay = await asyncio.to_thread(reconcile_once, namespace, name)
+            except KubeError as exc:
+                log.warning(
+                    "reconcile %s/%s: %s; retrying in %ss",
+                    namespace,
+                    name,
+                    exc,
+                    ERROR_BACKOFF_SECONDS,
+                )
+                delay = ERROR_BACKOFF_SECONDS
+            except Exception:
+                log.exception("reconcile %s/%s failed; retrying", namespace, name)
+                delay = ERROR_BACKOFF_SECONDS
+            log.debug("reconciled %s/%s in %.3fs", namespace, name, time.monotonic() - started)
+            if delay is not None and delay <= 0:
+                continue
+            timeout = RESYNC_SECONDS if delay is None else min(delay, RESYNC_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flag.wait(), timeout=timeout)
+    finally:
+        if _wakeups.get((namespace, name)) is flag:
+            del _wakeups[(namespace, name)]
+
+
+@kopf.on.event(GROUP, VERSION, "rlcycles")
+def rlcycle_changed(name: str, namespace: str | None, **_: Any) -> None:
+    wake(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT})
+def job_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    wake(namespace, labels.get(ch.LABEL_RLCYCLE))
+
+
+@kopf.on.event(GROUP, VERSION, "checkpoints")
+def checkpoint_changed(spec: kopf.Spec, namespace: str | None, **_: Any) -> None:
+    wake(namespace, spec.get("rlCycle"))
+
+
+@kopf.on.delete(GROUP, VERSION, "rlcycles")
+def rlcycle_deleted(body: kopf.Body, name: str, namespace: str | None, **_: Any) -> None:
+    """Stop the RLCycle's Jobs and remove the children it created; stored artifacts stay."""
+    kube = client()
+    rlcycle = dict(body)
+    actions, _done = plan_deletion(observe(kube, rlcycle))
+    apply(kube, rlcycle, actions)
+    _actions, done = plan_deletion(observe(kube, rlcycle))
+    if not done:
+        raise kopf.TemporaryError("waiting for children to be deleted", delay=1)
+    log.info("%s/%s deleted with its children; stored artifacts are kept", namespace, name)

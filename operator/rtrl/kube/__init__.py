@@ -1,0 +1,11 @@
+"""The only code that talks to the Kubernetes API (and reads step results from the store).
+
+``observe`` reads an RLCycle's world into a :class:`rtrl.planning.Observed`; ``apply``
+carries out a plan's actions, treating "already exists" and "not found" as done.
+"""
+
+from .apply import apply
+from .client import KubeClient, KubeError
+from .observe import observe
+
+__all__ = ["KubeClient", "KubeError", "apply", "observe"]

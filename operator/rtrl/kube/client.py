@@ -1,0 +1,197 @@
+"""A small JSON client over the official ``kubernetes`` package's HTTP layer.
+
+Objects stay plain dicts in the API's own camelCase (no generated model classes), and every
+call names its path explicitly, so the permissions the operator needs are exactly the
+(verb, resource) pairs listed in :data:`PERMISSIONS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+import kubernetes
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+# kind -> (API group, version, plural, namespaced)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "RLCycle": ("rtrl.io", "v1alpha1", "rlcycles"),
+    "Checkpoint": ("rtrl.io", "v1alpha1", "checkpoints"),
+    "Job": ("batch", "v1", "jobs"),
+    "Pod": ("", "v1", "pods"),
+    "Service": ("", "v1", "services"),
+    "ConfigMap": ("", "v1", "configmaps"),
+    "Secret": ("", "v1", "secrets"),
+    "Event": ("", "v1", "events"),
+    "Deployment": ("apps", "v1", "deployments"),
+}
+
+# What the operator does to each resource: the Helm chart's RBAC grants exactly this.
+PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("rtrl.io", "rlcycles"): ("get", "list", "watch", "patch"),
+    ("rtrl.io", "rlcycles/status"): ("get", "patch"),
+    ("rtrl.io", "checkpoints"): ("get", "list", "watch", "create", "delete", "patch"),
+    ("rtrl.io", "checkpoints/status"): ("get", "patch"),
+    ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
+    ("", "pods"): ("get", "list"),
+    ("", "services"): ("get", "list", "create", "delete"),
+    ("", "configmaps"): ("get", "list", "create", "delete"),
+    ("", "secrets"): ("get",),
+    ("", "events"): ("create", "patch"),
+    ("apps", "deployments"): ("get", "list", "watch"),
+}
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when there was no answer)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def path(kind: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    group, version, plural = KINDS[kind]
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    if sub:
+        base += f"/{sub}"
+    return base
+
+
+def api_version(kind: str) -> str:
+    group, version, _ = KINDS[kind]
+    return f"{group}/{version}" if group else version
+
+
+class KubeClient:
+    """JSON requests with the credentials of a kubeconfig or the pod's service account."""
+
+    def __init__(self, api_client: ApiClient | None = None):
+        self.api = api_client or ApiClient()
+        self.requests = 0  # counted for bench/operator_latency.py
+
+    @classmethod
+    def from_environment(cls) -> KubeClient:
+        """In a pod: its service account; elsewhere: $KUBECONFIG / ~/.kube/config."""
+        try:
+            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(ApiClient())
+
+    def request(
+        self,
+        method: str,
+        url_path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        if query:
+            url_path = f"{url_path}?{urlencode(query)}"
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = self.api.param_serialize(
+            method=method,
+            resource_path=url_path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        self.requests += 1
+        try:
+            response = self.api.call_api(*params)
+            response.read()  # type: ignore[no-untyped-call]
+        except ApiException as exc:
+            reason = ""
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(exc.body or "{}").get("reason", "")
+            raise KubeError(
+                f"{method} {url_path.split('?')[0]}: HTTP {exc.status} {reason or exc.reason}",
+                exc.status or 0,
+                reason,
+            ) from None
+        except OSError as exc:  # urllib3 wraps most transport errors in OSError subclasses
+            raise KubeError(f"{method} {url_path.split('?')[0]}: {exc}") from None
+        data = response.data
+        return json.loads(data) if data else None
+
+    # typed conveniences ------------------------------------------------------------------
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path(kind, namespace, name))  # type: ignore[no-any-return]
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, kind: str, namespace: str, labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        query = (
+            {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
+        )
+        items = (self.request("GET", path(kind, namespace), query=query) or {}).get("items") or []
+        # Filter here too: the selector is an optimisation, not something to rely on.
+        return [
+            item
+            for item in items
+            if all(
+                ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+                for k, v in (labels or {}).items()
+            )
+        ]
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it already exists (fixed names: that means done)."""
+        meta = manifest["metadata"]
+        try:
+            return self.request("POST", path(manifest["kind"], meta.get("namespace")), manifest)  # type: ignore[no-any-return]
+        except KubeError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self.request("DELETE", path(kind, namespace, name), body)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def patch(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Any,
+        *,
+        sub: str = "",
+        json_patch: bool = False,
+    ) -> dict[str, Any] | None:
+        kind_of_patch = (
+            "application/json-patch+json" if json_patch else "application/merge-patch+json"
+        )
+        try:
+            return self.request(  # type: ignore[no-any-return]
+                "PATCH", path(kind, namespace, name, sub), patch, content_type=kind_of_patch
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise

@@ -1,0 +1,58 @@
+"""What the planning core asks the kube layer to do; plain data, applied in order.
+
+Every action is idempotent when applied: a Create whose object already exists and a Delete
+whose object is gone both count as done, so a plan can be applied again after a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create ``manifest``; "already exists" is success (fixed child names)."""
+
+    manifest: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete an object of the RLCycle's namespace, its dependents in the background."""
+
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Merge ``status`` into the status subresource of an object of the namespace."""
+
+    api_version: str
+    kind: str
+    name: str
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Post a Kubernetes Event about ``kind``/``name`` (the RLCycle or a Checkpoint)."""
+
+    kind: str
+    name: str
+    reason: str
+    message: str
+    warning: bool = False
+
+
+Action = Create | Delete | PatchStatus | Emit

@@ -1,0 +1,66 @@
+"""What the kube layer read back from the cluster and the store for one RLCycle.
+
+Nothing here is remembered between reconciles: every field is read again each time, which
+is what lets the operator be killed at any moment and carry on where it stood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A step Job, reduced to what decisions need."""
+
+    name: str
+    checkpoint: str | None  # label rtrl.io/checkpoint
+    checkpoint_uid: str | None  # label rtrl.io/checkpoint-uid: which incarnation it served
+    step: str | None  # label rtrl.io/step
+    attempt: int
+    succeeded: bool = False
+    failed: bool = False
+    finished_at: datetime | None = None
+    # Why it failed, in words: the Job's condition and its pod's termination reason and
+    # message (the step's last output lines).
+    reason: str = ""
+    message: str = ""
+    deleting: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.succeeded or self.failed
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """The target inference Deployment; ``serving_uri`` is its checkpoint env var's value."""
+
+    found: bool
+    has_container: bool = False
+    serving_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class SecretState:
+    """The storage credentials Secret: found, and which required keys it lacks."""
+
+    found: bool
+    missing_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observed:
+    rlcycle: Mapping[str, Any]
+    checkpoints: Sequence[Mapping[str, Any]] = ()  # every Checkpoint of the namespace
+    jobs: Sequence[JobState] = ()  # Jobs labelled rtrl.io/rlcycle=<name>
+    services: frozenset[str] = frozenset()  # names of the RLCycle's Services
+    config_maps: frozenset[str] = frozenset()  # names of the RLCycle's ConfigMaps
+    deployment: DeploymentState = field(default_factory=lambda: DeploymentState(found=False))
+    secret: SecretState | None = None  # None: no Secret referenced
+    # Step results by URI (stage.json, train.json, eval.json): the document, or None when
+    # nothing is committed there; a string is the error met reading it.
+    results: Mapping[str, Mapping[str, Any] | str | None] = field(default_factory=dict)
