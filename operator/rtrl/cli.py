@@ -62,7 +62,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from . import handlers  # noqa: F401 - registers the handlers with kopf
+    from .handlers import registry
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -74,11 +74,12 @@ def cmd_operator(args: argparse.Namespace) -> int:
         )
         return 2
     kopf.run(
+        registry=registry,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or (),
         standalone=args.standalone,
         peering_name=args.peering,
-        liveness_endpoint=args.liveness,
+        liveness_endpoint=None if args.liveness == "none" else args.liveness,
     )
     return 0
 
@@ -118,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
     operator.add_argument(
         "--peering",
-        default="rtrl",
         metavar="NAME",
-        help="kopf peering object shared by replicas; one of them is active (default: rtrl)",
+        help="KopfPeering object the replicas share, so that one of them is active at a "
+        "time (high availability); default: kopf's 'default' peering if it exists",
     )
     operator.add_argument(
         "--standalone", action="store_true", help="no peering (one replica, or tests)"
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness",
         metavar="URL",
         default="http://0.0.0.0:8080/healthz",
-        help="liveness endpoint (default: http://0.0.0.0:8080/healthz)",
+        help="liveness endpoint, or 'none' (default: http://0.0.0.0:8080/healthz)",
     )
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(func=cmd_operator)

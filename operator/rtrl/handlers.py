@@ -7,7 +7,7 @@ Jobs or Checkpoints: the event handlers below wake it), the plan asks to look ag
 writes the status. The daemon keeps nothing between rounds but a wake-up flag: all state is
 read back from the cluster and the store, so the operator can be killed at any moment.
 
-Run with ``rtrl operator`` (or ``kopf run -m rtrl.handlers``).
+Run with ``rtrl operator``, which hands kopf this module's :data:`registry`.
 """
 
 from __future__ import annotations
@@ -29,39 +29,53 @@ from .planning import children as ch
 from .planning import plan, plan_deletion
 
 GROUP, VERSION = "rtrl.io", "v1alpha1"
+# rtrl's handlers live in their own registry, so that other kopf handlers imported into the
+# same process (a plugin, a test's operator) never run alongside them.
+registry = kopf.OperatorRegistry()
 log = logging.getLogger("rtrl.operator")
 
-# Seconds between reconciles when nothing happens (schedules are also requeued exactly).
-RESYNC_SECONDS = float(os.environ.get("RTRL_RESYNC_SECONDS", "30"))
-# A reconcile that fails (API or store unreachable) is retried after this delay.
-ERROR_BACKOFF_SECONDS = float(os.environ.get("RTRL_ERROR_BACKOFF_SECONDS", "5"))
 
-_wakeups: dict[tuple[str, str], asyncio.Event] = {}
-_client: KubeClient | None = None
+class _Process:
+    """Per-process wiring, made at startup: the API client, timings, wake-up flags."""
+
+    client: KubeClient | None = None
+    # Seconds between reconciles when nothing happens (schedules are requeued exactly).
+    resync_seconds = 30.0
+    # A reconcile that fails (API or store unreachable) is retried after this delay.
+    error_backoff_seconds = 5.0
+    wakeups: dict[tuple[str, str], asyncio.Event] = {}
 
 
 def client() -> KubeClient:
-    global _client  # noqa: PLW0603 - one client per operator process, made on first use
-    if _client is None:
-        _client = KubeClient.from_environment()
-    return _client
+    if _Process.client is None:
+        _Process.client = KubeClient.from_environment()
+    return _Process.client
 
 
 def wake(namespace: str | None, name: str | None) -> None:
     if namespace and name:
-        flag = _wakeups.get((namespace, name))
+        flag = _Process.wakeups.get((namespace, name))
         if flag is not None:
             flag.set()
 
 
-@kopf.on.startup()
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own credentials: in-cluster service account or kubeconfig, as the client."""
+    return kopf.login_via_client(**kwargs)
+
+
+@kopf.on.startup(registry=registry)
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    _Process.client = KubeClient.from_environment()
+    _Process.resync_seconds = float(os.environ.get("RTRL_RESYNC_SECONDS", "30"))
+    _Process.error_backoff_seconds = float(os.environ.get("RTRL_ERROR_BACKOFF_SECONDS", "5"))
+    _Process.wakeups.clear()
     settings.persistence.finalizer = ch.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="rtrl.io", key="last-handled-configuration"
     )
-    settings.peering.name = os.environ.get("RTRL_PEERING", "rtrl")
     settings.posting.enabled = False  # the reconciler posts its own Events, with reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -80,12 +94,12 @@ def reconcile_once(namespace: str, name: str) -> float | None:
     return decided.requeue_after
 
 
-@kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10)
+@kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10, registry=registry)
 async def reconciler(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     assert namespace is not None  # RLCycle is namespaced
-    flag = _wakeups.setdefault((namespace, name), asyncio.Event())
+    flag = _Process.wakeups.setdefault((namespace, name), asyncio.Event())
     try:
         while not stopped:
             flag.clear()
@@ -93,44 +107,39 @@ async def reconciler(
             try:
                 delay = await asyncio.to_thread(reconcile_once, namespace, name)
             except KubeError as exc:
-                log.warning(
-                    "reconcile %s/%s: %s; retrying in %ss",
-                    namespace,
-                    name,
-                    exc,
-                    ERROR_BACKOFF_SECONDS,
-                )
-                delay = ERROR_BACKOFF_SECONDS
+                delay = _Process.error_backoff_seconds
+                log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
             except Exception:
-                log.exception("reconcile %s/%s failed; retrying", namespace, name)
-                delay = ERROR_BACKOFF_SECONDS
+                delay = _Process.error_backoff_seconds
+                log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.monotonic() - started)
             if delay is not None and delay <= 0:
                 continue
-            timeout = RESYNC_SECONDS if delay is None else min(delay, RESYNC_SECONDS)
+            resync = _Process.resync_seconds
+            timeout = resync if delay is None else min(delay, resync)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(flag.wait(), timeout=timeout)
     finally:
-        if _wakeups.get((namespace, name)) is flag:
-            del _wakeups[(namespace, name)]
+        if _Process.wakeups.get((namespace, name)) is flag:
+            del _Process.wakeups[(namespace, name)]
 
 
-@kopf.on.event(GROUP, VERSION, "rlcycles")
+@kopf.on.event(GROUP, VERSION, "rlcycles", registry=registry)
 def rlcycle_changed(name: str, namespace: str | None, **_: Any) -> None:
     wake(namespace, name)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT})
+@kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
 def job_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
-@kopf.on.event(GROUP, VERSION, "checkpoints")
+@kopf.on.event(GROUP, VERSION, "checkpoints", registry=registry)
 def checkpoint_changed(spec: kopf.Spec, namespace: str | None, **_: Any) -> None:
     wake(namespace, spec.get("rlCycle"))
 
 
-@kopf.on.delete(GROUP, VERSION, "rlcycles")
+@kopf.on.delete(GROUP, VERSION, "rlcycles", registry=registry)
 def rlcycle_deleted(body: kopf.Body, name: str, namespace: str | None, **_: Any) -> None:
     """Stop the RLCycle's Jobs and remove the children it created; stored artifacts stay."""
     kube = client()

@@ -110,20 +110,25 @@ class KubeClient:
             auth_settings=["BearerToken"],
         )
         self.requests += 1
+        where = f"{method} {url_path.split('?')[0]}"
         try:
             response = self.api.call_api(*params)
             response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
-            reason = ""
-            with contextlib.suppress(ValueError, AttributeError):
-                reason = json.loads(exc.body or "{}").get("reason", "")
-            raise KubeError(
-                f"{method} {url_path.split('?')[0]}: HTTP {exc.status} {reason or exc.reason}",
-                exc.status or 0,
-                reason,
-            ) from None
+            raise KubeError(f"{where}: HTTP {exc.status} {exc.reason}", exc.status or 0) from None
         except OSError as exc:  # urllib3 wraps most transport errors in OSError subclasses
-            raise KubeError(f"{method} {url_path.split('?')[0]}: {exc}") from None
+            raise KubeError(f"{where}: {exc}") from None
+        if response.status >= 400:
+            # A Status object; its message names the object, never a Secret's contents.
+            reason = message = ""
+            with contextlib.suppress(ValueError, AttributeError):
+                body = json.loads(response.data or b"{}")
+                reason, message = str(body.get("reason") or ""), str(body.get("message") or "")
+            raise KubeError(
+                f"{where}: HTTP {response.status} {reason}: {message[:300]}".rstrip(": "),
+                response.status,
+                reason,
+            )
         data = response.data
         return json.loads(data) if data else None
 

@@ -1,0 +1,114 @@
+"""The namespace an RLCycle lives in, for the operator's integration tests: the inference
+Deployment, the base Checkpoint it serves, the RLCycle (from examples/rlcycle.yaml, made
+small and pointed at a ``file://`` store), and scripted step results that Jobs "produce".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rtrl.api.yamlfile import load
+from rtrl.store import open_store
+from tests.conftest import REPO
+
+RTRL = "rtrl.io/v1alpha1"
+NAME = "composer"
+
+STAGE_OK = {
+    "ok": True,
+    "sufficient": True,
+    "message": "2000 interactions, 90000 completion tokens, 95.0% on-policy, in 1 rank file(s)",
+    "interactions_used": 2000,
+    "tokens_used": 90000,
+    "on_policy_fraction": 0.95,
+    "quarantined": {"truncated": 3},
+    "quarantined_files": [],
+}
+STAGE_INSUFFICIENT = {
+    **STAGE_OK,
+    "sufficient": False,
+    "message": "insufficient data: 12 interactions (minimum 200)",
+}
+TRAIN_OK = {"summary": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003}}
+EVAL_PASS = {
+    "passed": True,
+    "verdict": "Passed",
+    "message": "passed 1 gate(s) on 3 metric(s)",
+    "gates": [
+        {"metric": "replay.kl", "candidate": 0.01, "parent": 0.0, "ci_low": 0.005,
+         "ci_high": 0.015, "passed": True}
+    ],
+}  # fmt: skip
+EVAL_FAIL = {
+    **EVAL_PASS,
+    "passed": False,
+    "verdict": "Failed",
+    "message": "failed gate(s): replay.kl",
+}
+RESULTS = {"stage": STAGE_OK, "train": TRAIN_OK, "eval": EVAL_PASS}
+
+
+def base_uri(root: Path) -> str:
+    return (root / "models" / "base").as_uri() + "/"
+
+
+def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
+    doc = load((REPO / "examples" / "inference-deployment.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    doc["spec"]["replicas"] = 1
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "MODEL_URI", "value": serving_uri or base_uri(root)},
+        {"name": "RTRL_CHECKPOINT_ID", "value": "composer-0"},
+    ]
+    return doc
+
+
+def base_checkpoint(root: Path) -> dict[str, Any]:
+    doc = load((REPO / "examples" / "checkpoint-base.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    doc["spec"]["uri"] = base_uri(root)
+    return doc
+
+
+def rlcycle(root: Path, **spec_changes: Any) -> dict[str, Any]:
+    """The example RLCycle, on one CPU node, writing to ``root``'s file:// store."""
+    doc = load((REPO / "examples" / "rlcycle.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    spec = doc["spec"]
+    spec["schedule"] = {"interval": "1h"}
+    spec["storage"] = {"artifacts": (root / "artifacts").as_uri() + "/"}
+    spec["training"].update(nodes=1, gpusPerNode=0, image="rtrl-trainer:test")
+    spec["training"].pop("resources", None)
+    spec["training"].pop("nodeSelector", None)
+    spec["training"].pop("tolerations", None)
+    spec["jobs"] = {"backoffLimit": 1, "backoff": "1s"}
+    spec.update(spec_changes)
+    return doc
+
+
+def arg(job: dict[str, Any], flag: str) -> str:
+    """The value of ``--flag=value`` in a Job's container args."""
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    prefix = f"--{flag}="
+    return next(a[len(prefix) :] for a in args if a.startswith(prefix))
+
+
+def commit_result(
+    step: str, doc: dict[str, Any], scratch: Path
+) -> Callable[[dict[str, Any]], None]:
+    """A ``Succeed(before=...)`` hook: commit ``doc`` as the step's result where the Job's
+    ``--out`` says, the way the real step does (manifest last)."""
+    name = {"stage": "stage.json", "train": "train.json", "eval": "eval.json"}[step]
+
+    def write(job: dict[str, Any]) -> None:
+        out = arg(job, "out")
+        scratch.mkdir(parents=True, exist_ok=True)
+        path = scratch / f"{job['metadata']['name']}-{name}"
+        path.write_text(json.dumps(doc))
+        open_store(out).commit("", {name: path}, {"step": step})
+
+    return write

@@ -1,0 +1,788 @@
+"""A stand-in for the Kubernetes Job controller and kubelet, for tests against the emulated API.
+
+The emulator stores Jobs but runs nothing. :class:`JobRunner` polls the Jobs of a namespace
+(every ``poll_interval``, 50 ms by default), reacts to each new Job (by uid) once, and plays the
+Job controller for it: it creates Pod objects per attempt, runs (or pretends to run) them and
+writes Pod and Job status as Kubernetes 1.31+ does. What happens to a Job is chosen by the test
+with :meth:`JobRunner.script` (an fnmatch glob on the Job name); unmatched Jobs get ``Run()``.
+
+Outcomes:
+
+- ``Run()`` executes the pod template's first container as a local subprocess per completion
+  (see below).
+- ``Succeed(before=fn)`` calls ``fn(job_dict)`` (e.g. to write a step's result files), then
+  reports success without running anything.
+- ``Fail(reason, message, exit_code)`` fails every attempt: ``backoffLimit + 1`` Pods, then the
+  Job fails with ``BackoffLimitExceeded``.
+- ``Hang()`` keeps the Pod running until the Job is deleted (or its deadline passes).
+
+How ``Run()`` maps a pod template onto this machine:
+
+- Command: ``command`` + ``args`` with Kubernetes ``$(VAR)`` expansion (``$$`` escapes). A bare
+  executable that exists next to ``sys.executable`` (``rtrl-job``, ``rtrl``, ``python``...)
+  resolves there; others go through ``PATH``. Image entrypoints are not known: a container
+  without ``command`` fails its Pod.
+- Environment: only ``PATH``, ``HOME``, ``runner.extra_env`` (e.g. ``DS_ACCELERATOR=cpu``,
+  ``TORCH_EXTENSIONS_DIR``, ``AWS_*`` for moto) and the container's own: ``value``,
+  ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` (read from the API: Secret ``data`` is base64,
+  ``stringData`` is folded into ``data`` by the emulator), ``valueFrom.fieldRef`` for
+  ``metadata.name``, ``metadata.namespace``, ``metadata.uid``, ``status.podIP`` and
+  ``metadata.labels['k']`` / ``metadata.annotations['k']``; ``envFrom`` Secrets and ConfigMaps.
+  Indexed Jobs get ``JOB_COMPLETION_INDEX``.
+- Volumes: ``configMap`` and ``secret`` volumes are materialised into a directory per Pod,
+  ``emptyDir`` gets an empty one, a ``persistentVolumeClaim`` gets one directory per claim
+  shared by all Pods of the runner, ``hostPath`` is used as is. A volumeMount's ``mountPath``
+  (``subPath`` included) is **rewritten** to that directory wherever it starts an argument or
+  an env value, or follows ``=`` in one (``--config=/etc/rtrl/step.json``). Paths that a program
+  builds itself from a mount path it did not receive this way are not rewritten.
+- Networking: hostnames ``<job>-<i>.<subdomain>[...]`` (an Indexed Job's pods behind a headless
+  Service, e.g. ``MASTER_ADDR``) in env values and args become ``127.0.0.1``.
+- Output: stdout and stderr of each Pod go to ``<log_dir>/<job>/<pod>.log``; :meth:`logs` joins
+  a Job's. With ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's
+  termination message is the last 20 lines / 4096 bytes of that output.
+- ``activeDeadlineSeconds`` kills the Job's Pods (``DeadlineExceeded``) and fails the Job.
+
+Simplifications, on purpose: retries start at once (no exponential back-off), all completions
+run in parallel (``parallelism`` is ignored), ``podFailurePolicy``, ``backoffLimitPerIndex``,
+``successPolicy``, suspend and pod deletion by others are not emulated, and Pods stay (as with
+the real controller) until the Job is deleted and the emulator garbage-collects them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import fnmatch
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.dynamic.exceptions import NotFoundError
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import KubeAPI
+
+BIN = Path(sys.executable).parent
+BACKOFF_LIMIT_DEFAULT = 6
+TERMINATION_TAIL_LINES = 20
+TERMINATION_TAIL_BYTES = 4096
+KILL_GRACE_SECONDS = 1.0
+POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for name suffixes
+
+
+@dataclass(frozen=True)
+class Run:
+    """Execute the first container locally (the default)."""
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """Report success without running; ``before(job)`` runs first (e.g. writes results)."""
+
+    before: Callable[[dict[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Fail every attempt with this container termination."""
+
+    reason: str = "Error"
+    message: str = ""
+    exit_code: int = 1
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Stay running until the Job is deleted or its deadline passes."""
+
+
+Outcome = Run | Succeed | Fail | Hang
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def compress_indexes(indexes: set[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``, the format of ``status.completedIndexes``."""
+    ranges: list[str] = []
+    ordered = sorted(indexes)
+    start = prev = None
+    for i in [*ordered, None]:
+        if start is not None and (i is None or i != prev + 1):
+            ranges.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ",".join(ranges)
+
+
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: known variables expand, ``$$`` escapes, others stay."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0).startswith("$$"):
+            return match.group(0)[1:]
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return re.sub(r"\$\$\(?|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, text)
+
+
+def tail(path: Path) -> str:
+    """The termination message of FallbackToLogsOnError: the last 20 lines, at most 4096 B."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ""
+    lines = data.splitlines(keepends=True)[-TERMINATION_TAIL_LINES:]
+    return b"".join(lines)[-TERMINATION_TAIL_BYTES:].decode(errors="replace")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group, then SIGKILL after a short grace, as the kubelet does."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+            return
+
+
+@dataclass
+class _Attempt:
+    """The result of one pod: the container's termination."""
+
+    exit_code: int
+    reason: str
+    message: str = ""
+
+
+class _CancelledError(Exception):
+    """The Job was deleted (or the runner stopped) while its pod ran."""
+
+
+@dataclass
+class _TrackedJob:
+    job: dict[str, Any]
+    outcome: Outcome
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    thread: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.job["metadata"]["name"])
+
+
+class JobRunner:
+    """Plays the Job controller for the Jobs of one namespace (see the module docstring).
+
+    Use as a context manager (or ``start()``/``stop()``); ``stop()`` kills whatever still runs
+    and raises if the runner itself hit an unexpected error, so harness bugs do not hide.
+    """
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        log_dir: Path,
+        *,
+        namespace: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace or api.namespace
+        self.log_dir = Path(log_dir)
+        self.extra_env: dict[str, str] = dict(extra_env or {})
+        self.poll_interval = poll_interval
+        self.jobs_seen: list[str] = []
+        self.errors: list[str] = []
+        self._scripts: list[tuple[str, Outcome]] = []
+        self._tracked: dict[str, _TrackedJob] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # Test-facing API ------------------------------------------------------------------------
+
+    def script(self, pattern: str, outcome: Outcome) -> JobRunner:
+        """Jobs whose name matches ``pattern`` (fnmatch) get ``outcome``; later scripts win."""
+        with self._lock:
+            self._scripts.append((pattern, outcome))
+        return self
+
+    def start(self) -> JobRunner:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._poll_loop, name="job-runner", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        with self._lock:
+            tracked = list(self._tracked.values())
+        for job in tracked:
+            self._cancel(job)
+        for job in tracked:
+            if job.thread is not None:
+                job.thread.join(10)
+        alive = [job.name for job in tracked if job.thread is not None and job.thread.is_alive()]
+        if alive or (self._thread is not None and self._thread.is_alive()):
+            raise RuntimeError(f"the job runner did not stop (jobs still running: {alive})")
+        if self.errors:
+            raise RuntimeError("the job runner failed:\n" + "\n".join(self.errors))
+
+    def __enter__(self) -> JobRunner:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until every Job seen so far has finished (or was deleted)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                busy = [job.name for job in self._tracked.values() if not job.done.is_set()]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"jobs still running after {timeout}s: {busy}")
+            time.sleep(0.02)
+
+    def logs(self, job_name: str) -> str:
+        """The output of all of a Job's Pods, each under a header with the Pod's name."""
+        parts = []
+        for path in sorted((self.log_dir / job_name).glob("*.log"), key=os.path.getmtime):
+            parts.append(f"--- {path.stem} ---\n{path.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    # Watching -------------------------------------------------------------------------------
+
+    def _outcome(self, name: str) -> Outcome:
+        with self._lock:
+            for pattern, outcome in reversed(self._scripts):
+                if fnmatch.fnmatchcase(name, pattern):
+                    return outcome
+        return Run()
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                jobs = self.api.list("batch/v1", "Job", namespace=self.namespace)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                self.errors.append(traceback.format_exc())
+                return
+            live = {
+                job["metadata"]["uid"]: job
+                for job in jobs
+                if not job["metadata"].get("deletionTimestamp")
+            }
+            for uid, job in live.items():
+                if uid not in self._tracked:
+                    self._track(uid, job)
+            with self._lock:
+                gone = [job for uid, job in self._tracked.items() if uid not in live]
+            for job in gone:
+                self._cancel(job)
+            self._stop.wait(self.poll_interval)
+
+    def _track(self, uid: str, job: dict[str, Any]) -> None:
+        tracked = _TrackedJob(job=job, outcome=self._outcome(job["metadata"]["name"]))
+        with self._lock:
+            self._tracked[uid] = tracked
+            self.jobs_seen.append(tracked.name)
+        if (job.get("status") or {}).get("conditions"):
+            tracked.done.set()  # already finished before we saw it
+            return
+        tracked.thread = threading.Thread(
+            target=self._run_job, args=(tracked,), name=f"job-{tracked.name}", daemon=True
+        )
+        tracked.thread.start()
+
+    def _cancel(self, job: _TrackedJob) -> None:
+        job.cancel.set()
+        with job.lock:
+            procs = list(job.procs)
+        for proc in procs:
+            _kill_group(proc)
+
+    # The Job controller ---------------------------------------------------------------------
+
+    def _run_job(self, tracked: _TrackedJob) -> None:
+        try:
+            _JobController(self, tracked).run()
+        except _CancelledError:
+            pass
+        except NotFoundError:
+            if not tracked.cancel.is_set():
+                self.errors.append(f"job {tracked.name}:\n{traceback.format_exc()}")
+        except Exception:
+            if not tracked.cancel.is_set():
+                self.errors.append(f"job {tracked.name}:\n{traceback.format_exc()}")
+        finally:
+            tracked.done.set()
+
+
+class _JobController:
+    """One Job's life: pods per completion index, retries up to backoffLimit, Job status."""
+
+    def __init__(self, runner: JobRunner, tracked: _TrackedJob) -> None:
+        self.runner = runner
+        self.api = runner.api
+        self.tracked = tracked
+        self.job = tracked.job
+        spec = self.job.get("spec") or {}
+        self.name: str = self.job["metadata"]["name"]
+        self.namespace: str = self.job["metadata"].get("namespace") or runner.namespace
+        self.uid: str = self.job["metadata"]["uid"]
+        self.indexed = spec.get("completionMode") == "Indexed"
+        self.completions = int(spec.get("completions") or 1)
+        self.backoff_limit = int(spec.get("backoffLimit", BACKOFF_LIMIT_DEFAULT))
+        deadline = spec.get("activeDeadlineSeconds")
+        self.deadline = time.monotonic() + float(deadline) if deadline else None
+        self.lock = threading.Lock()
+        self.failed = 0
+        self.active = 0
+        self.ready = 0
+        self.succeeded: set[int] = set()
+        self.finished = threading.Event()  # the Job reached a final condition
+        self.start_time = now_rfc3339()
+        self.status: dict[str, Any] = {}
+
+    # Job status -------------------------------------------------------------------------
+
+    def write_status(self, final: tuple[str, str, str] | None = None) -> None:
+        """Send the whole status; ``final`` is (Complete|Failed, reason, message)."""
+        status: dict[str, Any] = {
+            "startTime": self.start_time,
+            "ready": self.ready,
+            "terminating": 0,
+            "uncountedTerminatedPods": {},
+        }
+        if self.active:
+            status["active"] = self.active
+        if self.succeeded:
+            status["succeeded"] = len(self.succeeded)
+            if self.indexed:
+                status["completedIndexes"] = compress_indexes(self.succeeded)
+        if self.failed:
+            status["failed"] = self.failed
+        if final is not None:
+            kind, reason, message = final
+            now = now_rfc3339()
+            first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
+            status["conditions"] = [
+                {
+                    "type": cond,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastProbeTime": now,
+                    "lastTransitionTime": now,
+                }
+                for cond in (first, kind)
+            ]
+            if kind == "Complete":
+                status["completionTime"] = now
+        patch = {key: None for key in self.status if key not in status} | status
+        self.status = status
+        self.api.patch(
+            "batch/v1",
+            "Job",
+            self.name,
+            {"status": patch},
+            namespace=self.namespace,
+            subresource="status",
+        )
+
+    # Pods -------------------------------------------------------------------------------
+
+    def pod_manifest(self, index: int) -> dict[str, Any]:
+        template = self.job["spec"]["template"]
+        suffix = "".join(secrets.choice(POD_NAME_ALPHABET) for _ in range(5))
+        name = f"{self.name}-{index}-{suffix}" if self.indexed else f"{self.name}-{suffix}"
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+        labels |= {
+            "job-name": self.name,
+            "batch.kubernetes.io/job-name": self.name,
+            "controller-uid": self.uid,
+            "batch.kubernetes.io/controller-uid": self.uid,
+        }
+        spec = dict(template.get("spec") or {})
+        if self.indexed:
+            labels["batch.kubernetes.io/job-completion-index"] = str(index)
+            annotations["batch.kubernetes.io/job-completion-index"] = str(index)
+            spec["hostname"] = f"{self.name}-{index}"
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": self.name,
+                        "uid": self.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+
+    def pod_status(self, pod: dict[str, Any], started: str, end: _Attempt | None) -> None:
+        container = pod["spec"]["containers"][0]["name"]
+        cstatus: dict[str, Any] = {"name": container, "ready": end is None, "restartCount": 0}
+        if end is None:
+            cstatus["state"] = {"running": {"startedAt": started}}
+            phase = "Running"
+        else:
+            terminated = {
+                "exitCode": end.exit_code,
+                "reason": end.reason,
+                "startedAt": started,
+                "finishedAt": now_rfc3339(),
+            }
+            if end.message:
+                terminated["message"] = end.message
+            cstatus["state"] = {"terminated": terminated}
+            phase = "Succeeded" if end.exit_code == 0 else "Failed"
+        status = {
+            "phase": phase,
+            "podIP": "127.0.0.1",
+            "startTime": started,
+            "containerStatuses": [cstatus],
+        }
+        self.api.patch(
+            "v1",
+            "Pod",
+            pod["metadata"]["name"],
+            {"status": status},
+            namespace=self.namespace,
+            subresource="status",
+        )
+
+    # The run ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        with self.lock:
+            self.active = self.completions
+            self.write_status()
+        threads = [
+            threading.Thread(target=self.run_index, args=(i,), name=f"{self.name}-{i}", daemon=True)
+            for i in range(self.completions)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def run_index(self, index: int) -> None:
+        try:
+            while not self.finished.is_set():
+                end = self.run_pod(index)
+                with self.lock:
+                    self.active -= 1
+                    if self.finished.is_set():
+                        return
+                    if end.reason == "DeadlineExceeded":
+                        self.failed += 1
+                        self.finish(
+                            "Failed",
+                            "DeadlineExceeded",
+                            "Job was active longer than specified deadline",
+                        )
+                    elif end.exit_code == 0:
+                        self.succeeded.add(index)
+                        if len(self.succeeded) == self.completions:
+                            self.finish(
+                                "Complete",
+                                "CompletionsReached",
+                                "Reached expected number of succeeded pods",
+                            )
+                        else:
+                            self.write_status()
+                        return
+                    else:
+                        self.failed += 1
+                        if self.failed > self.backoff_limit:
+                            self.finish(
+                                "Failed",
+                                "BackoffLimitExceeded",
+                                "Job has reached the specified backoff limit",
+                            )
+                        else:
+                            self.active += 1  # the replacement pod
+                            self.write_status()
+        except _CancelledError:
+            return
+        except Exception:
+            if not self.tracked.cancel.is_set():
+                self.runner.errors.append(f"job {self.name}[{index}]:\n{traceback.format_exc()}")
+            self.finished.set()
+            self.runner._cancel(self.tracked)
+
+    def finish(self, kind: str, reason: str, message: str) -> None:
+        """Called under self.lock: the final status, and the other indexes' pods stopped."""
+        self.finished.set()
+        self.active = 0
+        self.ready = 0
+        self.write_status((kind, reason, message))
+        with self.tracked.lock:
+            procs = list(self.tracked.procs)
+        for proc in procs:
+            _kill_group(proc)
+
+    def run_pod(self, index: int) -> _Attempt:
+        if self.tracked.cancel.is_set():
+            raise _CancelledError
+        pod = self.api.create(self.pod_manifest(index), namespace=self.namespace)
+        started = now_rfc3339()
+        self.pod_status(pod, started, None)
+        with self.lock:
+            self.ready += 1
+            self.write_status()
+        try:
+            end = self.attempt(pod, index)
+        finally:
+            with self.lock:
+                self.ready -= 1
+        if self.tracked.cancel.is_set():
+            raise _CancelledError
+        self.pod_status(pod, started, end)
+        return end
+
+    def attempt(self, pod: dict[str, Any], index: int) -> _Attempt:
+        outcome = self.tracked.outcome
+        if isinstance(outcome, Succeed):
+            if outcome.before is not None:
+                outcome.before(self.job)
+            return _Attempt(0, "Completed")
+        if isinstance(outcome, Fail):
+            return _Attempt(outcome.exit_code, outcome.reason, outcome.message)
+        if isinstance(outcome, Hang):
+            while not self.tracked.cancel.is_set() and not self.finished.is_set():
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    return _Attempt(137, "DeadlineExceeded", "")
+                time.sleep(0.02)
+            raise _CancelledError
+        return self.execute(pod, index)
+
+    # Executing a container --------------------------------------------------------------
+
+    def execute(self, pod: dict[str, Any], index: int) -> _Attempt:
+        pod_name = pod["metadata"]["name"]
+        container = pod["spec"]["containers"][0]
+        log_path = self.runner.log_dir / self.name / f"{pod_name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            mounts = self.materialise_volumes(pod, container)
+            env = self.environment(pod, container, index, mounts)
+            argv = self.argv(container, env, mounts)
+        except _SetupError as exc:
+            log_path.write_text(f"{exc}\n")
+            return _Attempt(128, "ContainerCannotRun", str(exc))
+        workdir = self.runner.log_dir / self.name / pod_name
+        workdir.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        with self.tracked.lock:
+            self.tracked.procs.add(proc)
+        try:
+            while True:
+                try:
+                    code = proc.wait(0.02)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.tracked.cancel.is_set() or self.finished.is_set():
+                    _kill_group(proc)
+                    raise _CancelledError
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    _kill_group(proc)
+                    return _Attempt(137, "DeadlineExceeded", "")
+        finally:
+            with self.tracked.lock:
+                self.tracked.procs.discard(proc)
+        if self.tracked.cancel.is_set() or self.finished.is_set():
+            raise _CancelledError
+        if code == 0:
+            return _Attempt(0, "Completed")
+        exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + signal
+        message = ""
+        if container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = tail(log_path)
+        return _Attempt(exit_code, "Error", message)
+
+    def read_keyed(self, kind: str, ref: Mapping[str, Any]) -> dict[str, str] | None:
+        """A Secret's (decoded) or ConfigMap's data, None if missing."""
+        obj = self.api.get("v1", kind, ref["name"], namespace=self.namespace)
+        if obj is None:
+            return None
+        if kind == "Secret":
+            return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+        return dict(obj.get("data") or {})
+
+    def materialise_volumes(
+        self, pod: dict[str, Any], container: dict[str, Any]
+    ) -> list[tuple[str, str]]:
+        """Volume directories on this machine; returns (mountPath, local path), longest first."""
+        root = self.runner.log_dir / self.name / pod["metadata"]["name"] / "volumes"
+        local: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            path = root / name
+            if "emptyDir" in volume:
+                path.mkdir(parents=True, exist_ok=True)
+            elif "configMap" in volume or "secret" in volume:
+                kind = "ConfigMap" if "configMap" in volume else "Secret"
+                source = volume.get("configMap") or volume.get("secret") or {}
+                ref = {"name": source.get("name") or source.get("secretName")}
+                data = self.read_keyed(kind, ref)
+                if data is None and not source.get("optional"):
+                    raise _SetupError(f"{kind} {ref['name']!r} of volume {name!r} not found")
+                items = source.get("items") or [{"key": k, "path": k} for k in data or {}]
+                path.mkdir(parents=True, exist_ok=True)
+                for item in items:
+                    target = path / item["path"]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text((data or {})[item["key"]])
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                path = self.runner.log_dir / "pvc" / claim
+                path.mkdir(parents=True, exist_ok=True)
+            elif "hostPath" in volume:
+                path = Path(volume["hostPath"]["path"])
+            else:
+                raise _SetupError(f"volume {name!r}: this kind of volume is not emulated")
+            local[name] = path
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] not in local:
+                raise _SetupError(f"volumeMount {mount['name']!r} has no volume")
+            path = local[mount["name"]] / mount.get("subPath", "")
+            mounts.append((mount["mountPath"].rstrip("/") or "/", os.fspath(path)))
+        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
+
+    def rewrite(self, value: str, mounts: list[tuple[str, str]]) -> str:
+        """Mount paths at the start of a value or after ``=``, and pod hostnames -> local."""
+        for mount_path, local in mounts:
+            pattern = rf"(^|=){re.escape(mount_path)}(?=/|$|\s|,|:)"
+            value = re.sub(pattern, lambda m, local=local: m.group(1) + local, value)
+        subdomain = self.job["spec"]["template"].get("spec", {}).get("subdomain")
+        if self.indexed:
+            domain = re.escape(subdomain) if subdomain else r"[A-Za-z0-9-]+"
+            value = re.sub(
+                rf"\b{re.escape(self.name)}-\d+\.{domain}(\.[A-Za-z0-9.-]*)?\b", "127.0.0.1", value
+            )
+        return value
+
+    def environment(
+        self, pod: dict[str, Any], container: dict[str, Any], index: int, mounts: Any
+    ) -> dict[str, str]:
+        env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+        env |= self.runner.extra_env
+        if self.indexed:
+            env["JOB_COMPLETION_INDEX"] = str(index)
+        for source in container.get("envFrom") or []:
+            kind = "Secret" if "secretRef" in source else "ConfigMap"
+            ref = source.get("secretRef") or source.get("configMapRef") or {}
+            data = self.read_keyed(kind, ref)
+            if data is None and not ref.get("optional"):
+                raise _SetupError(f"{kind} {ref.get('name')!r} of envFrom not found")
+            prefix = source.get("prefix", "")
+            env |= {prefix + key: value for key, value in (data or {}).items()}
+        meta = pod["metadata"]
+        for var in container.get("env") or []:
+            name = var["name"]
+            if "valueFrom" not in var:
+                env[name] = self.rewrite(expand_vars(str(var.get("value", "")), env), mounts)
+                continue
+            source = var["valueFrom"]
+            if "secretKeyRef" in source or "configMapKeyRef" in source:
+                kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
+                ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
+                data = self.read_keyed(kind, ref)
+                if data is None or ref["key"] not in data:
+                    if ref.get("optional"):
+                        continue
+                    raise _SetupError(
+                        f"env {name}: {kind} {ref['name']!r} key {ref['key']!r} missing"
+                    )
+                env[name] = data[ref["key"]]
+            elif "fieldRef" in source:
+                path = source["fieldRef"]["fieldPath"]
+                keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+                simple = {
+                    "metadata.name": meta["name"],
+                    "metadata.namespace": meta["namespace"],
+                    "metadata.uid": meta.get("uid", ""),
+                    "status.podIP": "127.0.0.1",
+                    "status.hostIP": "127.0.0.1",
+                    "spec.nodeName": "localhost",
+                }
+                if keyed:
+                    env[name] = (meta.get(keyed.group(1)) or {}).get(keyed.group(2), "")
+                elif path in simple:
+                    env[name] = simple[path]
+                else:
+                    raise _SetupError(f"env {name}: fieldRef {path!r} is not emulated")
+            else:
+                raise _SetupError(f"env {name}: valueFrom {sorted(source)} is not emulated")
+        return env
+
+    def argv(
+        self, container: dict[str, Any], env: Mapping[str, str], mounts: list[tuple[str, str]]
+    ) -> list[str]:
+        command = list(container.get("command") or [])
+        if not command:
+            raise _SetupError("no command: image entrypoints are not emulated, set `command`")
+        words = [self.rewrite(expand_vars(str(w), env), mounts) for w in command]
+        words += [
+            self.rewrite(expand_vars(str(w), env), mounts) for w in container.get("args") or []
+        ]
+        if "/" not in words[0] and (BIN / words[0]).exists():
+            words[0] = os.fspath(BIN / words[0])
+        return words
+
+
+class _SetupError(Exception):
+    """The pod cannot start (missing Secret, unsupported volume...): it fails, not the runner."""

@@ -1,0 +1,279 @@
+"""The real operator (kopf, ``rtrl.handlers``) against the emulated API server, its Jobs
+played by the job runner with scripted outcomes: a whole cycle, insufficient data, each
+step failing, invalid input and its recovery, suspend / trigger / cron, the history limit
+and deletion with the finalizer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf.testing
+import pytest
+
+from rtrl import handlers
+from rtrl.api.checkpoint import Checkpoint
+from rtrl.api.rlcycle import RLCycle
+from tests.integration.conftest import KubeAPI
+from tests.integration.cycle_world import (
+    EVAL_FAIL,
+    NAME,
+    RESULTS,
+    RTRL,
+    STAGE_INSUFFICIENT,
+    base_checkpoint,
+    commit_result,
+    deployment,
+    rlcycle,
+)
+from tests.integration.job_runner import Fail, JobRunner, Succeed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def operator(kube_api: KubeAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``rtrl.handlers`` run by kopf in a thread, watching the test namespace."""
+    monkeypatch.setenv("RTRL_RESYNC_SECONDS", "1")
+    monkeypatch.setenv("RTRL_ERROR_BACKOFF_SECONDS", "0.5")
+    args = ["run", "--standalone", "--namespace", kube_api.namespace]
+    with kopf.testing.KopfRunner(args, timeout=60, registry=handlers.registry) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output
+
+
+def script_all(runner: JobRunner, scratch: Path, **overrides: Any) -> None:
+    """Every step succeeds with its canned result unless ``overrides`` says otherwise
+    (a result dict, or an Outcome such as Fail())."""
+    for step in ("stage", "train", "eval"):
+        outcome = overrides.get(step, RESULTS[step])
+        if isinstance(outcome, dict):
+            outcome = Succeed(before=commit_result(step, outcome, scratch / "results"))
+        runner.script(f"*-{step}-*", outcome)
+
+
+def status(kube_api: KubeAPI, kind: str, name: str) -> dict[str, Any]:
+    return (kube_api.get(RTRL, kind, name) or {}).get("status") or {}
+
+
+def condition(kube_api: KubeAPI, type_: str) -> dict[str, Any]:
+    conditions = status(kube_api, "RLCycle", NAME).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def events(kube_api: KubeAPI) -> list[tuple[str, str, str]]:
+    return [
+        (e["involvedObject"]["name"], e["reason"], e.get("message") or "")
+        for e in kube_api.list("v1", "Event")
+    ]
+
+
+def setup_namespace(kube_api: KubeAPI, root: Path, **spec: Any) -> None:
+    kube_api.create(deployment(root))
+    kube_api.create(base_checkpoint(root))
+    kube_api.create(rlcycle(root, **spec))
+
+
+def wait_phase(kube_api: KubeAPI, kind: str, name: str, phase: str, timeout: float = 30) -> None:
+    kube_api.wait_for(
+        lambda: status(kube_api, kind, name).get("phase") == phase,
+        timeout=timeout,
+        message=lambda: f"{kind}/{name} phase {phase}; status: {status(kube_api, kind, name)}",
+    )
+
+
+def test_a_cycle_ends_evaluated_with_every_status_field_and_condition(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    setup_namespace(kube_api, tmp_path)
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("phase") == "Idle")
+    rlc = kube_api.get(RTRL, "RLCycle", NAME)
+    assert rlc is not None
+    RLCycle.model_validate(rlc)  # the status the operator wrote fits the API's own types
+    st = rlc["status"]
+    assert st["cycle"] == 1 and st["serving"] == "composer-0" and st["candidate"] == "composer-1"
+    assert st["observedGeneration"] == rlc["metadata"]["generation"]
+    assert st["cycleStartedAt"] and st["nextRun"] and "ready for rollout" in st["message"]
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "Ready": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+        "InsufficientData": "False",
+        "InvalidSpec": "False",
+    }
+    ck = kube_api.get(RTRL, "Checkpoint", "composer-1")
+    assert ck is not None
+    Checkpoint.model_validate(ck)
+    assert ck["spec"]["parent"] == "composer-0" and ck["spec"]["rlCycle"] == NAME
+    assert ck["metadata"]["ownerReferences"][0]["uid"] == rlc["metadata"]["uid"]
+    cst = ck["status"]
+    assert cst["data"]["interactions"] == 2000 and cst["training"]["steps"] == 4
+    assert cst["eval"]["verdict"] == "Passed" and cst["completedAt"]
+    assert job_runner.jobs_seen == ["composer-1-stage-0", "composer-1-train-0", "composer-1-eval-0"]
+    reasons = [reason for _, reason, _ in events(kube_api)]
+    for reason in ("CycleStarted", "StageStarted", "Staged", "Trained", "EvalPassed"):
+        assert reason in reasons
+
+
+def test_insufficient_data_leaves_no_checkpoint_and_says_why(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path, stage=STAGE_INSUFFICIENT)
+    setup_namespace(kube_api, tmp_path)
+    kube_api.wait_for(lambda: condition(kube_api, "InsufficientData").get("status") == "True")
+    kube_api.wait_for(lambda: kube_api.get(RTRL, "Checkpoint", "composer-1") is None)
+    assert "12 interactions" in condition(kube_api, "InsufficientData")["message"]
+    kube_api.wait_for(lambda: not kube_api.list("batch/v1", "Job"))
+    assert status(kube_api, "RLCycle", NAME)["phase"] == "Idle"
+
+
+@pytest.mark.parametrize("step", ["stage", "train", "eval"])
+def test_a_failing_step_is_retried_then_fails_the_cycle_with_the_pods_reason(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path, step: str
+) -> None:
+    script_all(job_runner, tmp_path, **{step: Fail(reason="OOMKilled", exit_code=137)})
+    setup_namespace(kube_api, tmp_path)
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Failed")
+    cst = status(kube_api, "Checkpoint", "composer-1")
+    assert cst["reason"] == f"{step.title()}Failed"
+    assert "OOMKilled (exit 137)" in cst["message"] and "2 attempt(s)" in cst["message"]
+    assert [j for j in job_runner.jobs_seen if f"-{step}-" in j] == [
+        f"composer-1-{step}-0",
+        f"composer-1-{step}-1",
+    ]
+    kube_api.wait_for(lambda: condition(kube_api, "Degraded").get("status") == "True")
+    dep = kube_api.get("apps/v1", "Deployment", "composer-vllm")
+    assert dep is not None
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert (
+        env[0]["value"]
+        == deployment(tmp_path)["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
+    )  # the serving model is untouched
+
+
+def test_rejected_by_eval(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path, eval=EVAL_FAIL)
+    setup_namespace(kube_api, tmp_path)
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Rejected")
+    assert status(kube_api, "Checkpoint", "composer-1")["eval"]["verdict"] == "Failed"
+
+
+def test_missing_deployment_and_secret_are_conditions_and_recover(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    kube_api.create(base_checkpoint(tmp_path))
+    spec = rlcycle(tmp_path)["spec"]
+    spec["storage"]["credentialsSecret"] = "s3-creds"
+    kube_api.create(rlcycle(tmp_path, storage=spec["storage"]))
+    kube_api.wait_for(
+        lambda: condition(kube_api, "InvalidSpec").get("reason") == "DeploymentNotFound"
+    )
+    assert condition(kube_api, "InvalidSpec")["message"].startswith("spec.target.deployment:")
+    kube_api.create(deployment(tmp_path))
+    kube_api.wait_for(lambda: condition(kube_api, "InvalidSpec").get("reason") == "SecretNotFound")
+    assert status(kube_api, "RLCycle", NAME)["phase"] == "Invalid"
+    assert not kube_api.list("batch/v1", "Job")
+    kube_api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "s3-creds"},
+            "stringData": {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "hush"},
+        }
+    )
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    assert condition(kube_api, "InvalidSpec")["status"] == "False"
+    text = repr(kube_api.get(RTRL, "RLCycle", NAME)) + repr(events(kube_api))
+    assert "hush" not in text and "AKIAEXAMPLE" not in text
+
+
+def test_a_semantically_invalid_spec_is_marked_not_crashed_and_recovers(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    kube_api.create(deployment(tmp_path))
+    kube_api.create(base_checkpoint(tmp_path))
+    bad = rlcycle(tmp_path)
+    bad["spec"]["rollout"]["analysis"]["maxDuration"] = "1h"  # passes the CRD, not the model
+    kube_api.create(bad)
+    kube_api.wait_for(lambda: condition(kube_api, "InvalidSpec").get("reason") == "SpecInvalid")
+    assert "maxDuration" in condition(kube_api, "InvalidSpec")["message"]
+    assert not kube_api.list("batch/v1", "Job")
+    kube_api.patch(
+        RTRL, "RLCycle", NAME, {"spec": {"rollout": {"analysis": {"maxDuration": "12h"}}}}
+    )
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    assert status(kube_api, "RLCycle", NAME)["observedGeneration"] == 2
+
+
+def test_suspend_then_trigger(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    setup_namespace(kube_api, tmp_path, suspend=True)
+    wait_phase(kube_api, "RLCycle", NAME, "Suspended")
+    assert kube_api.get(RTRL, "Checkpoint", "composer-1") is None
+    kube_api.patch(RTRL, "RLCycle", NAME, {"spec": {"suspend": False}})
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    wait_phase(kube_api, "RLCycle", NAME, "Idle")
+    # the next interval is an hour away; a trigger starts the next cycle now, once
+    kube_api.patch(
+        RTRL, "RLCycle", NAME, {"metadata": {"annotations": {"rtrl.io/trigger": "now-1"}}}
+    )
+    wait_phase(kube_api, "Checkpoint", "composer-2", "Evaluated")
+    kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("lastTrigger") == "now-1")
+    wait_phase(kube_api, "RLCycle", NAME, "Idle")
+    assert kube_api.get(RTRL, "Checkpoint", "composer-3") is None
+
+
+def test_cron_schedule_sets_next_run(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    setup_namespace(kube_api, tmp_path, schedule={"cron": "0 0 1 1 *"})
+    kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("nextRun"))
+    assert status(kube_api, "RLCycle", NAME)["nextRun"].endswith("-01-01T00:00:00Z")
+    assert status(kube_api, "RLCycle", NAME)["phase"] == "Idle"
+    assert job_runner.jobs_seen == []
+
+
+def test_history_limit_deletes_old_checkpoints(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path)
+    setup_namespace(kube_api, tmp_path, historyLimit=1)
+    for n in (1, 2, 3):
+        wait_phase(kube_api, "Checkpoint", f"composer-{n}", "Evaluated")
+        wait_phase(kube_api, "RLCycle", NAME, "Idle")
+        trigger = {"metadata": {"annotations": {"rtrl.io/trigger": f"t{n}"}}}
+        kube_api.patch(RTRL, "RLCycle", NAME, trigger)
+    wait_phase(kube_api, "Checkpoint", "composer-4", "Evaluated")
+    kube_api.wait_for(lambda: kube_api.get(RTRL, "Checkpoint", "composer-2") is None)
+    names = {c["metadata"]["name"] for c in kube_api.list(RTRL, "Checkpoint")}
+    assert "composer-0" in names and "composer-4" in names  # serving base, current candidate
+    assert "composer-1" not in names and "composer-3" not in names
+
+
+def test_deletion_stops_jobs_and_removes_children_but_not_the_base(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    from tests.integration.job_runner import Hang
+
+    script_all(job_runner, tmp_path, train=Hang())
+    setup_namespace(kube_api, tmp_path)
+    kube_api.wait_for(lambda: kube_api.get("batch/v1", "Job", "composer-1-train-0"))
+    rlc = kube_api.get(RTRL, "RLCycle", NAME)
+    assert rlc is not None and "rtrl.io/finalizer" in rlc["metadata"]["finalizers"]
+    kube_api.delete(RTRL, "RLCycle", NAME)
+    kube_api.wait_for(lambda: kube_api.get(RTRL, "RLCycle", NAME) is None, timeout=20)
+    assert kube_api.list("batch/v1", "Job") == []
+    assert [c["metadata"]["name"] for c in kube_api.list(RTRL, "Checkpoint")] == ["composer-0"]
+    assert kube_api.list("v1", "ConfigMap", {"rtrl.io/rlcycle": NAME}) == []
+    assert (tmp_path / "results").exists()  # stored artifacts are never deleted
