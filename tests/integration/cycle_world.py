@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import REPO
+
 from rtrl.api.yamlfile import load
 from rtrl.store import open_store
-from tests.conftest import REPO
 
 RTRL = "rtrl.io/v1alpha1"
 NAME = "composer"

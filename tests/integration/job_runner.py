@@ -703,10 +703,16 @@ class _JobController:
         return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
 
     def rewrite(self, value: str, mounts: list[tuple[str, str]]) -> str:
-        """Mount paths at the start of a value or after ``=``, and pod hostnames -> local."""
-        for mount_path, local in mounts:
-            pattern = rf"(^|=){re.escape(mount_path)}(?=/|$|\s|,|:)"
-            value = re.sub(pattern, lambda m, local=local: m.group(1) + local, value)
+        """Mount paths at the start of a value or after ``=``, and pod hostnames -> local.
+
+        One pass over all mounts at once (longest path first), so a rewritten path (itself
+        under the runner's temp dir, e.g. ``/tmp/...``) is never rewritten again by a mount
+        at ``/tmp``."""
+        if mounts:
+            local_of = dict(mounts)
+            alternatives = "|".join(re.escape(path) for path, _ in mounts)
+            pattern = rf"(^|=)({alternatives})(?=/|$|\s|,|:)"
+            value = re.sub(pattern, lambda m: m.group(1) + local_of[m.group(2)], value)
         subdomain = self.job["spec"]["template"].get("spec", {}).get("subdomain")
         if self.indexed:
             domain = re.escape(subdomain) if subdomain else r"[A-Za-z0-9-]+"

@@ -11,10 +11,6 @@ from typing import Any
 
 import kopf.testing
 import pytest
-
-from rtrl import handlers
-from rtrl.api.checkpoint import Checkpoint
-from rtrl.api.rlcycle import RLCycle
 from tests.integration.conftest import KubeAPI
 from tests.integration.cycle_world import (
     EVAL_FAIL,
@@ -28,6 +24,10 @@ from tests.integration.cycle_world import (
     rlcycle,
 )
 from tests.integration.job_runner import Fail, JobRunner, Succeed
+
+from rtrl import handlers
+from rtrl.api.checkpoint import Checkpoint
+from rtrl.api.rlcycle import RLCycle
 
 pytestmark = pytest.mark.timeout(120)
 
