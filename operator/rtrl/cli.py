@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 something checked was invalid, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         namespaces=args.namespace or (),
         standalone=args.standalone,
         peering_name=args.peering,
+        priority=args.priority,
         liveness_endpoint=None if args.liveness == "none" else args.liveness,
     )
     return 0
@@ -122,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="KopfPeering object the replicas share, so that one of them is active at a "
         "time (high availability); default: kopf's 'default' peering if it exists",
+    )
+    operator.add_argument(
+        "--priority",
+        type=int,
+        default=random.randint(1, 1_000_000),
+        metavar="N",
+        help="peering priority: the live replica with the highest one is active, the others "
+        "stand by (default: random, so that identical replicas never tie; kopf pauses all "
+        "replicas of equal priority)",
     )
     operator.add_argument(
         "--standalone", action="store_true", help="no peering (one replica, or tests)"

@@ -76,6 +76,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="rtrl.io", key="last-handled-configuration"
     )
+    # A standby replica takes over this long after the active one stopped renewing its
+    # peering record (kopf's default is 60 s).
+    settings.peering.lifetime = int(os.environ.get("RTRL_PEERING_LIFETIME", "60"))
     settings.posting.enabled = False  # the reconciler posts its own Events, with reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

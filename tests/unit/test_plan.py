@@ -497,6 +497,7 @@ def test_step_jobs_follow_the_contract() -> None:
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 2
     assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 12 * 3600  # spec.jobs.activeDeadline
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "composer-1-train" and pod["restartPolicy"] == "Never"
     container = pod["containers"][0]
