@@ -75,9 +75,15 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
             log.info("%s %s/%s: %s", action.reason, action.kind, action.name, action.message)
 
 
-def write_status(client: KubeClient, rlcycle: dict[str, Any], status: dict[str, Any]) -> None:
+def write_status(client: KubeClient, rlcycle: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Merge ``status`` into the RLCycle's status, unless that would change nothing (a
+    resync of an idle RLCycle costs reads only). Returns whether it wrote."""
+    old = rlcycle.get("status") or {}
+    if all(old.get(key) == value for key, value in status.items()):
+        return False
     meta = rlcycle["metadata"]
     client.patch("RLCycle", meta["namespace"], meta["name"], {"status": status}, sub="status")
+    return True
 
 
 __all__ = ["api_version", "apply", "post_event", "write_status"]
