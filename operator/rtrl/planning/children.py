@@ -134,20 +134,29 @@ def checkpoint_manifest(
     }
 
 
+def _child_metadata(
+    rlcycle: dict[str, Any], checkpoint: dict[str, Any], name: str, **extra_labels: str
+) -> dict[str, Any]:
+    """Metadata of a cycle's child: labelled for the RLCycle, owned by the Checkpoint (so
+    the API server's garbage collector removes it with the Checkpoint)."""
+    ck = checkpoint["metadata"]
+    return {
+        "name": name,
+        "namespace": ck["namespace"],
+        "labels": labels(rlcycle["metadata"]["name"], ck["name"], **extra_labels),
+        "ownerReferences": [_owner("Checkpoint", ck["name"], ck["uid"])],
+    }
+
+
 def config_map_manifest(
     rlcycle: dict[str, Any], checkpoint: dict[str, Any], spec_text: str
 ) -> dict[str, Any]:
     """The RLCycle spec as the cycle started with it: every step reads the same config."""
-    ck = checkpoint["metadata"]
+    name = config_map_name(checkpoint["metadata"]["name"])
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": config_map_name(ck["name"]),
-            "namespace": ck["namespace"],
-            "labels": labels(rlcycle["metadata"]["name"], ck["name"]),
-            "ownerReferences": [_owner("Checkpoint", ck["name"], ck["uid"])],
-        },
+        "metadata": _child_metadata(rlcycle, checkpoint, name),
         "data": {CONFIG_FILE: spec_text},
     }
 
@@ -158,12 +167,7 @@ def service_manifest(rlcycle: dict[str, Any], checkpoint: dict[str, Any]) -> dic
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": service_name(ck["name"]),
-            "namespace": ck["namespace"],
-            "labels": labels(rlcycle["metadata"]["name"], ck["name"]),
-            "ownerReferences": [_owner("Checkpoint", ck["name"], ck["uid"])],
-        },
+        "metadata": _child_metadata(rlcycle, checkpoint, service_name(ck["name"])),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -252,11 +256,8 @@ def job_manifest(
     ck = checkpoint["metadata"]
     name = job_name(ck["name"], step, attempt)
     training = spec.training
-    pod_labels = labels(
-        rlcycle["metadata"]["name"],
-        ck["name"],
-        **{LABEL_STEP: step, LABEL_CHECKPOINT_UID: ck["uid"], LABEL_ATTEMPT: str(attempt)},
-    )
+    step_labels = {LABEL_STEP: step, LABEL_CHECKPOINT_UID: ck["uid"], LABEL_ATTEMPT: str(attempt)}
+    pod_labels = labels(rlcycle["metadata"]["name"], ck["name"], **step_labels)
     gpus = training.gpus_per_node if step in ("train", "eval") else 0
     if step == "eval":
         gpus = min(gpus, 1)
@@ -361,11 +362,6 @@ def job_manifest(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": ck["namespace"],
-            "labels": pod_labels,
-            "ownerReferences": [_owner("Checkpoint", ck["name"], ck["uid"])],
-        },
+        "metadata": _child_metadata(rlcycle, checkpoint, name, **step_labels),
         "spec": job_spec,
     }
