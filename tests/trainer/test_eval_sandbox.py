@@ -157,20 +157,120 @@ def test_extract_body_stops_at_the_next_top_level_statement() -> None:
     assert tasks.extract_body("    return 1\n\nprint('x')\n    y\n") == "    return 1\n\n"
 
 
-def test_without_namespaces_the_run_still_has_its_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where unshare is not permitted (no CAP_SYS_ADMIN), the run goes ahead with its
-    rlimits and says which protections it lacked."""
+def test_without_privileges_the_run_still_has_its_limits() -> None:
+    """Where unshare and setuid are not permitted (no root / CAP_SYS_ADMIN), the run goes
+    ahead with its rlimits and says which protections it lacked."""
+    with sandbox.Sandbox(unprivileged=True) as box:
+        result = box.run({"m.py": "print('ran')\n"}, "m.py", limits=FAST)
+        assert result.status == "ok" and result.stdout == "ran\n"
+        assert result.isolation == sandbox.Isolation(False, False, False, False)
+        bomb = box.run({"m.py": "x = bytearray(1 << 30)\n"}, "m.py", limits=FAST)
+        assert bomb.status == "memory_limit"
+        loop = box.run({"m.py": "while True:\n    pass\n"}, "m.py", Limits(wall_seconds=1))
+        assert loop.status == "timeout"
 
-    class NoNamespaces:
-        def unshare(self, flags: int) -> int:
-            return -1
 
-        def __getattr__(self, name: str) -> object:
-            return getattr(sandbox._LIBC, name)
+# --- the fork server: one sandbox server, a fresh process per task ---------------------------
 
-    monkeypatch.setattr(sandbox, "_lib", NoNamespaces)
-    result = run_python({"m.py": "print('ran')\n"}, "m.py", limits=FAST)
-    assert result.status == "ok" and result.stdout == "ran\n"
-    assert result.isolation == sandbox.Isolation(False, False, False)
-    bomb = run_python({"m.py": "x = bytearray(1 << 30)\n"}, "m.py", limits=FAST)
-    assert bomb.status == "memory_limit"
+MODES = [pytest.param(True, id="task-user"), pytest.param(False, id="root-without-caps")]
+
+
+def _box(task_user: bool) -> sandbox.Sandbox:
+    box = sandbox.Sandbox(task_user=task_user)
+    if not task_user and ISOLATION.separate_user and not box.hello["isolation"]["fs_isolated"]:
+        box.close()
+        pytest.skip("no mount namespace here")
+    return box
+
+
+@pytest.mark.parametrize("task_user", MODES)
+def test_a_task_cannot_affect_the_next_one(task_user: bool) -> None:
+    """Each task is a fresh process with a fresh work dir: monkeypatching builtins or the
+    import system, files left in $HOME, and a daemon that outlives the task (new session,
+    double fork) trying to overwrite the next task's files change nothing for the next."""
+    poison = (
+        "import builtins, os, sys, time\n"
+        "builtins.len = lambda x: 0\n"
+        "sys.modules['json'] = None\n"
+        "open(os.path.join(os.environ['HOME'], 'left.txt'), 'w').write('x')\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        while True:\n"
+        "            for name in ('test_solution.py', 'pwned.txt'):\n"
+        "                try:\n"
+        "                    open(name, 'w').write('raise SystemExit(0)\\n')\n"
+        "                except OSError:\n"
+        "                    pass\n"
+        "            time.sleep(0.001)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+    )
+    check = (
+        "import json, os, time\n"
+        "time.sleep(0.3)\n"
+        "assert len('abc') == 3\n"
+        "assert sorted(os.listdir('.')) == ['m.py'], os.listdir('.')\n"
+        "print('clean')\n"
+    )
+    with _box(task_user) as box:
+        assert box.run({"m.py": poison}, "m.py", limits=FAST).status == "ok"
+        result = box.run({"m.py": check}, "m.py", limits=FAST)
+        assert result.status == "ok" and result.stdout == "clean\n", result.stderr
+        # the suite's own harness, after the daemon had its chance
+        task = _task()
+        assert tasks.run_task(task, "    return x + 1\n", FAST, sandbox=box).status == "failed"
+
+
+@pytest.mark.parametrize("task_user", MODES)
+def test_the_server_survives_its_tasks_and_is_restarted_when_it_dies(task_user: bool) -> None:
+    with _box(task_user) as box:
+        killer = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+        result = box.run({"m.py": killer}, "m.py", limits=FAST)
+        if task_user and ISOLATION.separate_user:  # another user: not allowed to signal it
+            assert result.status == "failed" and "PermissionError" in result.stderr
+        else:  # the same user: the server dies, the run says so, the next one gets a new one
+            assert result.status in ("killed", "failed")
+        crash = box.run({"m.py": "import os\nos.abort()\n"}, "m.py", limits=FAST)
+        assert crash.status == "killed" and crash.returncode < 0
+        os.kill(box.hello["pid"], 9)
+        again = box.run({"m.py": "print('ok')\n"}, "m.py", limits=FAST)
+        assert again.status == "killed" and "died" in again.details["error"]
+        assert box.run({"m.py": "print('ok')\n"}, "m.py", limits=FAST).stdout == "ok\n"
+
+
+def test_the_isolation_report_matches_what_the_task_sees() -> None:
+    probe = (
+        "import os\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print(os.getuid(), int(status['CapEff'], 16), int(status['CapBnd'], 16),"
+        " status['NoNewPrivs'].strip())\n"
+    )
+    result = run_python({"m.py": probe}, "m.py", limits=FAST)
+    uid, eff, bounding, nnp = result.stdout.split()
+    if result.isolation.capabilities_dropped:
+        assert eff == bounding == "0" and nnp == "1"
+    if result.isolation.separate_user:
+        assert uid != "0"
+    else:
+        assert uid == str(os.getuid())
+
+
+def test_pool_runs_tasks_in_parallel_in_order() -> None:
+    suite = tasks.load_suite(limit=6)
+    completions = [t.solution if i % 2 else "    return None\n" for i, t in enumerate(suite.tasks)]
+    results = tasks.run_all(suite.tasks, completions, limits=FAST, workers=3)
+    assert [r.passed for r in results] == [bool(i % 2) for i in range(6)]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"task_user": False}, {"unprivileged": True}],
+    ids=["task-user", "root-without-caps", "unprivileged"],
+)
+def test_a_work_dir_made_unremovable_does_not_break_the_next_task(kwargs: dict[str, bool]) -> None:
+    code = "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\n"
+    with sandbox.Sandbox(**kwargs) as box:
+        assert box.run({"m.py": code + "os.chmod('a', 0)\n"}, "m.py", limits=FAST).passed
+        listing = box.run({"m.py": "import os\nprint(os.listdir('.'))\n"}, "m.py", limits=FAST)
+        assert listing.stdout == "['m.py']\n", listing.stderr

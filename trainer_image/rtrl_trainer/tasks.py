@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer.sandbox import Limits, Result, run_python
+from rtrl_trainer.sandbox import Limits, Result, Sandbox, map_in_pool, run_python
 
 SUITE_FORMAT = "rtrl-eval-tasks"
 DEFAULT_SUITE = Path(__file__).parent / "eval_tasks" / "v1" / "tasks.jsonl"
@@ -104,10 +104,13 @@ def test_program(task: Task) -> str:
     )
 
 
-def run_task(task: Task, completion: str, limits: Limits | None = None) -> Result:
-    """Run ``prompt + completion`` against the task's tests in the sandbox."""
+def run_task(
+    task: Task, completion: str, limits: Limits | None = None, *, sandbox: Sandbox | None = None
+) -> Result:
+    """Run ``prompt + completion`` against the task's tests in the sandbox (``sandbox``, or
+    a sandbox server started for this one run)."""
     files = {"solution.py": task.prompt + completion, "test_solution.py": test_program(task)}
-    return run_python(files, "test_solution.py", limits=limits)
+    return run_python(files, "test_solution.py", limits=limits, sandbox=sandbox)
 
 
 def run_in_process(task: Task, completion: str) -> bool:
@@ -130,7 +133,15 @@ def run_all(
     workers: int = 1,
     runner: Callable[[Task, str, Limits | None], Result] = run_task,
 ) -> list[Result]:
-    """Run every task (``workers`` sandboxes at a time), results in task order."""
+    """Run every task (``workers`` sandboxes at a time), results in task order.
+
+    With the default runner, ``workers`` sandbox servers are started once for the whole
+    call and every task is a fresh process forked from one of them."""
+    pairs = list(zip(tasks, completions, strict=True))
+    if runner is run_task:
+        return map_in_pool(
+            max(1, workers), pairs, lambda box, tc: run_task(tc[0], tc[1], limits, sandbox=box)
+        )
     if workers <= 1:
         return [runner(t, c, limits) for t, c in zip(tasks, completions, strict=True)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
