@@ -31,8 +31,13 @@ STEPS: dict[str, tuple[str, str, str]] = {
         "rtrl_trainer.evaluate",
         "run",
     ),
+    "analyze": (
+        "judge a canary against the stable checkpoint: promote, rollback or continue",
+        "rtrl_trainer.analyze",
+        "run",
+    ),
 }
-PLANNED = ("analyze",)
+PLANNED: tuple[str, ...] = ()
 
 
 def build_parser(step: str | None = None) -> argparse.ArgumentParser:
@@ -54,9 +59,10 @@ def build_parser(step: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in STEPS:
+        planned = f"; planned: {', '.join(PLANNED)}" if PLANNED else ""
         print(
             f"rtrl-job: step {argv[0]!r} is not available in this version "
-            f"(available: {', '.join(STEPS)}; planned: {', '.join(PLANNED)})",
+            f"(available: {', '.join(STEPS)}{planned})",
             file=sys.stderr,
         )
         return 2

@@ -1,0 +1,229 @@
+"""``rtrl-job analyze`` on real shards: which rows count, quarantine, the committed
+analysis.json and its schema, exit codes, idempotence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rtrl.api.checkpoint import MetricComparison
+from rtrl.shards import write_shards
+from rtrl.store.local import LocalStore
+from rtrl_trainer.cli import main
+from tests.trainer.helpers import NOW_ISO, T0, rows
+
+SINCE = "2026-01-05T08:00:00Z"
+
+
+def arm(
+    checkpoint: str,
+    n: int,
+    *,
+    seed: int,
+    edit: float = 0.6,
+    edit_rate: float = 0.8,
+    clarification: float = 0.05,
+    start: timedelta = timedelta(0),
+    **columns: Any,
+) -> pa.Table:
+    """``n`` interactions of ``checkpoint`` spread over 08:00-10:00 (matured at 12:00)."""
+    rng = np.random.default_rng(seed)
+    created = [T0 + start + timedelta(seconds=7200 * i / n) for i in range(n)]
+    values: dict[str, Any] = {
+        "interaction_id": [f"{checkpoint}-{i:06d}" for i in range(n)],
+        "checkpoint_id": checkpoint,
+        "created_at": created,
+        "feedback_at": [c + timedelta(minutes=30) for c in created],
+        "edit_persisted": (rng.random(n) < edit).astype(float).tolist(),
+        "dissatisfied_followup": (rng.random(n) < 0.1).tolist(),
+        "latency_ms": (1000 * rng.lognormal(0, 0.6, n)).tolist(),
+        "tool_calls": 2,
+        "invalid_tool_calls": (rng.random(n) < 0.05).astype(int).tolist(),
+        "asked_clarification": (rng.random(n) < clarification).tolist(),
+        "edits_proposed": (rng.random(n) < edit_rate).astype(int).tolist(),
+    }
+    values.update(columns)
+    return rows(n, **values)
+
+
+def write(root: Path, *tables: pa.Table) -> Path:
+    write_shards(pa.concat_tables(tables), root, partition_by=("checkpoint",))
+    return root
+
+
+def analyze(shards: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    code = main(
+        [
+            "analyze",
+            "--shards",
+            shards.as_uri() + "/",
+            "--baseline",
+            "base",
+            "--canary",
+            "cand",
+            "--out",
+            out.as_uri() + "/",
+            "--now",
+            NOW_ISO,
+            "--since",
+            SINCE,
+            *extra,
+        ]
+    )
+    path = out / "analysis.json"
+    return code, json.loads(path.read_text()) if path.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def ask_instead_of_edit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    return write(
+        root,
+        arm("base", 12_000, seed=1),
+        arm("cand", 12_000, seed=2, edit_rate=0.56, clarification=0.10),
+    )
+
+
+def test_guardrail_trip_and_schema(ask_instead_of_edit: Path, tmp_path: Path) -> None:
+    code, doc = analyze(ask_instead_of_edit, tmp_path / "out", "--canary-weight", "50")
+    assert code == 0
+    assert doc["decision"] == "rollback"
+    assert doc["reasons"][0].startswith("guardrail tripped: edit_rate, clarification_rate")
+    assert doc["baseline_samples"] == doc["canary_samples"] == 12_000
+    assert doc["srm"]["mismatch"] is False and doc["srm"]["expected_canary_share"] == 0.5
+    assert doc["method"]["citation"].startswith("Johari")
+    assert doc["now"] == NOW_ISO and doc["since"] == SINCE and doc["alpha"] == 0.05
+    assert doc["quarantined"] == {}
+    kinds = {m["name"]: m["kind"] for m in doc["metrics"]}
+    assert kinds["edit_persistence"] == "goal" and kinds["clarification_rate"] == "guardrail"
+    assert {"latency_ms", "invalid_tool_call_rate"} <= set(kinds)
+    assert "latency_p95_ms" not in kinds  # no band configured by default
+    for metric in doc["metrics"]:
+        MetricComparison.model_validate({k: metric[k] for k in MetricComparison.model_fields})
+        assert metric["verdict"] in {"better", "worse", "inconclusive", "tripped", "ok"}
+        assert metric["ci_low"] <= metric["difference"] <= metric["ci_high"]
+    manifest = LocalStore(tmp_path / "out").committed("")
+    assert manifest is not None and set(manifest.files) == {"analysis.json"}
+    assert manifest.metadata["decision"] == "rollback"
+
+
+def test_idempotent(ask_instead_of_edit: Path, tmp_path: Path) -> None:
+    _, first = analyze(ask_instead_of_edit, tmp_path / "a", "--canary-weight", "50")
+    _, second = analyze(ask_instead_of_edit, tmp_path / "a", "--canary-weight", "50")
+    first.pop("timing")
+    second.pop("timing")
+    assert first == second
+
+
+def test_srm(tmp_path: Path) -> None:
+    shards = write(tmp_path / "s", arm("base", 4_000, seed=1), arm("cand", 1_000, seed=2))
+    code, doc = analyze(shards, tmp_path / "out", "--canary-weight", "5")
+    assert code == 0 and doc["decision"] == "rollback"
+    assert doc["reasons"][0].startswith("sample ratio mismatch: canary share 20.00% vs ")
+    assert doc["srm"]["observed_canary_share"] == pytest.approx(0.2)
+    assert doc["srm"]["mismatch"] is True and doc["srm"]["p_value"] < 0.001
+
+
+def test_immature_and_outside_window_ignored(tmp_path: Path) -> None:
+    late = arm("cand", 500, seed=3, start=timedelta(hours=3, minutes=30))  # after 11:00
+    late = late.set_column(0, "interaction_id", pa.array([f"late{i}" for i in range(500)]))
+    early = arm("cand", 300, seed=4, start=timedelta(hours=-3))  # before --since
+    early = early.set_column(0, "interaction_id", pa.array([f"early{i}" for i in range(300)]))
+    unripe = arm("base", 200, seed=5, feedback_at=None)
+    unripe = unripe.set_column(0, "interaction_id", pa.array([f"unripe{i}" for i in range(200)]))
+    shards = write(
+        tmp_path / "s",
+        arm("base", 1_000, seed=1),
+        arm("cand", 1_000, seed=2),
+        late,
+        early,
+        unripe,
+        arm("other", 100, seed=6),
+    )
+    code, doc = analyze(shards, tmp_path / "out")
+    assert code == 0
+    assert doc["baseline_samples"] == 1_000 and doc["canary_samples"] == 1_000
+    assert doc["excluded"] == {"before_since": 300, "immature": 200, "too_recent": 500}
+    assert doc["srm"]["expected_canary_share"] is None  # no --canary-weight: not checked
+
+
+def test_bad_rows_quarantined_and_too_many_fail(tmp_path: Path) -> None:
+    bad = arm("cand", 50, seed=3, edit_persisted=2.0)  # out of range
+    bad = bad.set_column(0, "interaction_id", pa.array([f"bad{i}" for i in range(50)]))
+    shards = write(tmp_path / "s", arm("base", 1_000, seed=1), arm("cand", 1_000, seed=2), bad)
+    code, doc = analyze(shards, tmp_path / "out")
+    assert code == 1
+    assert doc["ok"] is False and doc["decision"] == "continue"
+    assert doc["quarantined"] == {"signal_out_of_range": 50}
+    assert doc["quarantined_by_arm"] == {"baseline": 0, "canary": 50}
+    config = tmp_path / "c.yaml"
+    config.write_text("data: {shards: x, maxBadFraction: 0.05}\n")
+    code, doc = analyze(shards, tmp_path / "out2", "--config", str(config))
+    assert code == 0 and doc["ok"] is True
+    assert doc["canary_samples"] == 1_000 and doc["rows_bad"] == 50
+
+
+def test_config_from_manifest(tmp_path: Path) -> None:
+    shards = write(tmp_path / "s", arm("base", 300, seed=1), arm("cand", 300, seed=2))
+    config = tmp_path / "rlc.yaml"
+    config.write_text(
+        "apiVersion: rtrl.io/v1alpha1\nkind: RLCycle\nmetadata: {name: c}\n"
+        f"spec:\n  data: {{shards: '{shards.as_uri()}/', maturity: 30m}}\n"
+        "  rollout: {analysis: {alpha: 0.1, inconclusive: hold}}\n"
+    )
+    out = tmp_path / "out"
+    code = main(
+        ["analyze", "--baseline", "base", "--canary", "cand", "--out", out.as_uri() + "/",
+         "--now", NOW_ISO, "--config", str(config), "--max-duration-reached"]
+    )  # fmt: skip
+    doc = json.loads((out / "analysis.json").read_text())
+    assert code == 0 and doc["alpha"] == 0.1 and doc["maturity"] == "30m"
+    assert doc["decision"] == "continue" and doc["reasons"][0] == "hold"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["operator", "trainer_image"])}
+    return subprocess.run(
+        [sys.executable, "-m", "rtrl_trainer.cli", "analyze", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    shards = write(tmp_path / "s", arm("base", 200, seed=1), arm("cand", 200, seed=2))
+    out = (tmp_path / "out").as_uri() + "/"
+    common = ["--shards", shards.as_uri() + "/", "--out", out, "--now", NOW_ISO]
+    ok = run_cli(*common, "--baseline", "base", "--canary", "cand", "--canary-weight", "50")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("analyze: continue: ")
+    assert json.loads((tmp_path / "out" / "analysis.json").read_text())["decision"] == "continue"
+    same = run_cli(*common, "--baseline", "base", "--canary", "base")
+    assert same.returncode == 2 and "--canary must differ" in same.stderr
+    weight = run_cli(*common, "--baseline", "base", "--canary", "cand", "--canary-weight", "0")
+    assert weight.returncode == 2
+    config = tmp_path / "bad.yaml"
+    config.write_text("rollout: {analysis: {alpha: 2}}\n")
+    bad = run_cli(*common, "--baseline", "base", "--canary", "cand", "--config", str(config))
+    assert bad.returncode == 2 and "rollout.analysis.alpha" in bad.stderr
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "checkpoint=cand").mkdir()
+    (broken / "checkpoint=cand" / "part-0.parquet").write_bytes(b"not parquet")
+    unreadable = run_cli(
+        "--shards", broken.as_uri() + "/", "--out", out, "--now", NOW_ISO,
+        "--baseline", "base", "--canary", "cand",
+    )  # fmt: skip
+    assert unreadable.returncode == 1, unreadable.stderr

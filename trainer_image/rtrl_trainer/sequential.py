@@ -1,0 +1,623 @@
+"""The canary's statistics: always-valid confidence intervals and the decision they support.
+
+The operator analyses a canary every few minutes and acts on the first conclusive answer.
+A fixed-horizon test looked at that often is wrong far more often than its alpha says
+(peeking), so every interval here is a *confidence sequence*: with probability at least
+``1 - alpha`` it covers the true difference at every look simultaneously, however many
+looks there are and whenever the analysis stops. The one used is the normal-mixture
+sequential probability ratio test (mSPRT) of Johari, Pekelis & Walsh, "Always Valid
+Inference: Continuous Monitoring of A/B Tests" (Operations Research 70(3), 2022;
+arXiv:1512.04922, 2015), whose interval is the normal-mixture boundary of Robbins (1970);
+see Howard, Ramdas, McAuliffe & Sekhon, "Time-uniform, nonparametric, nonasymptotic
+confidence sequences" (Annals of Statistics 49(2), 2021) for confidence sequences in
+general. With ``V`` the variance of the estimated difference and ``tau`` the standard
+deviation of the mixing distribution (the effect size the test is tuned to), the interval
+is the estimate plus or minus
+
+    sqrt( V (V + tau^2) / tau^2 * (2 log(1/alpha) + log((V + tau^2) / V)) )
+
+which is ``{theta : Lambda(theta) < 1/alpha}`` for the mixture likelihood ratio
+``Lambda``; Ville's inequality bounds the chance that it ever excludes the truth by alpha.
+The width is near its smallest when ``tau`` is about the effect size that matters, and the
+dependence on ``tau`` is only logarithmic.
+
+Per-arm estimates are means or ratios of per-interaction sums (the sufficient statistics
+``n, sum x, sum y, sum x^2, sum y^2, sum xy``), their variances by the delta method, so a
+ratio metric such as invalid tool calls per tool call is handled with the interaction as
+the unit. Relative differences use the delta method once more.
+
+The sample-ratio-mismatch check is sequential too: a beta-binomial mixture likelihood
+ratio for the canary's share (the two-arm case of Lindon & Malek, "Anytime-Valid Inference
+for Multinomial Count Data", NeurIPS 2022), exact for any number of interactions.
+
+Everything here is pure (numpy only, no I/O, no clock) and works on scalars and on numpy
+arrays alike (one element per simulated experiment), so the Job step, the calibration
+benchmark and the operator's local demo run the very same decision rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rtrl.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec, InconclusivePolicy
+
+METHOD = {
+    "name": "mSPRT normal-mixture confidence sequences (always valid), Bonferroni across metrics",
+    "citation": (
+        "Johari, Pekelis & Walsh, Always Valid Inference: Continuous Monitoring of A/B Tests, "
+        "Operations Research 70(3), 2022 (arXiv:1512.04922); Howard, Ramdas, McAuliffe & "
+        "Sekhon, Time-uniform, nonparametric, nonasymptotic confidence sequences, Annals of "
+        "Statistics 49(2), 2021; sample ratio: Lindon & Malek, Anytime-Valid Inference for "
+        "Multinomial Count Data, NeurIPS 2022"
+    ),
+}
+
+# Below this many measured interactions in either arm a metric gets no verdict: the
+# normal approximation and the plug-in variance are not to be trusted yet (0 of 20 edits
+# persisted has a sample variance of 0).
+MIN_SAMPLES = 100
+# Share of alpha spent on the goal metrics (split equally between them); the guardrails
+# share the rest equally. Weighted Bonferroni: the family-wise error of all verdicts,
+# over all looks, stays <= alpha. A guardrail only trips when its interval lies beyond
+# its band, so its real error under "no change" is far below its share.
+GOAL_ALPHA_SHARE = 0.8
+
+# Verdict codes (arrays of these in vectorised use).
+INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED = 0, 1, 2, 3, 4
+VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped")
+
+# Decision codes.
+CONTINUE, PROMOTE, ROLLBACK = 0, 1, 2
+DECISIONS = ("continue", "promote", "rollback")
+
+# Why the decision was taken.
+NO_CAUSE, SRM, GUARDRAIL, GOAL_WORSE, PRIMARY_BETTER = 0, 1, 2, 3, 4
+POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD = 5, 6, 7, 8
+
+
+class Estimate(NamedTuple):
+    """One arm's estimate of a metric: its value, the variance of that value (not of one
+    observation) and the number of interactions it rests on. Floats or arrays."""
+
+    value: Any
+    var: Any
+    n: Any
+
+
+@dataclass
+class Moments:
+    """Sufficient statistics of a ratio metric ``sum x / sum y`` over interactions (a mean
+    when every ``y`` is 1). Fields may be floats or arrays of the same shape."""
+
+    n: Any = 0.0
+    sx: Any = 0.0
+    sy: Any = 0.0
+    sxx: Any = 0.0
+    syy: Any = 0.0
+    sxy: Any = 0.0
+
+    @classmethod
+    def of(cls, x: Any, y: Any = None) -> Moments:
+        """The statistics of one batch of per-interaction values ``x`` (and ``y``)."""
+        xs = np.asarray(x, dtype=np.float64)
+        if y is None:
+            n = float(xs.size)
+            sx = float(xs.sum())
+            return cls(n, sx, n, float(np.dot(xs, xs)), n, sx)
+        ys = np.asarray(y, dtype=np.float64)
+        return cls(
+            float(xs.size),
+            float(xs.sum()),
+            float(ys.sum()),
+            float(np.dot(xs, xs)),
+            float(np.dot(ys, ys)),
+            float(np.dot(xs, ys)),
+        )
+
+    def add(self, other: Moments) -> None:
+        self.n = self.n + other.n
+        self.sx = self.sx + other.sx
+        self.sy = self.sy + other.sy
+        self.sxx = self.sxx + other.sxx
+        self.syy = self.syy + other.syy
+        self.sxy = self.sxy + other.sxy
+
+    def estimate(self) -> Estimate:
+        """The ratio and its delta-method variance (NaN where undefined: fewer than two
+        interactions, or ``sum y`` of 0)."""
+        with np.errstate(all="ignore"):
+            n = np.asarray(self.n, dtype=np.float64)
+            sy = np.asarray(self.sy, dtype=np.float64)
+            ratio = self.sx / sy
+            x_bar, y_bar = self.sx / n, sy / n
+            cxx = self.sxx / n - x_bar * x_bar
+            cyy = self.syy / n - y_bar * y_bar
+            cxy = self.sxy / n - x_bar * y_bar
+            spread = np.maximum(cxx - 2 * ratio * cxy + ratio * ratio * cyy, 0.0)
+            var = np.where(n >= 2, spread / (n - 1) / (y_bar * y_bar), np.nan)
+        return Estimate(_out(ratio), _out(var), _out(n))
+
+
+def _out(value: Any) -> Any:
+    """A 0-d array as a float; arrays as they are."""
+    array = np.asarray(value, dtype=np.float64)
+    return float(array) if array.ndim == 0 else array
+
+
+def cs_radius(variance: Any, alpha: float, tau: Any) -> Any:
+    """Half-width of the normal-mixture confidence sequence at level ``1 - alpha`` for an
+    estimate with variance ``variance``, mixing standard deviation ``tau`` (same units)."""
+    with np.errstate(all="ignore"):
+        v = np.asarray(variance, dtype=np.float64)
+        t2 = np.asarray(tau, dtype=np.float64) ** 2
+        radius = np.sqrt(v * (v + t2) / t2 * (2 * math.log(1 / alpha) + np.log((v + t2) / v)))
+        radius = np.where(v == 0, 0.0, radius)
+    return _out(radius)
+
+
+def always_valid_ci(  # noqa: PLR0917 (the textbook argument list, as in the papers)
+    mean_a: Any,
+    var_a: Any,
+    n_a: Any,
+    mean_b: Any,
+    var_b: Any,
+    n_b: Any,
+    alpha: float,
+    tau: Any,
+) -> tuple[Any, Any, Any]:
+    """(difference ``b - a``, low, high): the mSPRT confidence sequence for the difference of
+    two means, from each arm's mean, per-observation variance and count; ``tau`` is the
+    mixing standard deviation in the metric's units."""
+    with np.errstate(all="ignore"):
+        v = np.asarray(var_a) / np.asarray(n_a) + np.asarray(var_b) / np.asarray(n_b)
+    diff = _out(np.asarray(mean_b, dtype=np.float64) - np.asarray(mean_a, dtype=np.float64))
+    radius = cs_radius(v, alpha, tau)
+    return diff, _out(np.asarray(diff) - radius), _out(np.asarray(diff) + radius)
+
+
+class Comparison(NamedTuple):
+    """Canary against baseline for one metric (floats or arrays). The relative fields are
+    NaN where the baseline is not positive; ``enough`` says whether verdicts may be drawn."""
+
+    baseline: Any
+    canary: Any
+    difference: Any
+    ci_low: Any
+    ci_high: Any
+    relative: Any
+    rel_low: Any
+    rel_high: Any
+    enough: Any
+
+
+def compare(base: Estimate, canary: Estimate, alpha: float, tau: float) -> Comparison:
+    """Always-valid intervals for the canary's absolute and relative difference; ``tau`` is
+    the relative effect size the test is tuned to (the absolute interval mixes over
+    ``tau`` times the baseline)."""
+    with np.errstate(all="ignore"):
+        b, c = np.asarray(base.value, np.float64), np.asarray(canary.value, np.float64)
+        bv, cv = np.asarray(base.var, np.float64), np.asarray(canary.var, np.float64)
+        diff = c - b
+        abs_radius = np.asarray(cs_radius(bv + cv, alpha, tau * np.abs(b)))
+        ratio = c / b
+        rel_var = (cv + ratio * ratio * bv) / (b * b)
+        rel_radius = np.asarray(cs_radius(rel_var, alpha, tau))
+        rel = np.where(b > 0, ratio - 1, np.nan)
+        enough = (
+            (np.asarray(base.n) >= MIN_SAMPLES)
+            & (np.asarray(canary.n) >= MIN_SAMPLES)
+            & (b > 0)
+            & np.isfinite(rel_var)
+            & np.isfinite(c)
+        )
+    return Comparison(
+        _out(b),
+        _out(c),
+        _out(diff),
+        _out(diff - abs_radius),
+        _out(diff + abs_radius),
+        _out(rel),
+        _out(rel - rel_radius),
+        _out(rel + rel_radius),
+        enough if enough.ndim else bool(enough),
+    )
+
+
+# --- the metrics and their roles -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric the canary is judged on. ``tau`` (relative) is the effect size its test
+    is tuned to: the smallest change worth detecting."""
+
+    name: str
+    kind: str  # "goal" or "guardrail"
+    higher_is_better: bool
+    tau: float
+    unit: str = ""
+    band: Band | None = None
+    alpha: float = 0.0
+
+
+# The goals, primary first: promotion needs evidence that edit persistence improved.
+GOALS: tuple[Metric, ...] = (
+    Metric("edit_persistence", "goal", True, 0.02),
+    Metric("dissatisfied_followup_rate", "goal", False, 0.03),
+    Metric("latency_ms", "goal", False, 0.05, unit=" ms"),
+)
+PRIMARY = GOALS[0].name
+
+# GuardrailsSpec field -> (metric name, higher is better).
+GUARDRAILS: dict[str, tuple[str, bool]] = {
+    "edit_rate": ("edit_rate", True),
+    "clarification_rate": ("clarification_rate", False),
+    "invalid_tool_call_rate": ("invalid_tool_call_rate", False),
+    "mean_completion_tokens": ("mean_completion_tokens", True),
+    "latency_p95": ("latency_p95_ms", False),
+}
+
+
+def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
+    """The metrics judged under this spec, each with its share of ``analysis.alpha``."""
+    bands = [
+        (name, higher, band)
+        for field_name, (name, higher) in GUARDRAILS.items()
+        if (band := getattr(guardrails, field_name)) is not None
+    ]
+    goal_share = GOAL_ALPHA_SHARE if bands else 1.0
+    goal_alpha = analysis.alpha * goal_share / len(GOALS)
+    metrics = [
+        Metric(m.name, m.kind, m.higher_is_better, m.tau, m.unit, alpha=goal_alpha) for m in GOALS
+    ]
+    for name, higher, band in bands:
+        # Tuned to the band: the change that matters is the one that would trip it.
+        width = max(band.max_relative_drop or 0.0, band.max_relative_rise or 0.0) or 0.05
+        metrics.append(
+            Metric(
+                name,
+                "guardrail",
+                higher,
+                width,
+                " ms" if name.endswith("_ms") else "",
+                band=band,
+                alpha=analysis.alpha * (1 - goal_share) / len(bands),
+            )
+        )
+    return metrics
+
+
+def verdict(metric: Metric, cmp: Comparison) -> Any:
+    """Verdict code(s) of one metric from its relative always-valid interval."""
+    enough = np.asarray(cmp.enough)
+    low, high = np.asarray(cmp.rel_low), np.asarray(cmp.rel_high)
+    if metric.kind == "goal":
+        up, down = low > 0, high < 0
+        better, worse = (up, down) if metric.higher_is_better else (down, up)
+        code = np.where(better, BETTER, np.where(worse, WORSE, INCONCLUSIVE))
+        return _code(np.where(enough, code, INCONCLUSIVE))
+    band = metric.band
+    tripped = np.zeros(enough.shape, dtype=bool)
+    if band is not None and band.max_relative_drop is not None:
+        tripped |= high < -band.max_relative_drop
+    if band is not None and band.max_relative_rise is not None:
+        tripped |= low > band.max_relative_rise
+    return _code(np.where(enough & tripped, TRIPPED, OK))
+
+
+def non_inferior(metric: Metric, cmp: Comparison, margin: float) -> Any:
+    """Whether the interval excludes a relative harm bigger than ``margin``."""
+    low, high = np.asarray(cmp.rel_low), np.asarray(cmp.rel_high)
+    ok = low > -margin if metric.higher_is_better else high < margin
+    result = np.asarray(cmp.enough) & ok
+    return result if result.ndim else bool(result)
+
+
+def _code(value: Any) -> Any:
+    array = np.asarray(value, dtype=np.int64)
+    return int(array) if array.ndim == 0 else array
+
+
+# --- sample ratio mismatch -----------------------------------------------------------------
+
+
+class SrmResult(NamedTuple):
+    expected_canary_share: Any
+    observed_canary_share: Any
+    p_value: Any
+    mismatch: Any
+
+
+# The mixture's spread around the expected share, relative to the smaller arm's share: a
+# shift of about a tenth of it is what the test is most sensitive to.
+SRM_RELATIVE_SPREAD = 0.1
+
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def srm_test(n_baseline: Any, n_canary: Any, expected_share: float, alpha: float) -> SrmResult:
+    """Anytime-valid test that the canary's share of interactions is ``expected_share``.
+
+    The p-value is ``1 / BF`` (capped at 1), BF the beta-binomial mixture against the
+    binomial at ``expected_share``: a nonnegative martingale under the null, so the chance
+    that it ever reaches ``1 / alpha`` is at most alpha (Ville), at any number of looks.
+    """
+    p0 = float(expected_share)
+    nb = np.asarray(n_baseline, dtype=np.float64)
+    nc = np.asarray(n_canary, dtype=np.float64)
+    total = nb + nc
+    spread = SRM_RELATIVE_SPREAD * min(p0, 1 - p0)
+    kappa = max(p0 * (1 - p0) / spread**2 - 1, 1.0)
+    a, b = kappa * p0, kappa * (1 - p0)
+    log_beta_prior = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    log_beta_post = _lgamma(a + nc) + _lgamma(b + nb) - _lgamma(a + b + total)
+    log_bf = log_beta_post - log_beta_prior - nc * math.log(p0) - nb * math.log(1 - p0)
+    with np.errstate(all="ignore"):
+        p_value = np.minimum(1.0, np.exp(-log_bf))
+        observed = np.where(total > 0, nc / total, np.nan)
+    mismatch = p_value <= alpha
+    return SrmResult(
+        p0,
+        _out(observed),
+        _out(p_value),
+        mismatch if mismatch.ndim else bool(mismatch),
+    )
+
+
+# --- the decision --------------------------------------------------------------------------
+
+
+@dataclass
+class Judgement:
+    """The decision code(s), why, and every metric's comparison and verdict."""
+
+    decision: Any
+    cause: Any
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    verdicts: dict[str, Any] = field(default_factory=dict)
+    non_inferior: Any = False
+
+
+def judge(
+    metrics: Sequence[Metric],
+    base: Mapping[str, Estimate],
+    canary: Mapping[str, Estimate],
+    *,
+    srm_mismatch: Any = False,
+    max_duration_reached: bool = False,
+    policy: InconclusivePolicy = InconclusivePolicy.ROLLBACK,
+    margin: float = 0.0,
+) -> Judgement:
+    """The decision rule, vectorised over experiments (every input may be an array).
+
+    1. a sample ratio mismatch: rollback;
+    2. a guardrail tripped (its interval for the relative change lies beyond its band):
+       rollback;
+    3. a goal significantly worse: rollback;
+    4. the primary goal (edit persistence) significantly better: promote;
+    5. otherwise continue, or at the maximum duration the inconclusive policy: rollback;
+       promote-if-non-inferior (promote when every goal's interval excludes a relative harm
+       bigger than ``margin``, else rollback); hold (continue).
+    A metric missing from ``base`` or ``canary`` gets no verdict (inconclusive / ok).
+    """
+    srm = np.asarray(srm_mismatch, dtype=bool)
+    shape = srm.shape
+    tripped = np.zeros(shape, dtype=bool)
+    worse = np.zeros(shape, dtype=bool)
+    better = np.zeros(shape, dtype=bool)
+    noninf = np.ones(shape, dtype=bool)
+    judgement = Judgement(decision=CONTINUE, cause=NO_CAUSE)
+    nan = Estimate(np.nan, np.nan, 0.0)
+    for metric in metrics:
+        cmp = compare(
+            base.get(metric.name, nan), canary.get(metric.name, nan), metric.alpha, metric.tau
+        )
+        code = verdict(metric, cmp)
+        judgement.comparisons[metric.name] = cmp
+        judgement.verdicts[metric.name] = code
+        codes = np.asarray(code)
+        if metric.kind == "guardrail":
+            tripped = tripped | (codes == TRIPPED)
+            continue
+        worse = worse | (codes == WORSE)
+        if metric.name == PRIMARY:
+            better = better | (codes == BETTER)
+        noninf = noninf & np.asarray(non_inferior(metric, cmp, margin))
+    decision = np.full(np.broadcast_shapes(shape, tripped.shape, better.shape), CONTINUE)
+    cause = np.full(decision.shape, NO_CAUSE)
+    for mask, code, why in (
+        (better, PROMOTE, PRIMARY_BETTER),
+        (worse, ROLLBACK, GOAL_WORSE),
+        (tripped, ROLLBACK, GUARDRAIL),
+        (srm, ROLLBACK, SRM),
+    ):
+        # Later rules override earlier ones: SRM outranks everything.
+        decision = np.where(mask, code, decision)
+        cause = np.where(mask, why, cause)
+    if max_duration_reached:
+        open_ = decision == CONTINUE
+        if policy == InconclusivePolicy.ROLLBACK:
+            decision = np.where(open_, ROLLBACK, decision)
+            cause = np.where(open_, POLICY_ROLLBACK, cause)
+        elif policy == InconclusivePolicy.PROMOTE_IF_NON_INFERIOR:
+            decision = np.where(open_, np.where(noninf, PROMOTE, ROLLBACK), decision)
+            cause = np.where(open_, np.where(noninf, NON_INFERIOR, NOT_NON_INFERIOR), cause)
+        else:
+            cause = np.where(open_, HOLD, cause)
+    judgement.decision = _code(decision)
+    judgement.cause = _code(cause)
+    judgement.non_inferior = noninf if noninf.ndim else bool(noninf)
+    return judgement
+
+
+# --- the scalar front end: rows and reasons ------------------------------------------------
+
+
+@dataclass
+class Analysis:
+    """One analysis, as ``analysis.json`` reports it."""
+
+    decision: str
+    reasons: list[str]
+    metrics: list[dict[str, Any]]
+    srm: dict[str, Any]
+    missing: list[str]
+
+
+def _num(value: float, unit: str) -> str:
+    if unit or abs(value) >= 100:
+        return f"{value:.1f}{unit}"
+    return f"{value:.3f}"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:+.1f}%"
+
+
+def _finite(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _band_text(band: Band) -> str:
+    parts = []
+    if band.max_relative_drop is not None:
+        parts.append(f"drop <= {100 * band.max_relative_drop:g}%")
+    if band.max_relative_rise is not None:
+        parts.append(f"rise <= {100 * band.max_relative_rise:g}%")
+    return ", ".join(parts)
+
+
+def describe(metric: Metric, cmp: Comparison, code: int) -> str:
+    """``edit_persistence: canary 0.614 vs 0.600 (+2.3%), always-valid 98.7% CI [+0.4%,
+    +4.2%]: better``"""
+    text = f"{metric.name}: canary {_num(cmp.canary, metric.unit)} vs " + _num(
+        cmp.baseline, metric.unit
+    )
+    if math.isfinite(cmp.relative):
+        level = f"{100 * (1 - metric.alpha):.3g}%"
+        text += (
+            f" ({_pct(cmp.relative)}), always-valid {level} CI "
+            f"[{_pct(cmp.rel_low)}, {_pct(cmp.rel_high)}]"
+        )
+    if metric.band is not None:
+        text += f", band {_band_text(metric.band)}"
+    if not cmp.enough:
+        text += f" (fewer than {MIN_SAMPLES} samples in an arm: no verdict yet)"
+    return f"{text}: {VERDICTS[code]}"
+
+
+def decide(
+    base: Mapping[str, Estimate],
+    canary: Mapping[str, Estimate],
+    analysis: AnalysisSpec,
+    guardrails: GuardrailsSpec,
+    *,
+    srm: SrmResult | None = None,
+    max_duration_reached: bool = False,
+) -> Analysis:
+    """The decision for one canary from each arm's estimates, with reasons and metric rows
+    (see :func:`judge` for the rule)."""
+    metrics = plan(analysis, guardrails)
+    mismatch = bool(srm.mismatch) if srm is not None else False
+    j = judge(
+        metrics,
+        base,
+        canary,
+        srm_mismatch=mismatch,
+        max_duration_reached=max_duration_reached,
+        policy=analysis.inconclusive,
+        margin=analysis.non_inferiority_margin,
+    )
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    missing: list[str] = []
+    for metric in metrics:
+        cmp = j.comparisons[metric.name]
+        code = int(j.verdicts[metric.name])
+        b, c = base.get(metric.name), canary.get(metric.name)
+        if (
+            b is None
+            or c is None
+            or not all(
+                math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary, cmp.ci_low, cmp.ci_high)
+            )
+        ):
+            missing.append(metric.name)
+            lines.append(f"{metric.name}: not measured in both arms: {VERDICTS[code]}")
+            continue
+        lines.append(describe(metric, cmp, code))
+        row: dict[str, Any] = {
+            "name": metric.name,
+            "kind": metric.kind,
+            "baseline": float(cmp.baseline),
+            "canary": float(cmp.canary),
+            "difference": float(cmp.difference),
+            "ci_low": float(cmp.ci_low),
+            "ci_high": float(cmp.ci_high),
+            "relative_difference": _finite(cmp.relative),
+            "relative_ci_low": _finite(cmp.rel_low),
+            "relative_ci_high": _finite(cmp.rel_high),
+            "verdict": VERDICTS[code],
+            "higher_is_better": metric.higher_is_better,
+            "alpha": metric.alpha,
+            "tau": metric.tau,
+            "baseline_samples": int(b.n),
+            "canary_samples": int(c.n),
+        }
+        if metric.band is not None:
+            row["band"] = metric.band.to_k8s()
+        rows.append(row)
+    cause = int(j.cause)
+    lead: list[str] = []
+    if cause == SRM and srm is not None:
+        lead.append(
+            f"sample ratio mismatch: canary share {100 * srm.observed_canary_share:.2f}% vs "
+            f"configured {100 * srm.expected_canary_share:g}% (anytime-valid p = "
+            f"{srm.p_value:.2g} <= srmAlpha {analysis.srm_alpha:g}): the arms are not "
+            "comparable"
+        )
+    elif cause == GUARDRAIL:
+        tripped = [m.name for m in metrics if j.verdicts[m.name] == TRIPPED]
+        lead.append(f"guardrail tripped: {', '.join(tripped)} moved beyond its band")
+    elif cause == GOAL_WORSE:
+        worse = [m.name for m in metrics if m.kind == "goal" and j.verdicts[m.name] == WORSE]
+        lead.append(f"goal significantly worse: {', '.join(worse)}")
+    elif cause == PRIMARY_BETTER:
+        lead.append(f"{PRIMARY} significantly better and no goal worse, no guardrail tripped")
+    elif cause == POLICY_ROLLBACK:
+        lead.append("inconclusive at maxDuration: policy rollback")
+    elif cause == NON_INFERIOR:
+        lead.append(
+            "inconclusive at maxDuration: policy promote-if-non-inferior: every goal's interval "
+            f"excludes a relative harm above {100 * analysis.non_inferiority_margin:g}%"
+        )
+    elif cause == NOT_NON_INFERIOR:
+        lead.append(
+            "inconclusive at maxDuration: policy promote-if-non-inferior: non-inferiority "
+            f"(margin {100 * analysis.non_inferiority_margin:g}%) not shown for every goal"
+        )
+    elif cause == HOLD:
+        lead.append("hold")
+    else:
+        lead.append("inconclusive: no goal significantly better or worse yet")
+    srm_doc: dict[str, Any] = {
+        "expected_canary_share": None,
+        "observed_canary_share": None,
+        "p_value": None,
+        "mismatch": False,
+        "alpha": analysis.srm_alpha,
+    }
+    if srm is not None:
+        srm_doc.update(
+            expected_canary_share=float(srm.expected_canary_share),
+            observed_canary_share=_finite(srm.observed_canary_share),
+            p_value=float(srm.p_value),
+            mismatch=bool(srm.mismatch),
+        )
+    return Analysis(DECISIONS[int(j.decision)], lead + lines, rows, srm_doc, missing)
