@@ -137,6 +137,13 @@ def job_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> N
     wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
+@kopf.on.event(
+    "apps", "v1", "deployments", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry
+)
+def canary_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    wake(namespace, labels.get(ch.LABEL_RLCYCLE))
+
+
 @kopf.on.event(GROUP, VERSION, "checkpoints", registry=registry)
 def checkpoint_changed(spec: kopf.Spec, namespace: str | None, **_: Any) -> None:
     wake(namespace, spec.get("rlCycle"))

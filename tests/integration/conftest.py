@@ -232,3 +232,13 @@ def job_runner(kube_api: KubeAPI, tmp_path: Path) -> Iterator[JobRunner]:
     before the API goes away. Set ``job_runner.extra_env`` / ``.script(...)`` in the test."""
     with JobRunner(kube_api, tmp_path / "jobs") as runner:
         yield runner
+
+
+@pytest.fixture
+def deployment_controller(kube_api: KubeAPI) -> Iterator[Any]:
+    """Deployments of ``kube_api``'s namespace reported ready as soon as they change;
+    ``.never_ready`` lists name patterns that stay unready."""
+    from tests.integration.deployment_controller import DeploymentController
+
+    with DeploymentController(kube_api) as controller:
+        yield controller

@@ -49,7 +49,22 @@ EVAL_FAIL = {
     "verdict": "Failed",
     "message": "failed gate(s): replay.kl",
 }
-RESULTS = {"stage": STAGE_OK, "train": TRAIN_OK, "eval": EVAL_PASS}
+ANALYSIS_PROMOTE = {
+    "decision": "promote",
+    "reasons": ["edit_persistence: canary 0.620 vs 0.600 (+3.3%): better"],
+    "baseline_samples": 5000,
+    "canary_samples": 5000,
+    "metrics": [
+        {"name": "edit_persistence", "kind": "goal", "baseline": 0.6, "canary": 0.62,
+         "difference": 0.02, "ci_low": 0.005, "ci_high": 0.035, "verdict": "better"}
+    ],
+}  # fmt: skip
+ANALYSIS_ROLLBACK = {
+    **ANALYSIS_PROMOTE,
+    "decision": "rollback",
+    "reasons": ["edit_persistence: canary 0.550 vs 0.600 (-8.3%): worse"],
+}
+RESULTS = {"stage": STAGE_OK, "train": TRAIN_OK, "eval": EVAL_PASS, "analyze": ANALYSIS_PROMOTE}
 
 
 def base_uri(root: Path) -> str:
@@ -87,6 +102,11 @@ def rlcycle(root: Path, **spec_changes: Any) -> dict[str, Any]:
     spec["training"].pop("nodeSelector", None)
     spec["training"].pop("tolerations", None)
     spec["jobs"] = {"backoffLimit": 1, "backoff": "1s"}
+    spec["rollout"].update(
+        steps=[{"weight": 25, "minDuration": "1s"}, {"weight": 50, "minDuration": "1s"}],
+        readyTimeout="30s",
+    )
+    spec["rollout"]["analysis"].update(maxDuration="1h", interval="1s")
     spec.update(spec_changes)
     return doc
 
@@ -103,7 +123,8 @@ def commit_result(
 ) -> Callable[[dict[str, Any]], None]:
     """A ``Succeed(before=...)`` hook: commit ``doc`` as the step's result where the Job's
     ``--out`` says, the way the real step does (manifest last)."""
-    name = {"stage": "stage.json", "train": "train.json", "eval": "eval.json"}[step]
+    name = {"stage": "stage.json", "train": "train.json", "eval": "eval.json",
+            "analyze": "analysis.json"}[step]  # fmt: skip
 
     def write(job: dict[str, Any]) -> None:
         out = arg(job, "out")

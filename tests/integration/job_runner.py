@@ -408,14 +408,17 @@ class _JobController:
                 status["completionTime"] = now
         patch = {key: None for key in self.status if key not in status} | status
         self.status = status
-        self.api.patch(
-            "batch/v1",
-            "Job",
-            self.name,
-            {"status": patch},
-            namespace=self.namespace,
-            subresource="status",
-        )
+        try:
+            self.api.patch(
+                "batch/v1",
+                "Job",
+                self.name,
+                {"status": patch},
+                namespace=self.namespace,
+                subresource="status",
+            )
+        except NotFoundError:
+            raise _CancelledError from None  # the Job was deleted meanwhile: stop playing it
 
     # Pods -------------------------------------------------------------------------------
 

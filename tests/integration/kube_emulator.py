@@ -57,7 +57,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,7 +297,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     crd_documents: list[dict[str, Any]] = attrs.field(factory=list)
     namespaces: set[str] = attrs.field(factory=lambda: {"default"})
+    # Called after a write (create, patch, delete, replace) is applied and before it is
+    # answered, with (HTTP method, path, request body, resulting object): lets a test act at
+    # an exact point, e.g. kill the client that wrote (test_operator_crash.py). It runs in the
+    # server's thread and loop, so keep it short; if it raises, the client gets a 500 for a
+    # write that was applied. Failed writes (404, 409...) do not call it.
+    after_write: Callable[[str, str, Any, dict[str, Any] | None], None] | None = None
 
+    # (method, path) of every request served, oldest first. kmock's own list of requests is
+    # emptied as they are answered: kmock scans it to route each new request, which made
+    # long tests slower and slower (quadratic; 90% of the emulator's CPU in a profile).
+    request_log: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     _kinds: dict[kmock.resource, Kind] = attrs.field(factory=dict, init=False)
     _counter: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _last_rv: int = attrs.field(default=0, init=False)
@@ -445,6 +455,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(body, status=404)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        method = getattr(request.method, "value", request.method)
+        self.request_log.append((str(method).upper(), request.url.path))
+        try:
+            return await self._handle_request(request)
+        finally:
+            for index, known in enumerate(self._requests):
+                if known is request:
+                    del self._requests[index]
+                    break
+
+    async def _handle_request(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
         if resource is not None and resource.plural is not None:
             action, method = request.action, request.method
@@ -452,23 +473,32 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 kind = self._known(resource)
                 async with self._lock:
                     self._results[request] = await self._create(kind, request)
+                self._written(request, self._results[request])
             elif action == enums.action.UPDATE and request.name:
                 kind = self._known(resource)
                 async with self._lock:
                     self._results[request] = await self._patch(kind, request)
+                self._written(request, self._results[request])
             elif action == enums.action.DELETE and request.name:
                 kind = self._known(resource)
                 async with self._lock:
                     self._results[request] = await self._delete(
                         kind, request.namespace, request.name, request.data or {}
                     )
+                self._written(request, self._results[request])
             elif method == enums.method.PUT and request.name:
                 kind = self._known(resource)
                 async with self._lock:
                     result = await self._replace(kind, request)
+                self._written(request, result)
                 return aiohttp.web.json_response(result)
         # Skip KubernetesEmulator._handle (its own, metadata-less state changes); serve via DSL.
         return await apps.RawHandler._handle(self, request)
+
+    def _written(self, request: rendering.Request, result: dict[str, Any] | None) -> None:
+        if self.after_write is not None:
+            method = getattr(request.method, "value", str(request.method))
+            self.after_write(method, request.url.path, request.data, result)
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         result: dict[str, Any] = await super()._serve_version(request)  # type: ignore[assignment]

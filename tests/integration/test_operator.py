@@ -33,7 +33,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def operator(kube_api: KubeAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def operator(
+    kube_api: KubeAPI, deployment_controller: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
     """``rtrl.handlers`` run by kopf in a thread, watching the test namespace."""
     monkeypatch.setenv("RTRL_RESYNC_SECONDS", "1")
     monkeypatch.setenv("RTRL_ERROR_BACKOFF_SECONDS", "0.5")
@@ -47,7 +49,7 @@ def operator(kube_api: KubeAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 def script_all(runner: JobRunner, scratch: Path, **overrides: Any) -> None:
     """Every step succeeds with its canned result unless ``overrides`` says otherwise
     (a result dict, or an Outcome such as Fail())."""
-    for step in ("stage", "train", "eval"):
+    for step in ("stage", "train", "eval", "analyze"):
         outcome = overrides.get(step, RESULTS[step])
         if isinstance(outcome, dict):
             outcome = Succeed(before=commit_result(step, outcome, scratch / "results"))
@@ -84,20 +86,21 @@ def wait_phase(kube_api: KubeAPI, kind: str, name: str, phase: str, timeout: flo
     )
 
 
-def test_a_cycle_ends_evaluated_with_every_status_field_and_condition(
+def test_a_cycle_ends_promoted_with_every_status_field_and_condition(
     kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
 ) -> None:
     script_all(job_runner, tmp_path)
     setup_namespace(kube_api, tmp_path)
-    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Promoted")
     kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("phase") == "Idle")
     rlc = kube_api.get(RTRL, "RLCycle", NAME)
     assert rlc is not None
     RLCycle.model_validate(rlc)  # the status the operator wrote fits the API's own types
     st = rlc["status"]
-    assert st["cycle"] == 1 and st["serving"] == "composer-0" and st["candidate"] == "composer-1"
+    assert st["cycle"] == 1 and st["serving"] == "composer-1" and st["candidate"] == "composer-1"
+    assert st["lastPromoted"] == "composer-1" and st["canaryWeight"] == 0
     assert st["observedGeneration"] == rlc["metadata"]["generation"]
-    assert st["cycleStartedAt"] and st["nextRun"] and "ready for rollout" in st["message"]
+    assert st["cycleStartedAt"] and st["nextRun"] and st["message"]
     assert {c["type"]: c["status"] for c in st["conditions"]} == {
         "Ready": "True",
         "Progressing": "False",
@@ -113,7 +116,12 @@ def test_a_cycle_ends_evaluated_with_every_status_field_and_condition(
     cst = ck["status"]
     assert cst["data"]["interactions"] == 2000 and cst["training"]["steps"] == 4
     assert cst["eval"]["verdict"] == "Passed" and cst["completedAt"]
-    assert job_runner.jobs_seen == ["composer-1-stage-0", "composer-1-train-0", "composer-1-eval-0"]
+    assert job_runner.jobs_seen == [
+        "composer-1-stage-0",
+        "composer-1-train-0",
+        "composer-1-eval-0",
+        "composer-1-analyze-0-0",
+    ]
     reasons = [reason for _, reason, _ in events(kube_api)]
     for reason in ("CycleStarted", "StageStarted", "Staged", "Trained", "EvalPassed"):
         assert reason in reasons
@@ -188,7 +196,7 @@ def test_missing_deployment_and_secret_are_conditions_and_recover(
             "stringData": {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "hush"},
         }
     )
-    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Promoted")
     assert condition(kube_api, "InvalidSpec")["status"] == "False"
     text = repr(kube_api.get(RTRL, "RLCycle", NAME)) + repr(events(kube_api))
     assert "hush" not in text and "AKIAEXAMPLE" not in text
@@ -201,15 +209,15 @@ def test_a_semantically_invalid_spec_is_marked_not_crashed_and_recovers(
     kube_api.create(deployment(tmp_path))
     kube_api.create(base_checkpoint(tmp_path))
     bad = rlcycle(tmp_path)
-    bad["spec"]["rollout"]["analysis"]["maxDuration"] = "1h"  # passes the CRD, not the model
+    bad["spec"]["rollout"]["analysis"]["maxDuration"] = "1s"  # passes the CRD, not the model
     kube_api.create(bad)
     kube_api.wait_for(lambda: condition(kube_api, "InvalidSpec").get("reason") == "SpecInvalid")
     assert "maxDuration" in condition(kube_api, "InvalidSpec")["message"]
     assert not kube_api.list("batch/v1", "Job")
     kube_api.patch(
-        RTRL, "RLCycle", NAME, {"spec": {"rollout": {"analysis": {"maxDuration": "12h"}}}}
+        RTRL, "RLCycle", NAME, {"spec": {"rollout": {"analysis": {"maxDuration": "1h"}}}}
     )
-    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Promoted")
     assert status(kube_api, "RLCycle", NAME)["observedGeneration"] == 2
 
 
@@ -221,13 +229,13 @@ def test_suspend_then_trigger(
     wait_phase(kube_api, "RLCycle", NAME, "Suspended")
     assert kube_api.get(RTRL, "Checkpoint", "composer-1") is None
     kube_api.patch(RTRL, "RLCycle", NAME, {"spec": {"suspend": False}})
-    wait_phase(kube_api, "Checkpoint", "composer-1", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Promoted")
     wait_phase(kube_api, "RLCycle", NAME, "Idle")
     # the next interval is an hour away; a trigger starts the next cycle now, once
     kube_api.patch(
         RTRL, "RLCycle", NAME, {"metadata": {"annotations": {"rtrl.io/trigger": "now-1"}}}
     )
-    wait_phase(kube_api, "Checkpoint", "composer-2", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-2", "Promoted")
     kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("lastTrigger") == "now-1")
     wait_phase(kube_api, "RLCycle", NAME, "Idle")
     assert kube_api.get(RTRL, "Checkpoint", "composer-3") is None
@@ -250,15 +258,16 @@ def test_history_limit_deletes_old_checkpoints(
     script_all(job_runner, tmp_path)
     setup_namespace(kube_api, tmp_path, historyLimit=1)
     for n in (1, 2, 3):
-        wait_phase(kube_api, "Checkpoint", f"composer-{n}", "Evaluated")
+        wait_phase(kube_api, "Checkpoint", f"composer-{n}", "Promoted")
         wait_phase(kube_api, "RLCycle", NAME, "Idle")
         trigger = {"metadata": {"annotations": {"rtrl.io/trigger": f"t{n}"}}}
         kube_api.patch(RTRL, "RLCycle", NAME, trigger)
-    wait_phase(kube_api, "Checkpoint", "composer-4", "Evaluated")
+    wait_phase(kube_api, "Checkpoint", "composer-4", "Promoted")
     kube_api.wait_for(lambda: kube_api.get(RTRL, "Checkpoint", "composer-2") is None)
+    kube_api.wait_for(lambda: kube_api.get(RTRL, "Checkpoint", "composer-1") is None)
     names = {c["metadata"]["name"] for c in kube_api.list(RTRL, "Checkpoint")}
-    assert "composer-0" in names and "composer-4" in names  # serving base, current candidate
-    assert "composer-1" not in names and "composer-3" not in names
+    # the base (registered by hand, never pruned), the serving one and its parent
+    assert names == {"composer-0", "composer-3", "composer-4"}
 
 
 def test_deletion_stops_jobs_and_removes_children_but_not_the_base(

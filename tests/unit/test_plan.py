@@ -12,6 +12,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from rtrl.api.cron import parse_cron
@@ -23,6 +24,7 @@ from rtrl.planning import (
     Emit,
     JobState,
     Observed,
+    Patch,
     PatchStatus,
     SecretState,
     plan,
@@ -77,9 +79,17 @@ class World:
         self.config_maps: set[str] = set()
         self.services: set[str] = set()
         self.results: dict[str, Any] = {}
-        self.deployment = DeploymentState(True, True, base["spec"]["uri"])
+        target = _doc("inference-deployment.yaml")
+        target["metadata"].update(generation=1)
+        target["spec"]["replicas"] = 19
+        self.deployments: dict[str, dict[str, Any]] = {"composer-vllm": target}
+        self.settle()
+        # A test may replace what the kube layer reports about the target.
+        self.deployment: DeploymentState | None = None
         self.secret: SecretState | None = SecretState(True)
         self.events: list[Emit] = []
+        self.patches: list[Patch] = []
+        self.analyses: list[str] = []
         self.created: list[str] = []
         self.now = T0
 
@@ -90,11 +100,34 @@ class World:
             jobs=list(self.jobs.values()),
             services=frozenset(self.services),
             config_maps=frozenset(self.config_maps),
-            deployment=self.deployment,
+            deployment=self.deployment or self.target_state(),
             secret=self.secret,
+            target=copy.deepcopy(self.deployments.get("composer-vllm")),
+            canary=copy.deepcopy(self.deployments.get("composer-vllm-canary")),
+            http_route=copy.deepcopy(self.deployments.get("composer")),
         )
         results = {uri: self.results.get(uri) for uri in results_to_read(obs)}
         return Observed(**{**obs.__dict__, "results": results})
+
+    def target_state(self) -> DeploymentState:
+        target = self.deployments.get("composer-vllm")
+        if target is None:
+            return DeploymentState(found=False)
+        env = target["spec"]["template"]["spec"]["containers"][0]["env"]
+        uri = next(e["value"] for e in env if e["name"] == "MODEL_URI")
+        return DeploymentState(True, True, uri)
+
+    def settle(self) -> None:
+        """The Deployment controller: every Deployment rolled out and ready."""
+        for dep in self.deployments.values():
+            n = dep["spec"].get("replicas", 1)
+            dep["status"] = {
+                "observedGeneration": dep["metadata"]["generation"],
+                "replicas": n, "updatedReplicas": n, "readyReplicas": n,
+            }  # fmt: skip
+
+    def serving_uri(self) -> str:
+        return self.target_state().serving_uri or ""
 
     def reconcile(self, rounds: int = 1) -> Any:
         """Plan and apply ``rounds`` times (immediate requeues included); the last plan."""
@@ -130,17 +163,39 @@ class World:
                     self.created.append(f"Job/{meta['name']}")
                     self.manifests = getattr(self, "manifests", {})
                     self.manifests[meta["name"]] = manifest
+                elif action.kind == "Deployment" and meta["name"] not in self.deployments:
+                    meta["generation"] = 1
+                    self.deployments[meta["name"]] = manifest
+                    self.created.append(f"Deployment/{meta['name']}")
                 elif action.kind == "ConfigMap":
                     self.config_maps.add(meta["name"])
                 elif action.kind == "Service":
                     self.services.add(meta["name"])
+            elif isinstance(action, Patch):
+                dep = self.deployments[action.name]
+                before = copy.deepcopy(dep["spec"])
+                if isinstance(action.patch, list):
+                    try:
+                        patched = jsonpatch.apply_patch(dep, action.patch)
+                    except jsonpatch.JsonPatchTestFailed:
+                        continue  # what the API server answers with 422
+                    dep.clear()
+                    dep.update(patched)
+                else:
+                    dep["spec"].update(action.patch["spec"])
+                if dep["spec"] != before and "generation" in dep["metadata"]:
+                    dep["metadata"]["generation"] += 1
+                self.patches.append(action)
             elif isinstance(action, Delete):
                 {
                     "Checkpoint": self.checkpoints,
                     "Job": self.jobs,
+                    "Deployment": self.deployments,
                 }.get(action.kind, {}).pop(action.name, None)  # type: ignore[attr-defined]
                 self.config_maps.discard(action.name)
                 self.services.discard(action.name)
+            elif isinstance(action, PatchStatus) and action.kind == "RLCycle":
+                self.rlcycle["status"] = {**(self.rlcycle.get("status") or {}), **action.status}
             elif isinstance(action, PatchStatus):
                 ck = self.checkpoints[action.name]
                 ck["status"] = {**(ck.get("status") or {}), **action.status}
@@ -172,7 +227,34 @@ class World:
         return [e.reason for e in self.events]
 
 
-def run_cycle(world: World, eval_doc: dict[str, Any] = EVAL_PASS) -> None:
+def analysis(decision: str, samples: int = 60_000) -> dict[str, Any]:
+    return {
+        "decision": decision,
+        "reasons": [f"edit_persistence: {decision}"],
+        "baseline_samples": samples,
+        "canary_samples": samples,
+        "metrics": [
+            {"name": "edit_persistence", "kind": "goal", "baseline": 0.6, "canary": 0.62,
+             "difference": 0.02, "ci_low": 0.01, "ci_high": 0.03}
+        ],
+    }  # fmt: skip
+
+
+def run_canary(world: World, *decisions: str) -> None:
+    """From Evaluated: the canary comes up, each analysis decides in turn."""
+    world.reconcile()
+    world.settle()
+    for decision in decisions:
+        world.now += timedelta(hours=1)
+        world.reconcile()
+        world.finish(f"analyze-{len(world.analyses)}", result=analysis(decision))
+        world.analyses.append(decision)
+        world.reconcile()
+        world.settle()
+        world.reconcile()
+
+
+def run_cycle(world: World, eval_doc: dict[str, Any] = EVAL_PASS, canary: str = "promote") -> None:
     world.reconcile()
     world.finish("stage", result=STAGE_OK)
     world.reconcile()
@@ -180,9 +262,12 @@ def run_cycle(world: World, eval_doc: dict[str, Any] = EVAL_PASS) -> None:
     world.reconcile()
     world.finish("eval", result=eval_doc)
     world.reconcile()
+    world.analyses = []
+    if eval_doc["passed"]:
+        run_canary(world, canary)
 
 
-def test_a_cycle_runs_stage_train_eval_and_ends_evaluated() -> None:
+def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     world = World()
     first = world.reconcile()
     status = world.rlcycle["status"]
@@ -219,25 +304,75 @@ def test_a_cycle_runs_stage_train_eval_and_ends_evaluated() -> None:
     world.finish("eval", result=EVAL_PASS)
     world.reconcile()
     ck = world.checkpoint("composer-1")
-    assert ck["status"]["phase"] == "Evaluated" and ck["status"]["reason"] == "EvalPassed"
     assert ck["status"]["eval"]["verdict"] == "Passed"
     assert ck["status"]["eval"]["gates"][0]["metric"] == "tasks.pass_at_1"
+    # eval passed: the canary comes up at the first step (5%) next to the 19 stable pods
+    assert ck["status"]["phase"] == "Canary"
+    assert ck["status"]["rollout"] == [
+        {"weight": 5, "startedAt": "2026-11-29T00:00:00Z", "analyses": 0}
+    ]
+    canary = world.deployments["composer-vllm-canary"]
+    assert canary["spec"]["replicas"] == 1
+    env = {
+        e["name"]: e["value"] for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env == {"MODEL_URI": ck["spec"]["uri"], "RTRL_CHECKPOINT_ID": "composer-1"}
+    labels = canary["spec"]["template"]["metadata"]["labels"]
+    assert labels["app"] == "composer" and labels["rtrl.io/arm"] == "canary"
     status = world.rlcycle["status"]
-    assert status["phase"] == "Idle" and status["candidate"] == "composer-1"
+    assert status["phase"] == "Canary" and status["canaryWeight"] == 5
+    assert world.condition("Progressing")["status"] == "True"
+
+    world.settle()
+    world.reconcile()
+    assert not [j for j in world.jobs if "analyze" in j]  # before the step's minDuration
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    job = world.manifests["composer-1-analyze-0-0"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["analyze", "--shards=s3://interactions/composer/", "--baseline=composer-0"]
+    assert "--canary-weight=5.00" in args and "--since=2026-11-29T00:00:00Z" in args
+
+    world.finish("analyze-0", result=analysis("continue", samples=25_000))
+    world.reconcile()
+    records = world.checkpoint("composer-1")["status"]["rollout"]
+    assert [r["weight"] for r in records] == [5, 25]  # minSamples 20000 met: next step
+    assert records[0]["decision"] == "continue" and records[0]["analyses"] == 1
+    assert records[0]["metrics"][0]["name"] == "edit_persistence"
+    assert world.deployments["composer-vllm-canary"]["spec"]["replicas"] == 6  # 6/25 = 24%
+
+    world.settle()
+    world.now += timedelta(hours=1)
+    world.reconcile()
+    world.finish("analyze-1", result=analysis("promote"))
+    world.reconcile()
+    assert world.rlcycle["status"]["phase"] == "Promoting"
+    assert world.serving_uri() == ck["spec"]["uri"]  # the target now serves the candidate
+    world.settle()
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "Promoted"
+    assert world.checkpoint("composer-0")["status"]["phase"] == "Superseded"
+    assert "composer-vllm-canary" not in world.deployments
+    status = world.rlcycle["status"]
+    assert status["phase"] == "Idle" and status["serving"] == "composer-1"
+    assert status["lastPromoted"] == "composer-1" and status["canaryWeight"] == 0
     assert status["nextRun"] == "2026-11-29T05:00:00Z"  # interval 5h after the start
     assert {c["type"] for c in status["conditions"]} == {
         "Ready", "Progressing", "Degraded", "InsufficientData", "InvalidSpec"
     }  # fmt: skip
-    assert world.condition("Ready")["status"] == "True"
-    assert world.condition("Progressing")["reason"] == "EvalPassed"
+    assert world.condition("Progressing")["reason"] == "Promoted"
     assert world.reasons() == [
         "CycleStarted", "StageStarted", "Staged", "TrainStarted", "Trained", "EvalStarted",
-        "EvalPassed", "CycleCompleted",
+        "EvalPassed", "CanaryStarted", "AnalysisStarted", "AnalysisContinue", "CanaryStep",
+        "AnalysisStarted", "AnalysisPromote", "Promoted",
     ]  # fmt: skip
-    assert world.created == [
-        "Checkpoint/composer-1", "Job/composer-1-stage-0", "Job/composer-1-train-0",
-        "Job/composer-1-eval-0",
-    ]  # fmt: skip
+    # the promotion touched exactly the checkpoint env vars of the target
+    promotion = [p for p in world.patches if p.name == "composer-vllm"][-1]
+    assert {op["path"] for op in promotion.patch if op["op"] == "replace"} == {
+        "/spec/template/spec/containers/0/env/0/value",
+        "/spec/template/spec/containers/0/env/1/value",
+    }
 
 
 def test_replanning_without_change_creates_nothing_new() -> None:
@@ -258,7 +393,7 @@ def test_next_cycle_waits_for_the_interval_then_starts() -> None:
     world.now = T0 + timedelta(hours=5)
     world.reconcile()
     assert world.rlcycle["status"]["cycle"] == 2
-    assert world.checkpoint("composer-2")["spec"]["parent"] == "composer-0"
+    assert world.checkpoint("composer-2")["spec"]["parent"] == "composer-1"  # promoted
 
 
 def test_rejected_candidate_leaves_serving_untouched() -> None:
@@ -528,3 +663,185 @@ def test_deletion_removes_children_but_not_the_serving_base() -> None:
     assert world.jobs == {} and list(world.checkpoints) == ["composer-0"]
     _, done = plan_deletion(world.observed())
     assert done
+
+
+def to_canary(world: World) -> None:
+    """A cycle up to a ready canary at its first step."""
+    world.reconcile()
+    world.finish("stage", result=STAGE_OK)
+    world.reconcile()
+    world.finish("train", result=TRAIN_OK)
+    world.reconcile()
+    world.finish("eval", result=EVAL_PASS)
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+
+
+def test_a_rollback_decision_restores_stable_and_excludes_the_checkpoint() -> None:
+    world = World()
+    to_canary(world)
+    base_uri = world.serving_uri()
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    harm = analysis("rollback")
+    harm["reasons"] = ["edit_persistence: canary 0.55 vs 0.60: worse"]
+    world.finish("analyze-0", result=harm)
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert "edit_persistence: canary 0.55 vs 0.60: worse" in ck["status"]["message"]
+    assert ck["status"]["rollout"][0]["metrics"][0]["name"] == "edit_persistence"
+    assert "composer-vllm-canary" not in world.deployments
+    assert world.serving_uri() == base_uri
+    assert world.rlcycle["status"]["canaryWeight"] == 0
+    assert "RolledBack" in world.reasons()
+    # the next cycle never stages what the rolled-back checkpoint served
+    world.now = T0 + timedelta(hours=5)
+    world.reconcile()
+    stage = world.manifests["composer-2-stage-0"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--exclude-checkpoint=composer-1" in stage["args"]
+
+
+def test_a_canary_never_ready_is_rolled_back_after_the_ready_timeout() -> None:
+    world = World()
+    to_canary(world)
+    world.deployments["composer-vllm-canary"]["status"] = {"readyReplicas": 0}
+    world.now += timedelta(minutes=29)
+    world.reconcile()
+    assert world.checkpoint("composer-1")["status"]["phase"] == "Canary"
+    world.now += timedelta(minutes=2)
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert ck["status"]["message"] == "canary not ready within 30m"
+
+
+def test_a_failing_analysis_rolls_back() -> None:
+    world = World(jobs={"backoffLimit": 0, "backoff": "1s"})
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", fail="pod x: Error (exit 1): store unreachable")
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert "analysis failed" in ck["status"]["message"]
+
+
+@pytest.mark.parametrize("how", ["annotation", "pin"])
+def test_manual_rollback_mid_canary(how: str) -> None:
+    world = World()
+    to_canary(world)
+    if how == "annotation":
+        world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "oops-1"}
+    else:
+        world.rlcycle["spec"]["pin"] = "composer-0"
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert "composer-vllm-canary" not in world.deployments
+    if how == "annotation":
+        assert "rtrl.io/rollback=oops-1" in ck["status"]["message"]
+        assert world.rlcycle["status"]["lastRollback"] == "oops-1"
+    else:
+        assert world.rlcycle["status"]["phase"] == "Pinned"
+
+
+def test_manual_promotion_skips_the_analysis() -> None:
+    world = World()
+    to_canary(world)
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/promote": "ship-it"}
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    assert world.checkpoint("composer-1")["status"]["phase"] == "Promoted"
+    assert world.rlcycle["status"]["lastPromote"] == "ship-it"
+
+
+def test_inconclusive_until_max_duration_asks_for_the_policy() -> None:
+    world = World()
+    to_canary(world)
+    for _ in range(12):
+        world.now += timedelta(hours=1)
+        world.reconcile()
+        name = next(j for j in world.jobs if "analyze" in j and not world.jobs[j].finished)
+        world.finish(world.jobs[name].step or "", result=analysis("continue", samples=10))
+        world.reconcile()
+        world.settle()
+    last = [c.split("/")[1] for c in world.created if "-analyze-" in c][-1]
+    args = world.manifests[last]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--max-duration-reached" in args  # 12h after the canary began
+    records = world.checkpoint("composer-1")["status"]["rollout"]
+    assert len(records) == 1 and records[0]["analyses"] >= 11  # minSamples never met
+
+
+def test_a_restarted_operator_carries_out_a_recorded_decision() -> None:
+    world = World()
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", result=analysis("promote"))
+    decided = plan(world.observed(), world.now)
+    # apply only the Checkpoint's status patch (the operator dies right after it)
+    world.apply([a for a in decided.actions if isinstance(a, PatchStatus)])
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    assert world.checkpoint("composer-1")["status"]["phase"] == "Promoted"
+    assert [j for j in world.created if "analyze" in j] == ["Job/composer-1-analyze-0-0"]
+
+
+def test_gateway_api_router_weights_the_http_route() -> None:
+    world = World(
+        rollout={
+            "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+            "steps": [{"weight": 10, "minDuration": "10m"}], "analysis": {"maxDuration": "1h"},
+        }
+    )  # fmt: skip
+    rules = [{"backendRefs": [{"name": "composer", "port": 8000}]}]
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+             "metadata": {"name": "composer", "generation": 1}, "spec": {"rules": rules}}  # fmt: skip
+    world.deployments["composer"] = route  # the World keeps patchable objects by name
+    to_canary(world)
+    refs = world.deployments["composer"]["spec"]["rules"][0]["backendRefs"]
+    assert refs == [
+        {"name": "composer", "port": 8000, "weight": 90},
+        {"name": "composer-canary", "port": 8000, "weight": 10},
+    ]
+    labels = world.deployments["composer-vllm-canary"]["spec"]["template"]["metadata"]["labels"]
+    assert "app" not in labels  # only the canary Service reaches these pods
+    assert "composer-canary" in world.services
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "r1"}
+    world.reconcile()
+    refs = world.deployments["composer"]["spec"]["rules"][0]["backendRefs"]
+    assert refs == [{"name": "composer", "port": 8000, "weight": 100}]
+    assert "composer-canary" not in world.services
+
+
+def test_manual_rollback_without_a_canary_serves_the_previous_checkpoint_once() -> None:
+    world = World()
+    run_cycle(world)
+    assert world.rlcycle["status"]["serving"] == "composer-1"
+    world.now = T0 + timedelta(hours=2)
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "back-1"}
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
+    assert world.checkpoint("composer-1")["status"]["phase"] == "RolledBack"
+    status = world.rlcycle["status"]
+    assert status["serving"] == "composer-0" and status["lastRollback"] == "back-1"
+    world.reconcile()  # the same annotation value never rolls back again
+    assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
+    assert world.reasons().count("RolledBack") == 1
+
+
+def test_pin_serves_the_pinned_checkpoint() -> None:
+    world = World()
+    run_cycle(world)
+    world.rlcycle["spec"]["pin"] = "composer-0"
+    world.reconcile()
+    assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
+    assert world.rlcycle["status"]["phase"] == "Pinned"
+    assert "Pinned" in world.reasons()

@@ -140,6 +140,7 @@ class RolloutRecord(ApiModel):
     metrics: list[MetricComparison] | None = Field(
         None, max_length=64, description="The A/B numbers at the end of the step."
     )
+    analyses: int = Field(0, ge=0, description="Analyses judged during this step.")
 
 
 class CheckpointStatus(ApiModel):

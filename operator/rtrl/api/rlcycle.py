@@ -413,6 +413,11 @@ class AnalysisSpec(ApiModel):
     non_inferiority_margin: float = Field(
         0.01, ge=0, le=1, description="Relative margin for promote-if-non-inferior."
     )
+    interval: Duration = Field(
+        "15m",
+        description="How often the analysis runs again while a step waits for samples or "
+        "evidence (after the step's minDuration).",
+    )
     srm_alpha: float = Field(
         0.001,
         gt=0,
@@ -712,6 +717,12 @@ class RLCycleStatus(ApiModel):
         None,
         max_length=253,
         description="Value of the rtrl.io/trigger annotation that last started a cycle.",
+    )
+    last_rollback: str | None = Field(
+        None, max_length=253, description="Value of the rtrl.io/rollback annotation last handled."
+    )
+    last_promote: str | None = Field(
+        None, max_length=253, description="Value of the rtrl.io/promote annotation last handled."
     )
     message: str | None = Field(None, description="What the operator is doing, in words.")
     observed_generation: int | None = Field(

@@ -7,11 +7,11 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from rtrl.planning import Create, Delete, Emit, PatchStatus
+from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
 from rtrl.planning.actions import Action
 from rtrl.planning.timeutil import iso
 
-from .client import KubeClient, api_version
+from .client import KubeClient, KubeError, api_version
 
 log = logging.getLogger("rtrl.kube")
 COMPONENT = "rtrl-operator"
@@ -65,6 +65,18 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
         elif isinstance(action, Delete):
             if client.delete(action.kind, namespace, action.name):
                 log.info("deleted %s %s", action.kind, action.name)
+        elif isinstance(action, Patch):
+            json_patch = isinstance(action.patch, list)
+            try:
+                client.patch(
+                    action.kind, namespace, action.name, action.patch, json_patch=json_patch
+                )
+            except KubeError as exc:
+                if not (json_patch and exc.status == 422):
+                    raise
+                log.info("patch of %s %s no longer applies; replanning", action.kind, action.name)
+            else:
+                log.info("patched %s %s", action.kind, action.name)
         elif isinstance(action, PatchStatus):
             client.patch(
                 action.kind, namespace, action.name, {"status": action.status}, sub="status"

@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "Secret": ("", "v1", "secrets"),
     "Event": ("", "v1", "events"),
     "Deployment": ("apps", "v1", "deployments"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
 }
 
 # What the operator does to each resource: the Helm chart's RBAC grants exactly this.
@@ -41,8 +42,12 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "configmaps"): ("get", "list", "create", "delete"),
     ("", "secrets"): ("get",),
     ("", "events"): ("create", "patch"),
-    ("apps", "deployments"): ("get", "list", "watch"),
+    ("apps", "deployments"): ("get", "list", "watch", "create", "delete", "patch"),
+    ("gateway.networking.k8s.io", "httproutes"): ("get", "patch"),
 }
+
+
+FIELD_MANAGER = "rtrl"
 
 
 class KubeError(Exception):
@@ -194,7 +199,11 @@ class KubeClient:
         )
         try:
             return self.request(  # type: ignore[no-any-return]
-                "PATCH", path(kind, namespace, name, sub), patch, content_type=kind_of_patch
+                "PATCH",
+                path(kind, namespace, name, sub),
+                patch,
+                content_type=kind_of_patch,
+                query={"fieldManager": FIELD_MANAGER},
             )
         except KubeError as exc:
             if exc.status == 404:

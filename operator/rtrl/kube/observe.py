@@ -100,8 +100,10 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     )
     target = spec.get("target") or {}
     deployment = DeploymentState(found=False)
+    dep = canary = route = None
     if target.get("deployment"):
         dep = client.get("Deployment", namespace, str(target["deployment"]))
+        canary = client.get("Deployment", namespace, f"{target['deployment']}-canary")
         if dep is not None:
             containers = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
                 "containers"
@@ -121,6 +123,9 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
                     None,
                 )
             deployment = DeploymentState(True, container is not None, value)
+    rollout = spec.get("rollout") or {}
+    if rollout.get("router") == "gatewayapi" and rollout.get("httpRoute"):
+        route = client.get("HTTPRoute", namespace, str(rollout["httpRoute"]))
     storage = spec.get("storage") or {}
     secret = None
     if storage.get("credentialsSecret"):
@@ -139,6 +144,9 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         config_maps=config_maps,
         deployment=deployment,
         secret=secret,
+        target=dep,
+        canary=canary,
+        http_route=route,
     )
     wanted = results_to_read(observed)
     if not wanted:

@@ -6,7 +6,7 @@ post Events) and the RLCycle's new status. The same core drives the operator and
 demo runner, so both make the same decisions.
 """
 
-from .actions import Action, Create, Delete, Emit, PatchStatus
+from .actions import Action, Create, Delete, Emit, Patch, PatchStatus
 from .observed import DeploymentState, JobState, Observed, SecretState
 from .plan import Plan, plan, plan_deletion, results_to_read
 
@@ -18,6 +18,7 @@ __all__ = [
     "Emit",
     "JobState",
     "Observed",
+    "Patch",
     "PatchStatus",
     "Plan",
     "SecretState",

@@ -45,6 +45,21 @@ class PatchStatus:
 
 
 @dataclass(frozen=True)
+class Patch:
+    """Patch an object of the namespace: a JSON merge patch (dict) or a JSON patch (list).
+
+    A JSON patch may start with ``test`` operations that make it apply only to the state it
+    was planned for; when they no longer hold (it was applied already, or someone changed
+    the field), the API answers 422 and the patch counts as done: the next plan sees the
+    new state and decides again."""
+
+    api_version: str
+    kind: str
+    name: str
+    patch: dict[str, Any] | list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Emit:
     """Post a Kubernetes Event about ``kind``/``name`` (the RLCycle or a Checkpoint)."""
 
@@ -55,4 +70,4 @@ class Emit:
     warning: bool = False
 
 
-Action = Create | Delete | PatchStatus | Emit
+Action = Create | Delete | Patch | PatchStatus | Emit

@@ -73,15 +73,20 @@ def step_out(checkpoint_uri: str, step: str) -> str:
     return checkpoint_uri if step == "train" else f"{run_prefix(checkpoint_uri)}{step}/"
 
 
+def result_name(step: str) -> str:
+    """The result document of a step; ``analyze-<k>`` is the k-th canary analysis."""
+    return "analysis.json" if step.startswith("analyze") else RESULT_FILES[step]
+
+
 def result_uri(checkpoint_uri: str, step: str) -> str:
-    return f"{step_out(checkpoint_uri, step)}{RESULT_FILES[step]}"
+    return f"{step_out(checkpoint_uri, step)}{result_name(step)}"
 
 
 def same_uri(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and a.rstrip("/") == b.rstrip("/")
 
 
-def _owner(kind: str, name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
+def owner(kind: str, name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
     api_version = API_VERSION
     return {
         "apiVersion": api_version,
@@ -123,7 +128,7 @@ def checkpoint_manifest(
             "namespace": meta["namespace"],
             "labels": labels(meta["name"]),
             "annotations": annotations,
-            "ownerReferences": [_owner("RLCycle", meta["name"], meta["uid"])],
+            "ownerReferences": [owner("RLCycle", meta["name"], meta["uid"])],
         },
         "spec": {
             "uri": model_uri(spec, name, now),
@@ -144,7 +149,7 @@ def _child_metadata(
         "name": name,
         "namespace": ck["namespace"],
         "labels": labels(rlcycle["metadata"]["name"], ck["name"], **extra_labels),
-        "ownerReferences": [_owner("Checkpoint", ck["name"], ck["uid"])],
+        "ownerReferences": [owner("Checkpoint", ck["name"], ck["uid"])],
     }
 
 

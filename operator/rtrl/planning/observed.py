@@ -60,6 +60,11 @@ class Observed:
     services: frozenset[str] = frozenset()  # names of the RLCycle's Services
     config_maps: frozenset[str] = frozenset()  # names of the RLCycle's ConfigMaps
     deployment: DeploymentState = field(default_factory=lambda: DeploymentState(found=False))
+    # The raw target Deployment, its canary (``<deployment>-canary``) and, with the
+    # gatewayapi router, the HTTPRoute whose weights rtrl sets; None when absent.
+    target: Mapping[str, Any] | None = None
+    canary: Mapping[str, Any] | None = None
+    http_route: Mapping[str, Any] | None = None
     secret: SecretState | None = None  # None: no Secret referenced
     # Step results by URI (stage.json, train.json, eval.json): the document, or None when
     # nothing is committed there; a string is the error met reading it.

@@ -32,12 +32,25 @@ from . import children as ch
 from .actions import Action, Create, Delete, Emit, PatchStatus
 from .conditions import Conditions
 from .observed import JobState, Observed
+from .reading import RUNNING
+from .reading import active as _active
+from .reading import current_step as _current_step
+from .reading import fresh as _fresh
+from .reading import meta as _meta
+from .reading import owned as _owned
+from .reading import phase as _phase
+from .reading import step_jobs as _step_jobs
+from .rollout import (
+    ANNOTATION_ROLLBACK,
+    READY_POLL_SECONDS,
+    drive_canary,
+    pending_annotation,
+    serve,
+)
 from .schedule import next_run
 from .timeutil import iso, parse_time
 
-RUNNING = {None, "Pending", "Staging", "Training", "Evaluating"}
 STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}
-STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
 CHECKPOINT_API = "rtrl.io/v1alpha1"
 MAX_BACKOFF = 3600.0
@@ -57,55 +70,6 @@ class Plan:
         self.requeue_after = (
             seconds if self.requeue_after is None else min(self.requeue_after, seconds)
         )
-
-
-# --- reading the observation ---------------------------------------------------------------
-
-
-def _meta(obj: Any) -> dict[str, Any]:
-    return dict(obj.get("metadata") or {})
-
-
-def _owned(observed: Observed, name: str) -> list[dict[str, Any]]:
-    """Checkpoints this RLCycle created, oldest cycle first."""
-    out = [
-        dict(c)
-        for c in observed.checkpoints
-        if (c.get("spec") or {}).get("rlCycle") == name and not _meta(c).get("deletionTimestamp")
-    ]
-    return sorted(out, key=lambda c: int((c.get("spec") or {}).get("cycle") or 0))
-
-
-def _phase(checkpoint: dict[str, Any]) -> str | None:
-    return (checkpoint.get("status") or {}).get("phase")
-
-
-def _active(owned: list[dict[str, Any]]) -> dict[str, Any] | None:
-    running = [c for c in owned if _phase(c) in RUNNING]
-    return running[-1] if running else None
-
-
-def _current_step(checkpoint: dict[str, Any]) -> str | None:
-    status = checkpoint.get("status") or {}
-    for step in ch.STEPS:
-        if STEP_SUMMARY[step] not in status:
-            return step
-    return None
-
-
-def _step_jobs(observed: Observed, checkpoint: dict[str, Any], step: str) -> list[JobState]:
-    meta = _meta(checkpoint)
-    jobs = [
-        j
-        for j in observed.jobs
-        if j.checkpoint == meta.get("name") and j.step == step and not j.deleting
-    ]
-    return sorted(jobs, key=lambda j: j.attempt)
-
-
-def _fresh(job: JobState, checkpoint: dict[str, Any]) -> bool:
-    """False for a Job left by an earlier Checkpoint of the same name."""
-    return job.checkpoint_uid in (None, _meta(checkpoint).get("uid"))
 
 
 def results_to_read(observed: Observed) -> list[str]:
@@ -158,9 +122,14 @@ class _Planner:
             "cycleStartedAt": self.old.get("cycleStartedAt"),
             "nextRun": None,
             "lastTrigger": self.old.get("lastTrigger"),
+            "lastRollback": self.old.get("lastRollback"),
+            "lastPromote": self.old.get("lastPromote"),
             "observedGeneration": self.generation,
         }
         self.owned = _owned(observed, self.name)
+        promoted = [c for c in self.owned if _phase(c) in ("Promoted", "Superseded")]
+        if promoted:  # read back from the Checkpoints, not only from the status
+            self.status["lastPromoted"] = _meta(promoted[-1])["name"]
         if self.owned:
             self.status["cycle"] = max(
                 self.status["cycle"], int(self.owned[-1]["spec"].get("cycle") or 0)
@@ -317,8 +286,15 @@ class _Planner:
         )
         if self.spec.pin:
             self.status["nextRun"] = None
+            pinned = self.checkpoint(self.spec.pin) or {}
+            if not serve(self, pinned["spec"]["uri"], self.spec.pin):
+                self.event("Pinned", f"{self.spec.target.deployment} set to {self.spec.pin}")
+                self.out.soon(READY_POLL_SECONDS)
             self.conditions.set("Progressing", False, "Pinned", f"pinned to {self.spec.pin}")
             return self.finish("Pinned", f"pinned to {self.spec.pin}; no cycles start")
+        token = pending_annotation(self, ANNOTATION_ROLLBACK, "lastRollback")
+        if token is not None:
+            return self.manual_rollback(token)
         if self.spec.suspend:
             self.conditions.set("Progressing", False, "Suspended", "spec.suspend is true")
             return self.finish(
@@ -332,6 +308,37 @@ class _Planner:
             when = f"next cycle at {iso(due)}" if due else "the cron schedule never fires"
             return self.finish("Idle", f"{serving} serving; {when}")
         return self.start(trigger)
+
+    def manual_rollback(self, token: str) -> Plan:
+        """``rtrl.io/rollback`` with no canary running: serve the checkpoint the serving one
+        superseded. The token is recorded first, so a crash can lose this rollback (the
+        status shows it was taken; annotate again) but never roll back twice."""
+        serving = self.serving
+        name = _meta(serving)["name"]
+        parent_name = (serving.get("spec") or {}).get("parent")
+        parent = self.checkpoint(parent_name) if parent_name else None
+        self.status["lastRollback"] = token
+        self.act(PatchStatus(CHECKPOINT_API, "RLCycle", self.name, {"lastRollback": token}))
+        if parent is None:
+            message = f"{ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
+            self.event("RollbackImpossible", message, warning=True)
+            return self.finish("Idle", message)
+        serve(self, parent["spec"]["uri"], str(parent_name))
+        self.patch_checkpoint(
+            serving,
+            phase="RolledBack",
+            reason="ManualRollback",
+            message=f"{ANNOTATION_ROLLBACK}={token}",
+            completedAt=iso(self.now),
+        )
+        self.event(
+            "RolledBack",
+            f"{name} rolled back to {parent_name} ({ANNOTATION_ROLLBACK}={token})",
+            warning=True,
+        )
+        self.status["serving"] = parent_name
+        self.out.soon(READY_POLL_SECONDS)
+        return self.finish("RollingBack", f"rolling back {name} to {parent_name}")
 
     def start(self, trigger: str | None) -> Plan:
         cycle = self.status["cycle"] + 1
@@ -395,6 +402,8 @@ class _Planner:
         if not meta.get("uid"):
             self.out.soon(1)
             return self.finish("Staging", f"waiting for {name} to be created")
+        if _phase(ck) in ("Evaluated", "Canary"):
+            return drive_canary(self, ck)
         step = _current_step(ck)
         assert step is not None  # a Checkpoint with all three summaries is not running
         return self.drive_step(ck, step)
@@ -429,32 +438,37 @@ class _Planner:
             return self.step_succeeded(ck, step, job)
         return self.step_failed(ck, step, job)
 
-    def create_step(self, ck: dict[str, Any], step: str, attempt: int) -> None:
+    def create_step(
+        self, ck: dict[str, Any], step: str, attempt: int, args: list[str] | None = None
+    ) -> None:
         name = _meta(ck)["name"]
         if ch.config_map_name(name) not in self.obs.config_maps:
             text = json.dumps(self.rlc.get("spec") or {}, indent=2, sort_keys=True) + "\n"
             self.act(Create(ch.config_map_manifest(self.rlc, ck, text)))
         if step == "train" and ch.service_name(name) not in self.obs.services:
             self.act(Create(ch.service_manifest(self.rlc, ck)))
-        args = ch.step_args(
-            step,
-            self.spec,
-            ck,
-            self.serving_of(ck),
-            previous=(self.serving_of(ck).get("spec") or {}).get("parent"),
-            excluded=[
-                _meta(c)["name"] for c in self.obs.checkpoints if _phase(dict(c)) == "RolledBack"
-            ],
-        )
+        if args is None:
+            args = ch.step_args(
+                step,
+                self.spec,
+                ck,
+                self.serving_of(ck),
+                previous=(self.serving_of(ck).get("spec") or {}).get("parent"),
+                excluded=self.rolled_back(),
+            )
         job = ch.job_manifest(self.rlc, self.spec, ck, step=step, attempt=attempt, args=args)
         self.act(Create(job))
         again = f" (attempt {attempt + 1} of {self.spec.jobs.backoff_limit + 1})" if attempt else ""
         self.event(
-            f"{STEP_TITLE[step]}Started",
+            f"{STEP_TITLE.get(step, 'Analysis')}Started",
             f"{job['metadata']['name']}{again}",
             kind="Checkpoint",
             name=name,
         )
+
+    def rolled_back(self) -> list[str]:
+        """Checkpoints rolled back: their interactions are never staged again."""
+        return [_meta(c)["name"] for c in self.obs.checkpoints if _phase(dict(c)) == "RolledBack"]
 
     def serving_of(self, ck: dict[str, Any]) -> dict[str, Any]:
         """The checkpoint this cycle trains from: its parent (which served when it began)."""
@@ -614,19 +628,20 @@ class _Planner:
             phase=phase,
             reason=reason,
             message=message,
-            completedAt=iso(self.now),
+            completedAt=None if passed else iso(self.now),
         )
         self.event(reason, f"{name}: {message}", warning=not passed, kind="Checkpoint", name=name)
-        self.conditions.set("Progressing", False, reason, f"{name}: {message}")
         if passed:
-            text = f"cycle {self.status['cycle']}: {name} passed eval and is ready for rollout"
-        else:
-            serving = _meta(self.serving)["name"]
-            text = (
-                f"cycle {self.status['cycle']}: {name} rejected by eval ({message}); "
-                f"{serving} keeps serving"
-            )
-        self.event("CycleCompleted", text, warning=not passed)
+            self.conditions.set("Progressing", True, reason, f"{name}: {message}; canary next")
+            self.out.soon(0)
+            return self.finish("Canary", f"cycle {self.status['cycle']}: {name} passed eval")
+        self.conditions.set("Progressing", False, reason, f"{name}: {message}")
+        serving = _meta(self.serving)["name"]
+        text = (
+            f"cycle {self.status['cycle']}: {name} rejected by eval ({message}); "
+            f"{serving} keeps serving"
+        )
+        self.event("CycleCompleted", text, warning=True)
         return self.end_cycle(text)
 
     # --- history -------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""Reading an observation: which Checkpoints an RLCycle owns, which one is running, which
+step it waits for and that step's Jobs. Shared by the plan and the canary rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import children as ch
+from .observed import JobState, Observed
+
+RUNNING = {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
+STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
+
+
+def meta(obj: Any) -> dict[str, Any]:
+    return dict(obj.get("metadata") or {})
+
+
+def owned(observed: Observed, name: str) -> list[dict[str, Any]]:
+    """Checkpoints this RLCycle created, oldest cycle first."""
+    out = [
+        dict(c)
+        for c in observed.checkpoints
+        if (c.get("spec") or {}).get("rlCycle") == name and not meta(c).get("deletionTimestamp")
+    ]
+    return sorted(out, key=lambda c: int((c.get("spec") or {}).get("cycle") or 0))
+
+
+def phase(checkpoint: dict[str, Any]) -> str | None:
+    return (checkpoint.get("status") or {}).get("phase")
+
+
+def active(owned: list[dict[str, Any]]) -> dict[str, Any] | None:
+    running = [c for c in owned if phase(c) in RUNNING]
+    return running[-1] if running else None
+
+
+def current_step(checkpoint: dict[str, Any]) -> str | None:
+    """The step whose Job the cycle waits for: stage, train, eval, then ``analyze-<k>`` (the
+    k-th canary analysis, k = the analyses judged so far) while the canary runs."""
+    status = checkpoint.get("status") or {}
+    for step in ch.STEPS:
+        if STEP_SUMMARY[step] not in status:
+            return step
+    if status.get("phase") in ("Evaluated", "Canary"):
+        judged = sum(int(r.get("analyses") or 0) for r in status.get("rollout") or [])
+        return f"analyze-{judged}"
+    return None
+
+
+def step_jobs(observed: Observed, checkpoint: dict[str, Any], step: str) -> list[JobState]:
+    name = meta(checkpoint).get("name")
+    jobs = [j for j in observed.jobs if j.checkpoint == name and j.step == step and not j.deleting]
+    return sorted(jobs, key=lambda j: j.attempt)
+
+
+def fresh(job: JobState, checkpoint: dict[str, Any]) -> bool:
+    """False for a Job left by an earlier Checkpoint of the same name."""
+    return job.checkpoint_uid in (None, meta(checkpoint).get("uid"))
