@@ -3,8 +3,7 @@
 The first half of every cycle. It reads the interaction shards the serving checkpoint
 produced, keeps the rows that are good and ready, rewards them, measures how the checkpoint
 behaved, and writes the training set split for the trainer's data-parallel ranks, plus
-``stage.json``, the summary the operator reads. One pass over the shards, one over a local
-scratch file:
+``stage.json``, the summary the operator reads. One pass over the shards:
 
 1. **Select** (pass 1). Stream the shards through the validating reader (bad files and rows
    are quarantined and counted by reason; duplicate ``interaction_id``s are dropped there,
@@ -33,10 +32,13 @@ scratch file:
    therefore not lost: a later cycle picks them up.
 
    Rewards (:mod:`rtrl_trainer.reward`) and behaviour monitors
-   (:mod:`rtrl_trainer.monitors`) are computed per batch; the selected rows, with their
-   rewards, go to a local scratch file: Arrow IPC with zstd-compressed buffers, which is
-   not re-encoded on the way in or out (Parquet would be, twice) and a third smaller than
-   the decoded rows.
+   (:mod:`rtrl_trainer.monitors`) are computed per batch, and the selected rows, with
+   their rewards, are dealt round-robin to ``train/rank-RRRRR-of-NNNNN.parquet`` as they
+   come, each rank file encoded by a worker thread (:mod:`rtrl_trainer.stage_write`; the
+   advantage column holds a placeholder until step 3). Only when previous-checkpoint rows
+   are admissible do the selected rows wait in a local scratch file instead (Arrow IPC
+   with zstd-compressed buffers, not re-encoded on the way in or out): which of those rows
+   enter the set is known only once all are read.
 
 2. **Decide.** If more than ``data.maxBadFraction`` of the rows read were bad, fail (exit
    1) and commit only ``stage.json`` with ``ok: false``. Admit previous-checkpoint rows up
@@ -45,17 +47,21 @@ scratch file:
    ``minTokens`` the set is insufficient: ``stage.json`` says so, no training set is
    written, and that is not an error (exit 0).
 
-3. **Write** (pass 2). Stream the scratch file, compute advantages with the whole set's
-   baselines and standard deviation, and deal the rows round-robin to
-   ``train/rank-RRRRR-of-NNNNN.parquet``.
+3. **Advantages.** (With a scratch file, first stream it and deal its on-policy and
+   admitted rows to the rank files, in the order they were read.) Compute the advantages
+   with the whole set's baselines and standard deviation and write them over the
+   placeholders, in place.
 
 4. **Commit** everything through the object store's commit protocol (manifest last), so a
-   reader never sees a half-written training set. Files depend only on the inputs; timing
-   sits under ``timing`` in ``stage.json``, so a rerun gives identical files otherwise.
+   reader never sees a half-written training set. A ``file://`` output store had the files
+   written in place under hidden temp names: they are renamed, not copied. Files depend
+   only on the inputs; timing sits under ``timing`` in ``stage.json``, so a rerun gives
+   identical files otherwise.
 
 Memory is bounded by a few batches whatever the number of rows, plus 8 bytes per row in the
 reader's duplicate set and 20 bytes per eligible previous-checkpoint row (their hashes,
-rewards, strata and lengths, needed to choose them after pass 1).
+rewards, strata and lengths, needed to choose them after pass 1). Each row's reward and
+stratum wait for step 3 in a side file on local disk (8 bytes a row), not in memory.
 """
 
 from __future__ import annotations
@@ -65,10 +71,8 @@ import contextlib
 import json
 import math
 import os
-import queue
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -81,7 +85,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from rtrl.api.common import parse_duration
 from rtrl.cliargs import fraction, non_negative_int, positive_int
@@ -89,34 +92,37 @@ from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader
 from rtrl.shards.dedup import hash_strings
 from rtrl.shards.layout import parse_partitions
 from rtrl.shards.report import FileReport, ValidationReport
-from rtrl.store import MANIFEST_NAME, ObjectStore, StoreError, open_store
+from rtrl.store import ObjectStore, StoreError, open_store
 from rtrl.store.local import LocalStore
 from rtrl_trainer.config import StageConfig, build_config, format_time, parse_time
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
-from rtrl_trainer.reward import RunningStats, Strata, advantages, filled, rewards
+from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
 from rtrl_trainer.spec_file import ConfigError
+from rtrl_trainer.stage_write import (
+    HELDOUT_DIR,
+    Ranks,
+    Staging,
+    Worker,
+    keep_rows,
+    parquet_writer,
+    rank_name,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 RESULT_NAME = "stage.json"
-TRAIN_DIR = "train"
-HELDOUT_DIR = "heldout"
 HELDOUT_NAME = f"{HELDOUT_DIR}/part-00000.parquet"
 DEFAULT_HELDOUT_FRACTION = 0.05
 CHECKPOINT_MISMATCH = "checkpoint_mismatch"
 # Bad files listed in stage.json; the counts cover all of them.
 MAX_BAD_FILES = 100
 
-# Rank files get row groups of about this many rows; with many ranks, smaller ones, so the
-# rows waiting per rank stay within PENDING_BYTES in total.
-ROW_GROUP_ROWS = 16_384
-PENDING_BYTES = 256 << 20
 SCRATCH_COMPRESSION = "zstd"
 
 _CANON = {f.name: f for f in INTERACTION_SCHEMA}
-_CARRIED = (
+CARRIED_COLUMNS = (
     "interaction_id",
     "checkpoint_id",
     "org",
@@ -127,7 +133,7 @@ _CARRIED = (
 )
 SCRATCH_SCHEMA = pa.schema(
     [
-        *(_CANON[name] for name in _CARRIED),
+        *(_CANON[name] for name in CARRIED_COLUMNS),
         pa.field("reward", pa.float32()),
         pa.field("stratum", pa.int32()),
         pa.field("on_policy", pa.bool_()),
@@ -136,7 +142,7 @@ SCRATCH_SCHEMA = pa.schema(
 # The training set: what the trainer reads, one file per data-parallel rank.
 TRAIN_SCHEMA = pa.schema(
     [
-        *(_CANON[name] for name in _CARRIED),
+        *(_CANON[name] for name in CARRIED_COLUMNS),
         pa.field("reward", pa.float32()),
         pa.field("advantage", pa.float32()),
         # 1.0 for every row: the trainer importance-weights per token from the logged
@@ -148,7 +154,7 @@ TRAIN_SCHEMA = pa.schema(
 )
 # The held-out split: what the eval step's replay and behaviour suites read (the
 # interaction as logged, with its signals), never trained on.
-HELDOUT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((*_CARRIED, *MONITOR_COLUMNS)))
+HELDOUT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((*CARRIED_COLUMNS, *MONITOR_COLUMNS)))
 HELDOUT_SCHEMA = pa.schema([_CANON[name] for name in HELDOUT_COLUMNS])
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -279,8 +285,7 @@ def _quarantine_mismatched(
 
 
 def _rows(mask: npt.NDArray[np.bool_]) -> pa.Array:
-    """Row indices of ``mask``: ``take`` copies token lists about twice as fast as
-    ``filter`` does with a boolean mask."""
+    """Row indices of ``mask``, for ``take``-ing a few rows (many: :func:`keep_rows`)."""
     return pa.array(np.flatnonzero(mask).astype(np.int64))
 
 
@@ -295,10 +300,14 @@ def _held_out(ids: pa.Array, fraction: float) -> npt.NDArray[np.bool_]:
 
 
 def select(
-    config: StageConfig, store: ObjectStore, scratch: Path, heldout: Path | None = None
+    config: StageConfig,
+    store: ObjectStore,
+    sink: Callable[[pa.RecordBatch], None],
+    heldout: Path | None = None,
 ) -> Selection:
-    """Pass 1: stream the shards, keep the selected rows (with rewards) in ``scratch``, and
-    the held-out on-policy rows (``config.heldout_fraction``) in ``heldout``."""
+    """Pass 1: stream the shards, pass the selected rows (with rewards, as scratch-schema
+    batches) to ``sink``, and write the held-out on-policy rows
+    (``config.heldout_fraction``) to ``heldout``."""
     key = config.data.checkpoint_partition
     wanted = {config.checkpoint}
     if config.admits_previous:
@@ -308,20 +317,13 @@ def select(
     strata = Strata(by_org=config.reward.baseline == "org")
     selection = Selection(report=reader.report, strata=strata)
     path_checkpoints: dict[str, str | None] = {}
-    # Compressed: a third fewer bytes to write to local disk, which costs more than the
-    # compression (on Arrow's thread pool).
-    options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
-    with (
-        pa.OSFile(os.fspath(scratch), "wb") as sink,
-        pa.ipc.new_stream(sink, SCRATCH_SCHEMA, options=options) as scratch_writer,
-        Worker("stage-scratch") as background,
-        contextlib.ExitStack() as stack,
-    ):
+    with contextlib.ExitStack() as stack:
         heldout_writer = None
         if heldout is not None:
-            heldout_writer = stack.enter_context(
-                pq.ParquetWriter(os.fspath(heldout), HELDOUT_SCHEMA, compression="zstd")
-            )
+            # Written on a worker thread, overlapping the reading (both release the GIL).
+            heldout_writer = stack.enter_context(parquet_writer(heldout, HELDOUT_SCHEMA))
+            # Leaving the stack waits for the worker before the writer writes its footer.
+            background = stack.enter_context(Worker("stage-heldout"))
         for good in reader:
             # The reader appends a file's report before yielding its rows.
             file = reader.report.files[-1]
@@ -335,17 +337,15 @@ def select(
                 )
                 if held.any():
                     rows = batch.select(list(HELDOUT_COLUMNS)).take(_rows(held))
-                    heldout_writer.write_table(pa.Table.from_batches([rows]).cast(HELDOUT_SCHEMA))
+                    table = pa.Table.from_batches([rows]).cast(HELDOUT_SCHEMA)
+                    background.submit(heldout_writer.write_table, table)
                     selection.heldout += int(np.count_nonzero(held))
                     keep &= ~held
             if not keep.any():
                 continue
             if not keep.all():
-                batch, on = batch.take(_rows(keep)), on[keep]
-            # Writing overlaps with decoding the next batch (both release the GIL).
-            background.submit(
-                scratch_writer.write_batch, _reward_batch(batch, on, config, selection)
-            )
+                batch, on = keep_rows(batch, keep), on[keep]
+            sink(_reward_batch(batch, on, config, selection))
     return selection
 
 
@@ -374,7 +374,7 @@ def _reward_batch(
     selection.on_tokens += int(lengths[on].sum(dtype=np.int64))
     selection.on_stats.update(reward[on])
     selection.strata.add(codes[on], reward[on])
-    arrays = [batch.column(name) for name in _CARRIED]
+    arrays = [batch.column(name) for name in CARRIED_COLUMNS]
     arrays += [pa.array(reward), pa.array(codes), pa.array(on)]
     return pa.RecordBatch.from_arrays(arrays, schema=SCRATCH_SCHEMA)
 
@@ -496,175 +496,33 @@ def admit_previous(selection: Selection, fraction: float) -> Admission:
 # --- pass 2: advantages, rank files --------------------------------------------------------
 
 
-class Worker:
-    """A background thread running submitted calls in order, a couple at most queued (so
-    memory stays bounded); the first error is re-raised in the submitting thread.
-
-    Parquet encoding and file writes release the GIL, so a worker overlaps them with the
-    main thread's reading and arithmetic, and several workers use several cores.
-    """
-
-    def __init__(self, name: str, depth: int = 2) -> None:
-        self._queue: queue.Queue[tuple[Callable[..., object], tuple[Any, ...]] | None] = (
-            queue.Queue(maxsize=depth)
-        )
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        # Already failing: stop the thread, but let the original error propagate.
-        with contextlib.suppress(BaseException):
-            self.close()
-
-    def submit(self, function: Callable[..., object], *args: Any) -> None:
-        if self._error is not None:
-            raise self._error
-        self._queue.put((function, args))
-
-    def close(self) -> None:
-        """Wait for everything submitted; re-raise the first error."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._error is None:  # after an error, drain without running
-                function, args = item
-                try:
-                    function(*args)
-                except BaseException as exc:
-                    self._error = exc
-
-
-class _RankFile:
-    """One rank's Parquet file, written in row groups by a worker as its rows accumulate."""
-
-    def __init__(self, path: Path, flush_bytes: int, worker: Worker) -> None:
-        self.path = path
-        self.flush_bytes = flush_bytes
-        self.worker = worker
-        self.writer = pq.ParquetWriter(
-            path,
-            TRAIN_SCHEMA,
-            compression="zstd",
-            # Token ids are high-entropy: only the string columns repeat enough for a
-            # dictionary to pay for itself. Column statistics and page checksums cost a
-            # fifth of the encoding time and serve no reader: the trainer reads whole
-            # files, and the manifest's sha256 of each file covers corruption.
-            use_dictionary=["checkpoint_id", "org"],
-            write_statistics=False,
-        )
-        self.pending: list[pa.RecordBatch] = []
-        self.pending_rows = 0
-        self.pending_bytes = 0
-        self.rows = 0
-        self.tokens = 0
-
-    def add(self, batch: pa.RecordBatch, tokens: int) -> None:
-        if batch.num_rows == 0:
-            return
-        self.pending.append(batch)
-        self.pending_rows += batch.num_rows
-        self.pending_bytes += batch.nbytes
-        self.rows += batch.num_rows
-        self.tokens += tokens
-        if self.pending_rows >= ROW_GROUP_ROWS or self.pending_bytes >= self.flush_bytes:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        table = pa.Table.from_batches(self.pending, schema=TRAIN_SCHEMA)
-        self.worker.submit(self._write, table)
-        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
-
-    def _write(self, table: pa.Table) -> None:
-        self.writer.write_table(table, row_group_size=table.num_rows)
-
-    def close(self) -> None:
-        """Queue the last rows and the footer (the worker's close waits for them)."""
-        self.flush()
-        self.worker.submit(self.writer.close)
-
-
-def rank_name(rank: int, ranks: int) -> str:
-    return f"{TRAIN_DIR}/rank-{rank:05d}-of-{ranks:05d}.parquet"
-
-
-def write_ranks(
-    config: StageConfig,
-    *,
-    scratch: Path,
-    admission: Admission,
-    baselines: npt.NDArray[np.float64],
-    std: float,
-    directory: Path,
-) -> tuple[dict[str, Path], list[dict[str, Any]], RunningStats]:
-    """Pass 2: the rank files (name -> local path), their rows and tokens, and the
-    statistics of the advantages written."""
-    ranks = config.ranks
-    adv_stats = RunningStats()
-    with contextlib.ExitStack() as stack:
-        workers = [
-            stack.enter_context(Worker(f"stage-rank-{w}"))
-            for w in range(min(ranks, os.cpu_count() or 1))
-        ]
-        files = [
-            _RankFile(
-                directory / f"rank-{r:05d}.parquet",
-                max(1 << 20, PENDING_BYTES // ranks),
-                workers[r % len(workers)],
-            )
-            for r in range(ranks)
-        ]
-        source = stack.enter_context(pa.OSFile(os.fspath(scratch), "rb"))
-        position = 0
-        for batch in stack.enter_context(pa.ipc.open_stream(source)):
-            rows = _training_rows(batch, admission.threshold)
-            n = batch.num_rows if rows is None else len(rows)
-            if n == 0:
-                continue
-            values = batch.column("reward").to_numpy()
-            adv = advantages(values, batch.column("stratum").to_numpy(), baselines, std)
-            adv_stats.update(adv if rows is None else adv[rows])
-            arrays = [batch.column(name) for name in _CARRIED]
-            arrays += [
-                batch.column("reward"),
-                pa.array(adv),
-                pa.repeat(pa.scalar(1.0, pa.float32()), batch.num_rows),
-                batch.column("on_policy"),
-            ]
-            out = pa.RecordBatch.from_arrays(arrays, schema=TRAIN_SCHEMA)
-            lengths = filled(pc.list_value_length(out.column("completion_ids")), 0)
-            index = np.arange(batch.num_rows) if rows is None else rows
-            # Round-robin by position in the set: deterministic and balanced.
-            for rank in range(ranks):
-                mine = index[(rank - position) % ranks :: ranks]
-                if mine.size == 0:
-                    continue
-                part = out if mine.size == batch.num_rows else out.take(pa.array(mine))
-                files[rank].add(part, int(lengths[mine].sum(dtype=np.int64)))
-            position += n
-        for file in files:
-            file.close()
-        # Leaving the stack waits for the workers: every file is complete after it.
-    names = {rank_name(r, ranks): f.path for r, f in enumerate(files)}
-    summary = [
-        {"rank": r, "file": rank_name(r, ranks), "rows": f.rows, "tokens": f.tokens}
-        for r, f in enumerate(files)
+def train_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A scratch-schema batch (selected rows with rewards) as a batch of the training set,
+    the advantage column holding the reward until the rank file is patched."""
+    reward = batch.column("reward")
+    arrays = [batch.column(name) for name in CARRIED_COLUMNS]
+    arrays += [
+        reward,
+        reward,  # the advantage's placeholder
+        pa.repeat(pa.scalar(1.0, pa.float32()), batch.num_rows),
+        batch.column("on_policy"),
     ]
-    return names, summary, adv_stats
+    return pa.RecordBatch.from_arrays(arrays, schema=TRAIN_SCHEMA)
+
+
+def deal(ranks: Ranks, batch: pa.RecordBatch, rows: npt.NDArray[np.int64] | None = None) -> None:
+    """Deal ``rows`` of a scratch-schema batch (None: all) to the rank files."""
+    strata = batch.column("stratum").to_numpy()
+    ranks.deal(train_batch(batch), strata, rows)
+
+
+def write_ranks(ranks: Ranks, *, scratch: Path, admission: Admission) -> None:
+    """Pass 2, when previous-checkpoint rows were eligible: deal the scratch file's
+    on-policy rows and the admitted previous ones, in the order they were read."""
+    with pa.OSFile(os.fspath(scratch), "rb") as source:
+        for batch in pa.ipc.open_stream(source):
+            rows = _training_rows(batch, admission.threshold)
+            deal(ranks, batch, rows)
 
 
 def _training_rows(batch: pa.RecordBatch, threshold: int | None) -> npt.NDArray[np.int64] | None:
@@ -684,18 +542,6 @@ def _training_rows(batch: pa.RecordBatch, threshold: int | None) -> npt.NDArray[
 
 
 # --- the step ------------------------------------------------------------------------------
-
-
-def _commit(store: ObjectStore, files: dict[str, Path], metadata: dict[str, Any]) -> None:
-    """Commit ``files`` at the root of ``store``, removing rank files of an earlier run that
-    this one does not write (e.g. another ``--ranks``): the manifest goes first, so at no
-    moment does a manifest vouch for a mix of old and new files."""
-    store.delete(MANIFEST_NAME)
-    for directory in (TRAIN_DIR, HELDOUT_DIR):
-        for info in list(store.list(f"{directory}/")):
-            if info.key not in files:
-                store.delete(info.key)
-    store.commit("", files, metadata)
 
 
 def _summary_document(config: StageConfig) -> dict[str, Any]:
@@ -729,93 +575,114 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         raise ConfigError(f"data.shards: {shards.root} is not a directory")
     out = open_store(config.out, endpoint_url=config.endpoint_url)
     doc = _summary_document(config)
-    with tempfile.TemporaryDirectory(prefix="rtrl-stage-", dir=work_dir) as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="rtrl-stage-", dir=work_dir) as tmp,
+        Staging(out, Path(tmp)) as staging,
+    ):
         tmp_dir = Path(tmp)
-        scratch = tmp_dir / "selected.arrow"
-        heldout = tmp_dir / "heldout.parquet" if config.heldout_fraction > 0 else None
-        selection = select(config, shards, scratch, heldout)
-        select_seconds = time.perf_counter() - clock
-        q = quarantine(selection)
-        limit = config.data.max_bad_fraction
-        doc.update(
-            {
-                "rows_read": q.rows_read,
-                "rows_bad": q.rows_bad,
-                "bad_fraction": q.bad_fraction,
-                "max_bad_fraction": limit,
-                "files_total": q.files_total,
-                "files_bad": q.files_bad,
-                "quarantined": q.by_reason,
-                "files_by_reason": q.files_by_reason,
-                "immature": selection.immature,
-                "too_recent": selection.too_recent,
-            }
-        )
-        admission = admit_previous(selection, config.data.max_off_policy_fraction)
-        excluded = Counter(selection.excluded)
-        if admission.eligible > admission.admitted:
-            excluded["off_policy_cap"] += admission.eligible - admission.admitted
-        stats = RunningStats()
-        stats.merge(selection.on_stats)
-        stats.merge(admission.stats)
-        used = selection.on_rows + admission.admitted
-        tokens = selection.on_tokens + admission.tokens
-        doc.update(
-            {
-                "excluded": dict(sorted(excluded.items())),
-                "eligible": {"on_policy": selection.on_rows, "previous": admission.eligible},
-                "interactions_used": used,
-                "tokens_used": tokens,
-                "on_policy_interactions": selection.on_rows,
-                "heldout_fraction": config.heldout_fraction,
-                "heldout_interactions": selection.heldout,
-                "heldout_file": None,
-                "off_policy_interactions": admission.admitted,
-                "on_policy_fraction": selection.on_rows / used if used else None,
-                "min_interactions": config.data.min_interactions,
-                "min_tokens": config.data.min_tokens,
-                "reward_spec": config.reward.to_k8s(),
-                "reward": stats.to_dict(),
-                "advantage": RunningStats().to_dict(),
-                "baselines": selection.strata.describe(),
-                "missing_signals": dict(selection.monitors.missing),
-                "monitors": selection.monitors.result(),
-                "ranks": [],
-                "files": [],
-            }
-        )
-        files: dict[str, Path] = {}
-        if q.bad_fraction > limit:
-            doc["ok"] = False
-            doc["message"] = quarantine_message(q, limit)
-        elif used < config.data.min_interactions or tokens < config.data.min_tokens:
-            doc["message"] = (
-                f"insufficient data: {used} interactions (minimum {config.data.min_interactions}"
-                f"), {tokens} completion tokens (minimum {config.data.min_tokens}); "
-                f"{selection.immature} immature and {selection.too_recent} too recent wait for "
-                "a later cycle"
+        names = [rank_name(r, config.ranks) for r in range(config.ranks)]
+        heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
+        ranks = Ranks(config.ranks, [staging.path(n) for n in names], tmp_dir, TRAIN_SCHEMA)
+        scratch: Path | None = None
+        with ranks:
+            if config.admits_previous:
+                # Which previous-checkpoint rows enter the set is known only once all are
+                # read: the selected rows wait in a scratch file (Arrow IPC, zstd buffers:
+                # not re-encoded on the way in or out), dealt to the ranks in pass 2.
+                scratch = tmp_dir / "selected.arrow"
+                options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
+                with (
+                    pa.OSFile(os.fspath(scratch), "wb") as sink,
+                    pa.ipc.new_stream(sink, SCRATCH_SCHEMA, options=options) as writer,
+                    Worker("stage-scratch") as background,
+                ):
+                    selection = select(
+                        config, shards, lambda b: background.submit(writer.write_batch, b), heldout
+                    )
+            else:
+                # Every selected row enters the set: straight to the rank files.
+                selection = select(config, shards, lambda b: deal(ranks, b), heldout)
+                ranks.close()
+            select_seconds = time.perf_counter() - clock
+            q = quarantine(selection)
+            limit = config.data.max_bad_fraction
+            doc.update(
+                {
+                    "rows_read": q.rows_read,
+                    "rows_bad": q.rows_bad,
+                    "bad_fraction": q.bad_fraction,
+                    "max_bad_fraction": limit,
+                    "files_total": q.files_total,
+                    "files_bad": q.files_bad,
+                    "quarantined": q.by_reason,
+                    "files_by_reason": q.files_by_reason,
+                    "immature": selection.immature,
+                    "too_recent": selection.too_recent,
+                }
             )
-        else:
-            files, ranks, adv_stats = write_ranks(
-                config,
-                scratch=scratch,
-                admission=admission,
-                baselines=selection.strata.baselines(),
-                std=stats.std,
-                directory=tmp_dir,
+            admission = admit_previous(selection, config.data.max_off_policy_fraction)
+            excluded = Counter(selection.excluded)
+            if admission.eligible > admission.admitted:
+                excluded["off_policy_cap"] += admission.eligible - admission.admitted
+            stats = RunningStats()
+            stats.merge(selection.on_stats)
+            stats.merge(admission.stats)
+            used = selection.on_rows + admission.admitted
+            tokens = selection.on_tokens + admission.tokens
+            doc.update(
+                {
+                    "excluded": dict(sorted(excluded.items())),
+                    "eligible": {"on_policy": selection.on_rows, "previous": admission.eligible},
+                    "interactions_used": used,
+                    "tokens_used": tokens,
+                    "on_policy_interactions": selection.on_rows,
+                    "heldout_fraction": config.heldout_fraction,
+                    "heldout_interactions": selection.heldout,
+                    "heldout_file": None,
+                    "off_policy_interactions": admission.admitted,
+                    "on_policy_fraction": selection.on_rows / used if used else None,
+                    "min_interactions": config.data.min_interactions,
+                    "min_tokens": config.data.min_tokens,
+                    "reward_spec": config.reward.to_k8s(),
+                    "reward": stats.to_dict(),
+                    "advantage": RunningStats().to_dict(),
+                    "baselines": selection.strata.describe(),
+                    "missing_signals": dict(selection.monitors.missing),
+                    "monitors": selection.monitors.result(),
+                    "ranks": [],
+                    "files": [],
+                }
             )
-            doc["sufficient"] = True
-            doc["ranks"] = ranks
-            doc["files"] = sorted(files)
-            doc["message"] = (
-                f"{used} interactions, {tokens} completion tokens, "
-                f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
-            )
-            doc["advantage"] = adv_stats.to_dict()
-            if heldout is not None:
-                files[HELDOUT_NAME] = heldout
-                doc["heldout_file"] = HELDOUT_NAME
-        scratch.unlink()  # before the upload: the disk held both only while needed
+            keys: list[str] = []
+            if q.bad_fraction > limit:
+                doc["ok"] = False
+                doc["message"] = quarantine_message(q, limit)
+            elif used < config.data.min_interactions or tokens < config.data.min_tokens:
+                doc["message"] = (
+                    f"insufficient data: {used} interactions (minimum "
+                    f"{config.data.min_interactions}), {tokens} completion tokens (minimum "
+                    f"{config.data.min_tokens}); {selection.immature} immature and "
+                    f"{selection.too_recent} too recent wait for a later cycle"
+                )
+            else:
+                if scratch is not None:
+                    write_ranks(ranks, scratch=scratch, admission=admission)
+                    ranks.close()
+                summary, adv_stats = ranks.patch(selection.strata.baselines(), stats.std)
+                keys = list(names)
+                doc["sufficient"] = True
+                doc["ranks"] = summary
+                doc["files"] = sorted(names)
+                doc["message"] = (
+                    f"{used} interactions, {tokens} completion tokens, "
+                    f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
+                )
+                doc["advantage"] = adv_stats.to_dict()
+                if heldout is not None:
+                    keys.append(HELDOUT_NAME)
+                    doc["heldout_file"] = HELDOUT_NAME
+        if scratch is not None:
+            scratch.unlink()  # before the upload: the disk held both only while needed
         doc["quarantined_files"] = q.bad_files
         seconds = time.perf_counter() - clock
         doc["timing"] = {
@@ -824,9 +691,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
             "write_seconds": round(seconds - select_seconds, 3),
             "rows_per_second": round(q.rows_read / seconds) if seconds > 0 else None,
         }
-        result = tmp_dir / RESULT_NAME
-        result.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        files[RESULT_NAME] = result
+        staging.path(RESULT_NAME).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         metadata = {
             "step": "stage",
             "ok": doc["ok"],
@@ -835,7 +700,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
             "interactions": used,
             "tokens": tokens,
         }
-        _commit(out, files, metadata)
+        staging.commit([*keys, RESULT_NAME], metadata)
     if not doc["ok"]:
         raise StageError(doc["message"])
     return doc

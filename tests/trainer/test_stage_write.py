@@ -1,0 +1,103 @@
+"""How the stage step writes its files: advantages filled in after the rows are written
+(across many row groups and ranks), files staged in place in a ``file://`` store and left
+nowhere when nothing is committed, and the fast row filter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rtrl.shards import synthetic_interactions, write_shards
+from rtrl.store.local import LocalStore
+from rtrl_trainer.stage_write import keep_rows
+from tests.trainer.helpers import run_stage, write_config
+
+CHECKPOINT = "ckpt-w"
+# Synthetic rows are created from 2026-01-05 08:00 over 3 hours, feedback ~20 minutes later.
+LATER = "2026-01-06T00:00:00Z"
+
+
+def _shards(root: Path, n: int) -> Path:
+    write_shards(
+        synthetic_interactions(n, seed=3, checkpoint_id=CHECKPOINT, tokens=8), LocalStore(root)
+    )
+    return root
+
+
+def _leftovers(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob(".tmp-*"))
+
+
+@pytest.mark.parametrize("baseline", ["batch", "org"])
+def test_advantages_are_filled_in_across_row_groups_and_ranks(
+    tmp_path: Path, baseline: str
+) -> None:
+    shards = _shards(tmp_path / "shards", 60_000)
+    config = write_config(tmp_path / "c.yaml", f"reward: {{baseline: {baseline}}}\n")
+    out = tmp_path / "out"
+    code, doc = run_stage(
+        shards,
+        out,
+        *("--ranks", "2", "--heldout-fraction", "0.05", "--config", str(config)),
+        checkpoint=CHECKPOINT,
+        now=LATER,
+    )
+    assert code == 0 and doc["sufficient"]
+    parts = [pq.read_table(out / name) for name in doc["files"]]
+    assert all(pq.ParquetFile(out / name).num_row_groups > 1 for name in doc["files"])
+    table = pa.concat_tables(parts)
+    assert table.num_rows == doc["interactions_used"] > 40_000
+    reward = table.column("reward").to_numpy().astype(np.float64)
+    if baseline == "batch":
+        base = np.full_like(reward, reward.mean())
+    else:
+        orgs = np.asarray(table.column("org").to_pylist(), dtype=object)
+        base = np.empty_like(reward)
+        for org in set(orgs):
+            base[orgs == org] = reward[orgs == org].mean()
+    expected = ((reward - base) / reward.std()).astype(np.float32)
+    np.testing.assert_allclose(table.column("advantage").to_numpy(), expected, atol=1e-5)
+    assert doc["advantage"]["std"] == pytest.approx(
+        float(table.column("advantage").to_numpy().astype(np.float64).std()), rel=1e-6
+    )
+    assert _leftovers(out) == []
+    manifest = LocalStore(out).committed("")
+    assert manifest is not None
+    assert set(manifest.files) == {"stage.json", "heldout/part-00000.parquet", *doc["files"]}
+    assert (
+        pq.read_table(out / "heldout/part-00000.parquet").num_rows
+        == doc["heldout_interactions"]
+        > 0
+    )
+
+
+def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) -> None:
+    shards = _shards(tmp_path / "shards", 2_000)
+    out = tmp_path / "out"
+    code, doc = run_stage(
+        shards, out, "--min-interactions", "1000000", checkpoint=CHECKPOINT, now=LATER
+    )
+    assert code == 0 and not doc["sufficient"]
+    assert sorted(p.name for p in out.iterdir()) == ["_MANIFEST.json", "stage.json"]
+
+
+def test_keep_rows_is_filter() -> None:
+    lists = pa.array([[1, 2], [], [3], [4, 5, 6], None, [7]], pa.list_(pa.int32()))
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["a", "b", "c", "d", "e", "f"]),
+            pa.array([[1.0, 2.0], [], [3.0], [4.0, 5.0, 6.0], [], [7.0]], pa.list_(pa.float32())),
+            pa.array([[1, 2], [], [3], [4, 5, 6], [9], [7]], pa.list_(pa.int32())),
+            lists,  # with a null: filtered by Arrow
+        ],
+        names=["id", "floats", "ints", "nullable"],
+    )
+    rng = np.random.default_rng(0)
+    for part in (batch, batch.slice(1, 4), batch.slice(2)):
+        for _ in range(10):
+            keep = rng.random(part.num_rows) < 0.5
+            assert keep_rows(part, keep).equals(part.filter(pa.array(keep)))
