@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import kopf.testing
 import kubernetes
 import pytest
 import yaml
@@ -38,6 +39,8 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 from tests.integration.job_runner import JobRunner
 from tests.integration.kube_emulator import EmulatorServer, KubeEmulator, default_emulator
+
+from rtrl import handlers
 
 T = TypeVar("T")
 
@@ -242,3 +245,18 @@ def deployment_controller(kube_api: KubeAPI) -> Iterator[Any]:
 
     with DeploymentController(kube_api) as controller:
         yield controller
+
+
+@pytest.fixture
+def operator(
+    kube_api: KubeAPI, deployment_controller: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """``rtrl.handlers`` run by kopf in a thread, watching the test namespace, with its
+    Deployments reported ready (so a canary comes up)."""
+    monkeypatch.setenv("RTRL_RESYNC_SECONDS", "1")
+    monkeypatch.setenv("RTRL_ERROR_BACKOFF_SECONDS", "0.5")
+    args = ["run", "--standalone", "--namespace", kube_api.namespace]
+    with kopf.testing.KopfRunner(args, timeout=60, registry=handlers.registry) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output

@@ -5,11 +5,9 @@ and deletion with the finalizer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kopf.testing
 import pytest
 from tests.integration.conftest import KubeAPI
 from tests.integration.cycle_world import (
@@ -25,25 +23,10 @@ from tests.integration.cycle_world import (
 )
 from tests.integration.job_runner import Fail, JobRunner, Succeed
 
-from rtrl import handlers
 from rtrl.api.checkpoint import Checkpoint
 from rtrl.api.rlcycle import RLCycle
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def operator(
-    kube_api: KubeAPI, deployment_controller: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Any]:
-    """``rtrl.handlers`` run by kopf in a thread, watching the test namespace."""
-    monkeypatch.setenv("RTRL_RESYNC_SECONDS", "1")
-    monkeypatch.setenv("RTRL_ERROR_BACKOFF_SECONDS", "0.5")
-    args = ["run", "--standalone", "--namespace", kube_api.namespace]
-    with kopf.testing.KopfRunner(args, timeout=60, registry=handlers.registry) as runner:
-        yield runner
-    assert runner.exception is None, runner.output
-    assert runner.exit_code == 0, runner.output
 
 
 def script_all(runner: JobRunner, scratch: Path, **overrides: Any) -> None:

@@ -304,8 +304,13 @@ def judge(
 
 
 # --- outcomes ------------------------------------------------------------------------
-def remove_canary(p: _Planner) -> None:
+def remove_canary(p: _Planner, ck: dict[str, Any]) -> None:
+    """The canary workload, its Service and route weight, and any analysis still running."""
     spec = p.spec
+    for job in p.obs.jobs:
+        running = job.checkpoint == meta(ck)["name"] and not job.finished and not job.deleting
+        if running and (job.step or "").startswith("analyze"):
+            p.act(Delete("batch/v1", "Job", job.name))
     if p.obs.canary is not None:
         p.act(Delete("apps/v1", "Deployment", meta(p.obs.canary)["name"]))
     if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
@@ -344,7 +349,7 @@ def promote(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> P
         p.status["canaryWeight"] = p.status.get("canaryWeight") or 0
         p.out.soon(READY_POLL_SECONDS)
         return p.finish("Promoting", f"{name}: rolling out to {p.spec.target.deployment}")
-    remove_canary(p)
+    remove_canary(p, ck)
     p.patch_checkpoint(
         ck,
         phase="Promoted",
@@ -375,7 +380,7 @@ def roll_back(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]], re
     previous = p.checkpoint(parent) if parent else None
     if previous is not None:
         serve(p, previous["spec"]["uri"], parent or "")  # undo a half-done promotion
-    remove_canary(p)
+    remove_canary(p, ck)
     p.patch_checkpoint(
         ck, phase="RolledBack", reason="RolledBack", message=reason, completedAt=iso(p.now)
     )
