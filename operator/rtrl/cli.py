@@ -59,21 +59,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator: reconcile RLCycles in the given namespaces (or all of them)."""
-    import logging
-
     import kopf
 
     from .handlers import registry
+    from .logs import configure
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure(args.log_format, verbose=args.verbose)
     if not args.all_namespaces and not args.namespace:
         print(
             "rtrl operator: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr
         )
         return 2
+    if args.metrics_port:
+        from .metrics import serve
+
+        serve(args.metrics_port)
     kopf.run(
         registry=registry,
         clusterwide=args.all_namespaces,
@@ -142,6 +142,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         default="http://0.0.0.0:8080/healthz",
         help="liveness endpoint, or 'none' (default: http://0.0.0.0:8080/healthz)",
+    )
+    operator.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port at /metrics (default: off)",
+    )
+    operator.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default) or json: one object per line with rlcycle and checkpoint fields",
     )
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(func=cmd_operator)

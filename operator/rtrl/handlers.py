@@ -25,6 +25,7 @@ import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
 from .kube.apply import write_status
+from .metrics import observe_plan
 from .planning import children as ch
 from .planning import plan, plan_deletion
 
@@ -94,6 +95,7 @@ def reconcile_once(namespace: str, name: str) -> float | None:
     decided = plan(observed, datetime.now(UTC))
     apply(kube, rlcycle, decided.actions)
     write_status(kube, rlcycle, decided.status)
+    observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)
     return decided.requeue_after
 
 
@@ -133,8 +135,20 @@ def rlcycle_changed(name: str, namespace: str | None, **_: Any) -> None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
-def job_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    wake(namespace, labels.get(ch.LABEL_RLCYCLE))
+def job_changed(
+    labels: Mapping[str, str],
+    namespace: str | None,
+    status: kopf.Status,
+    type: str | None,
+    **_: Any,
+) -> None:
+    """Only a finished or deleted Job changes a decision; its pods starting does not."""
+    finished = any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if finished or type == "DELETED":
+        wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
 @kopf.on.event(

@@ -1,10 +1,12 @@
 """The console scripts a user types exist, answer --help, and fail clearly on what this
-version does not have."""
+version does not have (or cannot reach)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import REPO, console_script
 
@@ -39,8 +41,22 @@ def test_kubectl_plugin_validates_like_rtrl() -> None:
     assert ok.returncode == 0 and "RLCycle/composer valid" in ok.stdout
     bad = _run(plugin, "validate", "examples/invalid/zero-stage-4.yaml")
     assert bad.returncode == 1 and "spec.training.zeroStage" in bad.stdout
-    later = _run(plugin, "rollback", "composer")
-    assert later.returncode == 2 and "not available" in later.stderr
+
+
+def test_kubectl_plugin_cluster_verbs_fail_clearly_without_a_cluster(tmp_path: Path) -> None:
+    plugin = console_script("kubectl-rtrl")
+    env = {**os.environ, "KUBECONFIG": os.fspath(tmp_path / "missing")}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    for verb in ("status", "rollback", "pause"):  # reads, annotates, edits spec
+        out = subprocess.run(
+            [plugin, verb, "composer"], capture_output=True, text=True, cwd=REPO, env=env
+        )
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.startswith("error: no kubeconfig found") and out.stderr.count("\n") == 1
+    usage = _run(plugin, "rollback")
+    assert usage.returncode == 2 and "RLCYCLE" in usage.stderr
+    helped = _run(plugin, "--help")
+    assert helped.returncode == 0 and "rollback" in helped.stdout
 
 
 def test_a_stage_pod_does_not_import_torch() -> None:

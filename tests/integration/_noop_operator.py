@@ -8,6 +8,12 @@ from typing import Any
 import kopf
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The test runs it with a registry of its own, which has no login handler by default."""
+    return kopf.login_via_client(**kwargs)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True  # no CRD/namespace watching: resources are fixed here

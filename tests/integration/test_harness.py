@@ -387,7 +387,9 @@ def test_succeed_calls_before(kube_api: KubeAPI, job_runner: JobRunner, tmp_path
 def test_kopf_operator_end_to_end(kube_api: KubeAPI) -> None:
     operator = Path(__file__).with_name("_noop_operator.py")
     args = ["run", "--standalone", "--namespace", kube_api.namespace, str(operator)]
-    with kopf.testing.KopfRunner(args, timeout=30) as runner:
+    # A registry of its own: kopf makes the registry it runs with the process-wide default, so
+    # without one this file's handlers would join whatever registry ran before (rtrl's).
+    with kopf.testing.KopfRunner(args, timeout=30, registry=kopf.OperatorRegistry()) as runner:
         kube_api.create(rlcycle("op"))
         seen = kube_api.wait_for(
             lambda: (kube_api.get(RTRL, "RLCycle", "op") or {}).get("status", {}).get("phase")

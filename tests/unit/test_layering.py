@@ -21,6 +21,9 @@ LAYERS = ["handlers", "kube", "planning", "api"]
 ALLOWED: dict[str, set[str]] = {
     **{layer: set(LAYERS[i + 1 :]) for i, layer in enumerate(LAYERS)},
     "kube": {"planning", "api", "store"},
+    "handlers": {*LAYERS[1:], "metrics"},
+    "metrics": {"planning", "api"},
+    "logs": set(),
     "store": set(),
     "cliargs": set(),
     "shards": {"store", "cliargs"},

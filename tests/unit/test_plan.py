@@ -800,8 +800,12 @@ def test_gateway_api_router_weights_the_http_route() -> None:
         }
     )  # fmt: skip
     rules = [{"backendRefs": [{"name": "composer", "port": 8000}]}]
-    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-             "metadata": {"name": "composer", "generation": 1}, "spec": {"rules": rules}}  # fmt: skip
+    route = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "composer", "generation": 1},
+        "spec": {"rules": rules},
+    }
     world.deployments["composer"] = route  # the World keeps patchable objects by name
     to_canary(world)
     refs = world.deployments["composer"]["spec"]["rules"][0]["backendRefs"]

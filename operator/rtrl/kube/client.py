@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import kubernetes
+import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
@@ -121,7 +122,7 @@ class KubeClient:
             response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise KubeError(f"{where}: HTTP {exc.status} {exc.reason}", exc.status or 0) from None
-        except OSError as exc:  # urllib3 wraps most transport errors in OSError subclasses
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # unreachable, reset, timeout
             raise KubeError(f"{where}: {exc}") from None
         if response.status >= 400:
             # A Status object; its message names the object, never a Secret's contents.

@@ -1,0 +1,116 @@
+{{/* Chart name, truncated to the 63 characters of a label value. */}}
+{{- define "rtrl-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, with the chart name unless the release already contains it. */}}
+{{- define "rtrl-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rtrl-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "rtrl-operator.labels" -}}
+helm.sh/chart: {{ include "rtrl-operator.chart" . }}
+{{ include "rtrl-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rtrl
+{{- end }}
+
+{{/* Labels selecting the operator pods. */}}
+{{- define "rtrl-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rtrl-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rtrl-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rtrl-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rtrl-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "rtrl-operator.clusterwide" -}}
+{{- if empty .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{- define "rtrl-operator.peered" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{- define "rtrl-operator.peeringName" -}}
+{{- default (include "rtrl-operator.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/*
+RBAC rules, kept in step with the code: rtrl.kube.client.PERMISSIONS (rtrl's own calls) and
+rtrl.kube.rbac.KOPF_* (kopf's). tests/contract/test_chart.py renders the chart and fails when
+the grants differ in either direction. No wildcards.
+*/}}
+{{- define "rtrl-operator.namespacedRules" -}}
+- apiGroups: [rtrl.io]
+  resources: [rlcycles]
+  verbs: [get, list, watch, patch]
+- apiGroups: [rtrl.io]
+  resources: [rlcycles/status]
+  verbs: [get, patch]
+- apiGroups: [rtrl.io]
+  resources: [checkpoints]
+  verbs: [get, list, watch, create, delete, patch]
+- apiGroups: [rtrl.io]
+  resources: [checkpoints/status]
+  verbs: [get, patch]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, delete, patch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, patch]
+{{- end }}
+
+{{/* kopf: CRD observation (always cluster-scoped). */}}
+{{- define "rtrl-operator.scanningRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}
