@@ -186,3 +186,21 @@ def test_manual_rollback_mid_canary(
         assert condition(kube_api, "Progressing")["reason"] == "Pinned"
     else:
         kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("lastRollback") == "oops")
+
+
+def test_manual_rollback_with_the_kubectl_plugin(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from rtrl.kubectl_plugin import main as kubectl_rtrl
+
+    script_all(job_runner, tmp_path, analyze=Hang())
+    setup_namespace(kube_api, tmp_path)
+    wait_phase(kube_api, "RLCycle", NAME, "Canary")
+    kube_api.wait_for(lambda: kube_api.get("batch/v1", "Job", f"{CKPT}-analyze-0-0"))
+    assert kubectl_rtrl(["rollback", NAME, "--kubeconfig", str(kube_api.kubeconfig)]) == 0
+    wait_phase(kube_api, "Checkpoint", CKPT, "RolledBack")
+    assert "rtrl.io/rollback=" in status(kube_api, "Checkpoint", CKPT)["message"]
+    assert target_env(kube_api)["MODEL_URI"] == base_uri(tmp_path)
+    assert kubectl_rtrl(["status", NAME, "--kubeconfig", str(kube_api.kubeconfig)]) == 0
+    assert "RolledBack" in capsys.readouterr().out
