@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "shards": {"store", "cliargs"},
     "crdgen": {"api"},
     "manifests": {"api", "crdgen"},
-    "kubectl_plugin": {"api", "kube", "manifests", "cli"},
+    "kubectl_plugin": {"api", "kube", "planning", "manifests", "cli"},
     "cli": {"*"},
     "__init__": set(),
 }

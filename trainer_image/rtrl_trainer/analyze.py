@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import ValidationError
 
 from rtrl.api.common import parse_duration
 from rtrl.api.rlcycle import DataSpec, RolloutSpec
@@ -55,11 +54,11 @@ from rtrl.shards import ValidatingReader
 from rtrl.shards.layout import parse_partitions
 from rtrl.store import StoreError, open_store, parse_store_uri
 from rtrl.store.local import LocalStore
-from rtrl_trainer.config import format_time, parse_time
+from rtrl_trainer.config import format_time, time_arg
 from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import Strata, filled
 from rtrl_trainer.sequential import METHOD, Estimate, Moments, decide, srm_test
-from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validation_problems
+from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
 from rtrl_trainer.stage import (
     CHECKPOINT_MISMATCH,
     Selection,
@@ -140,18 +139,8 @@ def build_config(
             f"{prefix}data.shards: required: pass --shards URI or set data.shards in the "
             "config file"
         )
-    try:
-        data = DataSpec.model_validate_json(to_json(data_doc), strict=True)
-    except ValidationError as exc:
-        raise ConfigError(
-            validation_problems(exc, where=where, path=f"{prefix}data", flags=flags)
-        ) from None
-    try:
-        rollout = RolloutSpec.model_validate_json(to_json(rollout_doc), strict=True)
-    except ValidationError as exc:
-        raise ConfigError(
-            validation_problems(exc, where=where, path=f"{prefix}rollout", flags={})
-        ) from None
+    data = validate_section(DataSpec, data_doc, where=where, path=f"{prefix}data", flags=flags)
+    rollout = validate_section(RolloutSpec, rollout_doc, where=where, path=f"{prefix}rollout")
     for flag, value in (("--baseline", baseline), ("--canary", canary)):
         if not value or value != value.strip():
             raise ConfigError(f"{flag}: {value!r} is not a checkpoint id")
@@ -438,13 +427,6 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
 # --- command line ----------------------------------------------------------------------------
 
 
-def _time(text: str) -> datetime:
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _weight(text: str) -> float:
     try:
         value = float(text)
@@ -476,13 +458,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--since",
-        type=_time,
+        type=time_arg,
         metavar="ISO8601",
         help="canary start: only interactions created at or after it",
     )
     parser.add_argument(
         "--weight-since",
-        type=_time,
+        type=time_arg,
         metavar="ISO8601",
         help="when the canary weight last changed (default --since): the sample-ratio check "
         "counts interactions created at or after it",
@@ -494,7 +476,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML/JSON: an RLCycle, its spec, or a mapping with rollout and/or data",
     )
     parser.add_argument(
-        "--now", type=_time, metavar="ISO8601", help="the analysis time (default: the clock)"
+        "--now", type=time_arg, metavar="ISO8601", help="the analysis time (default: the clock)"
     )
     parser.add_argument(
         "--max-duration-reached",

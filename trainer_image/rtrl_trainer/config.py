@@ -14,18 +14,17 @@ The config file may be a whole RLCycle manifest, an RLCycle ``spec``, or a mappi
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from rtrl.api.common import parse_duration
 from rtrl.api.rlcycle import DataSpec, RewardSpec
 from rtrl.store import parse_store_uri
-from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validation_problems
+from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
 
 # DataSpec fields (camelCase, as in YAML) that a flag may override -> the flag's name.
 DATA_FLAGS: dict[str, str] = {
@@ -84,6 +83,14 @@ class StageConfig:
             and self.previous_checkpoint not in self.exclude_checkpoints
             and self.data.max_off_policy_fraction > 0
         )
+
+
+def time_arg(text: str) -> datetime:
+    """argparse type of the steps' ``--now`` / ``--since`` flags."""
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_time(text: str) -> datetime:
@@ -153,18 +160,8 @@ def build_config(
             f"{prefix}data.shards: required: pass --shards URI or set data.shards in the "
             "config file"
         )
-    try:
-        data = DataSpec.model_validate_json(to_json(data_doc), strict=True)
-    except ValidationError as exc:
-        raise ConfigError(
-            validation_problems(exc, where=where, path=f"{prefix}data", flags=flags)
-        ) from None
-    try:
-        reward = RewardSpec.model_validate_json(to_json(reward_doc), strict=True)
-    except ValidationError as exc:
-        raise ConfigError(
-            validation_problems(exc, where=where, path=f"{prefix}reward", flags={})
-        ) from None
+    data = validate_section(DataSpec, data_doc, where=where, path=f"{prefix}data", flags=flags)
+    reward = validate_section(RewardSpec, reward_doc, where=where, path=f"{prefix}reward")
 
     excluded = tuple(dict.fromkeys(exclude_checkpoints))
     for flag, value in (

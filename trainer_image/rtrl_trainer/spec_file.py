@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rtrl.api.errors import error_message, format_loc
 from rtrl.api.rlcycle import RLCycleSpec
 from rtrl.api.yamlfile import load
+
+M = TypeVar("M", bound=BaseModel)
 
 # Top-level keys of an RLCycle spec a step does not use but must tolerate, so that the
 # operator can pass the spec through as it is.
@@ -101,3 +103,17 @@ def validation_problems(
         else:
             lines.append(f"{where}: {field}: {error_message(error)}")
     return "; ".join(lines)
+
+
+def validate_section(
+    model: type[M], doc: Mapping[str, Any], *, where: str, path: str,
+    flags: Mapping[str, str] | None = None,
+) -> M:  # fmt: skip
+    """``doc`` as the API type ``model`` (strict JSON mode, as the API server sees it), or a
+    ConfigError naming the file or flag and each field at fault."""
+    try:
+        return model.model_validate_json(to_json(doc), strict=True)
+    except ValidationError as exc:
+        raise ConfigError(
+            validation_problems(exc, where=where, path=path, flags=flags or {})
+        ) from None

@@ -94,7 +94,7 @@ from rtrl.shards.layout import parse_partitions
 from rtrl.shards.report import FileReport, ValidationReport
 from rtrl.store import ObjectStore, StoreError, open_store
 from rtrl.store.local import LocalStore
-from rtrl_trainer.config import StageConfig, build_config, format_time, parse_time
+from rtrl_trainer.config import StageConfig, build_config, format_time, time_arg
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
 from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
 from rtrl_trainer.spec_file import ConfigError
@@ -709,13 +709,6 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
 # --- command line --------------------------------------------------------------------------
 
 
-def _time(text: str) -> datetime:
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Select the matured interactions the serving checkpoint produced, quarantine bad "
@@ -734,11 +727,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML/JSON: an RLCycle, its spec, or a mapping with data and/or reward",
     )
     parser.add_argument(
-        "--now", type=_time, metavar="ISO8601", help="the cycle's time (default: the clock)"
+        "--now", type=time_arg, metavar="ISO8601", help="the cycle's time (default: the clock)"
     )
     parser.add_argument(
         "--since",
-        type=_time,
+        type=time_arg,
         metavar="ISO8601",
         help="skip rows that became ready at or before this (the previous stage's next_since)",
     )

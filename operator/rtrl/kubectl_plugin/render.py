@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from rtrl.planning.timeutil import parse_time
+
 # A condition's healthy state: these are listed as one line; anything else stands out.
 HEALTHY = {
     "Ready": "True",
@@ -23,16 +25,6 @@ REASON_WIDTH = 60
 
 
 # --- small helpers ------------------------------------------------------------------------
-def parse_time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def duration(seconds: float) -> str:
     """A span the way kubectl prints ages: 45s, 12m, 3h12m, 21d, 2y."""
     seconds = max(0, int(seconds))

@@ -127,18 +127,17 @@ def ensure_canary(p: _Planner, ck: dict[str, Any], weight: int) -> float:
         if cn.canary_service_name(spec.rollout.service) not in p.obs.services:
             stable = {"spec": {"ports": [{"port": 80}]}}
             p.act(Create(cn.canary_service(spec, p.rlc, ck, stable)))
-        if p.obs.http_route is not None:
-            rules = cn.route_rules(spec, dict(p.obs.http_route), weight)
-            if rules is not None:
-                p.act(
-                    Patch(
-                        "gateway.networking.k8s.io/v1",
-                        "HTTPRoute",
-                        spec.rollout.http_route or "",
-                        {"spec": {"rules": rules}},
-                    )
-                )
+        route_to(p, weight)
     return share
+
+
+def route_to(p: _Planner, weight: int) -> None:
+    """With the gatewayapi router: the HTTPRoute's weights, when they differ."""
+    route = p.obs.http_route
+    rules = cn.route_rules(p.spec, dict(route), weight) if route is not None else None
+    if rules is not None:
+        name = p.spec.rollout.http_route or ""
+        p.act(Patch("gateway.networking.k8s.io/v1", "HTTPRoute", name, {"spec": {"rules": rules}}))
 
 
 def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
@@ -314,17 +313,7 @@ def remove_canary(p: _Planner, ck: dict[str, Any]) -> None:
     if p.obs.canary is not None:
         p.act(Delete("apps/v1", "Deployment", meta(p.obs.canary)["name"]))
     if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
-        if p.obs.http_route is not None:
-            rules = cn.route_rules(spec, dict(p.obs.http_route), 0)
-            if rules is not None:
-                p.act(
-                    Patch(
-                        "gateway.networking.k8s.io/v1",
-                        "HTTPRoute",
-                        spec.rollout.http_route or "",
-                        {"spec": {"rules": rules}},
-                    )
-                )
+        route_to(p, 0)
         if cn.canary_service_name(spec.rollout.service) in p.obs.services:
             p.act(Delete("v1", "Service", cn.canary_service_name(spec.rollout.service)))
 
