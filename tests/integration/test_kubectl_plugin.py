@@ -456,13 +456,13 @@ def test_the_kubectl_rtrl_executable(world: KubeAPI) -> None:
     assert missing.stderr == "error: RLCycle nope not found in namespace default\n"
 
 
-def test_rollback_during_a_step_says_it_is_deferred(
+def test_rollback_during_a_step_says_the_cycle_is_cancelled(
     world: KubeAPI, writes: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     set_status(world, "RLCycle", NAME, {"phase": "Training"})
     writes.clear()
     code, _, err = run(capsys, "rollback", NAME)
     assert code == 0 and len(writes) == 1
-    assert "a cycle is running (phase Training)" in err and "does not interrupt" in err
+    assert "the running cycle (phase Training) is cancelled" in err
     code, _, err = run(capsys, "rollback", NAME, "--to", "composer-0")
-    assert code == 0 and "composer-0 serves once that cycle ends or reaches its canary" in err
+    assert code == 0 and "it is cancelled and its Jobs stopped, and composer-0 serves" in err

@@ -849,3 +849,24 @@ def test_pin_serves_the_pinned_checkpoint() -> None:
     assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
     assert world.rlcycle["status"]["phase"] == "Pinned"
     assert "Pinned" in world.reasons()
+
+
+@pytest.mark.parametrize("how", ["pin", "annotation"])
+def test_pin_or_rollback_during_training_cancels_the_cycle_and_acts_now(how: str) -> None:
+    world = World()
+    run_cycle(world)  # composer-1 serves
+    world.now = T0 + timedelta(hours=5)
+    world.reconcile()
+    world.finish("stage", result=STAGE_OK)
+    world.reconcile()  # composer-2 is training
+    assert world.checkpoint("composer-2")["status"]["phase"] == "Training"
+    if how == "pin":
+        world.rlcycle["spec"]["pin"] = "composer-0"
+    else:
+        world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "now"}
+    world.reconcile()
+    ck = world.checkpoint("composer-2")
+    assert ck["status"]["phase"] == "Failed" and ck["status"]["reason"] == "Cancelled"
+    assert "composer-2-train-0" not in world.jobs  # the running training Job is stopped
+    assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
+    assert "CycleCancelled" in world.reasons()

@@ -46,8 +46,8 @@ DOCS = "docs/kubectl.md"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Phases of a Checkpoint whose cycle is still running (as the operator's planning.reading).
 RUNNING = {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
-# RLCycle phases during which the operator defers a rollback or a pin (it does not interrupt
-# a step): it acts when the cycle reaches its canary or ends.
+# RLCycle phases before a canary: a rollback or a pin cancels the running cycle (its Jobs
+# are stopped) and acts at once.
 STEP_PHASES = ("Pending", "Staging", "Training", "Evaluating")
 # How a GitOps controller shows on an object it applies: (where, key or manager, tool).
 GITOPS_MARKS = (
@@ -355,9 +355,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         effect = f"once {candidate} is promoted, it is rolled back to {serving}"
     elif phase in STEP_PHASES:
         effect = (
-            f"a cycle is running (phase {phase}); the operator acts on the rollback when it "
-            f"reaches its canary (aborting it), or, if it ends before, by rolling {serving} "
-            f"back to its parent (the operator does not interrupt stage, train or eval)"
+            f"the running cycle (phase {phase}) is cancelled and its Jobs stopped, then "
+            f"{serving} is rolled back to its parent"
         )
     else:
         current = session.checkpoint(str(serving)) if serving else None
@@ -402,8 +401,8 @@ def pin(args: argparse.Namespace, session: Session, rlc: dict[str, Any], target:
     running = render.status(rlc).get("phase")
     if running in STEP_PHASES:
         note(
-            f"a cycle is running (phase {running}): the operator does not interrupt stage, "
-            f"train or eval, so {target} serves once that cycle ends or reaches its canary"
+            f"a cycle is running (phase {running}): it is cancelled and its Jobs stopped, "
+            f"and {target} serves at once"
         )
     note(
         f"the operator serves {target} and starts no cycles while pinned (a running canary is "

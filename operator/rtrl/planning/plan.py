@@ -183,9 +183,34 @@ class _Planner:
             self.conditions.set("InsufficientData", False, "NotStaged", "no cycle staged yet")
         self.prune_history()
         active = _active(self.owned)
+        if active is not None and _phase(active) not in ("Evaluated", "Canary"):
+            why = self.cancel_reason()
+            if why:
+                self.cancel(active, why)
+                active = None
         if active is not None:
             return self.drive(active)
         return self.idle()
+
+    def cancel_reason(self) -> str:
+        """A pin or a rollback asked for while a cycle is still before its canary: serving
+        must change now, not after hours of training, so the cycle is cancelled. (A running
+        canary is rolled back by the rollout instead.)"""
+        if self.spec.pin:
+            return f"cancelled: spec.pin is set to {self.spec.pin}"
+        token = pending_annotation(self, ANNOTATION_ROLLBACK, "lastRollback")
+        return f"cancelled by {ANNOTATION_ROLLBACK}={token}" if token else ""
+
+    def cancel(self, ck: dict[str, Any], why: str) -> None:
+        name = _meta(ck)["name"]
+        for job in self.obs.jobs:
+            if job.checkpoint == name and not job.finished and not job.deleting:
+                self.act(Delete("batch/v1", "Job", job.name))
+        self.patch_checkpoint(
+            ck, phase="Failed", reason="Cancelled", message=why, completedAt=iso(self.now)
+        )
+        self.event("CycleCancelled", f"{name}: {why}", warning=True)
+        self.owned = [c for c in self.owned if _meta(c)["name"] != name]
 
     def check_environment(self) -> tuple[str, str]:
         """Target Deployment, credentials Secret, serving checkpoint: what the spec names
@@ -369,7 +394,8 @@ class _Planner:
     def set_degraded(self) -> None:
         finished = [c for c in self.owned if _phase(c) not in RUNNING]
         last = finished[-1] if finished else None
-        if last is not None and _phase(last) == "Failed":
+        cancelled = last is not None and (last.get("status") or {}).get("reason") == "Cancelled"
+        if last is not None and _phase(last) == "Failed" and not cancelled:
             status = last.get("status") or {}
             self.conditions.set(
                 "Degraded",
