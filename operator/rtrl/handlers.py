@@ -25,7 +25,7 @@ import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
 from .kube.apply import write_status
-from .metrics import observe_plan
+from .metrics import forget, observe_plan
 from .planning import children as ch
 from .planning import plan, plan_deletion
 
@@ -173,4 +173,6 @@ def rlcycle_deleted(body: kopf.Body, name: str, namespace: str | None, **_: Any)
     _actions, done = plan_deletion(observe(kube, rlcycle))
     if not done:
         raise kopf.TemporaryError("waiting for children to be deleted", delay=1)
+    if namespace:
+        forget(namespace, name)
     log.info("%s/%s deleted with its children; stored artifacts are kept", namespace, name)

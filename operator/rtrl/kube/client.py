@@ -49,6 +49,9 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
 
 
 FIELD_MANAGER = "rtrl"
+# (connect, read) seconds: a stalled API server fails a round, which is retried, instead of
+# hanging the RLCycle's reconciler forever.
+REQUEST_TIMEOUT = (10.0, 60.0)
 
 
 class KubeError(Exception):
@@ -118,7 +121,7 @@ class KubeClient:
         self.requests += 1
         where = f"{method} {url_path.split('?')[0]}"
         try:
-            response = self.api.call_api(*params)
+            response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
             response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise KubeError(f"{where}: HTTP {exc.status} {exc.reason}", exc.status or 0) from None
