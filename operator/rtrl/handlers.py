@@ -45,6 +45,10 @@ class _Process:
     # A reconcile that fails (API or store unreachable) is retried after this delay.
     error_backoff_seconds = 5.0
     wakeups: dict[tuple[str, str], asyncio.Event] = {}
+    # What an object's last event looked like outside its status, by uid: an event that
+    # changed only the status (most of them: the operator's own status writes) wakes nobody.
+    # Only a filter for wake-ups; no decision reads it.
+    seen: dict[str, tuple[Any, ...]] = {}
 
 
 def client() -> KubeClient:
@@ -72,6 +76,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _Process.resync_seconds = float(os.environ.get("RTRL_RESYNC_SECONDS", "30"))
     _Process.error_backoff_seconds = float(os.environ.get("RTRL_ERROR_BACKOFF_SECONDS", "5"))
     _Process.wakeups.clear()
+    _Process.seen.clear()
     settings.persistence.finalizer = ch.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -129,9 +134,34 @@ async def reconciler(
             del _Process.wakeups[(namespace, name)]
 
 
+def changed_beyond_status(body: kopf.Body, type_: str | None) -> bool:
+    """True unless the event only changed the object's status (or nothing)."""
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid"))
+    if type_ == "DELETED":
+        _Process.seen.pop(uid, None)
+        return True
+    shape = (
+        meta.get("generation"),
+        tuple(sorted((meta.get("annotations") or {}).items())),
+        tuple(sorted((meta.get("labels") or {}).items())),
+        bool(meta.get("deletionTimestamp")),
+    )
+    before = _Process.seen.get(uid)
+    _Process.seen[uid] = shape
+    return before != shape
+
+
 @kopf.on.event(GROUP, VERSION, "rlcycles", registry=registry)
-def rlcycle_changed(name: str, namespace: str | None, **_: Any) -> None:
-    wake(namespace, name)
+def rlcycle_changed(
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    type: str | None,
+    **_: Any,
+) -> None:
+    if changed_beyond_status(body, type):
+        wake(namespace, name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
@@ -159,8 +189,15 @@ def canary_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -
 
 
 @kopf.on.event(GROUP, VERSION, "checkpoints", registry=registry)
-def checkpoint_changed(spec: kopf.Spec, namespace: str | None, **_: Any) -> None:
-    wake(namespace, spec.get("rlCycle"))
+def checkpoint_changed(
+    spec: kopf.Spec,
+    namespace: str | None,
+    body: kopf.Body,
+    type: str | None,
+    **_: Any,
+) -> None:
+    if changed_beyond_status(body, type):
+        wake(namespace, spec.get("rlCycle"))
 
 
 @kopf.on.delete(GROUP, VERSION, "rlcycles", registry=registry)
