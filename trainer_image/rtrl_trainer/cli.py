@@ -36,6 +36,11 @@ STEPS: dict[str, tuple[str, str, str]] = {
         "rtrl_trainer.analyze",
         "run",
     ),
+    "serve": (
+        "demo only: simulated users of the serving (and canary) checkpoint write shards",
+        "rtrl_trainer.serve",
+        "run",
+    ),
 }
 PLANNED: tuple[str, ...] = ()
 

@@ -1,0 +1,124 @@
+# ruff: noqa: E501
+"""The local executor applies plan actions like the API server; the simulated users are
+deterministic and judge as documented; ``rtrl demo`` runs one cycle end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from rtrl.local.cluster import LocalCluster, PatchConflictError, json_patch, merge_patch
+from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
+from rtrl_trainer import sim
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _dep(name: str, owner_uid: str | None = None) -> dict:
+    meta: dict = {"name": name}
+    if owner_uid:
+        meta["ownerReferences"] = [{"uid": owner_uid}]
+    env = [{"name": "MODEL_URI", "value": "a"}]
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "c", "env": env}]}}}}  # fmt: skip
+
+
+def test_json_patch_ops_and_test_failures() -> None:
+    doc = {"spec": {"env": [{"name": "A", "value": "1"}]}}
+    ops = [{"op": "test", "path": "/spec/env/0/value", "value": "1"},
+           {"op": "replace", "path": "/spec/env/0/value", "value": "2"},
+           {"op": "add", "path": "/spec/env/-", "value": {"name": "B", "value": "3"}}]  # fmt: skip
+    out = json_patch(doc, ops)
+    assert out["spec"]["env"] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
+    assert doc["spec"]["env"] == [{"name": "A", "value": "1"}]  # untouched
+    with pytest.raises(PatchConflictError):
+        json_patch(out, ops)  # the test no longer holds: the API's 422
+    with pytest.raises(PatchConflictError):
+        json_patch(doc, [{"op": "replace", "path": "/spec/nope/0", "value": 1}])
+    assert merge_patch({"a": {"b": 1, "c": 2}}, {"a": {"b": None, "d": 3}}) == {
+        "a": {"c": 2, "d": 3}
+    }
+
+
+def test_cluster_applies_actions_like_the_api_server() -> None:
+    cluster = LocalCluster(NOW)
+    cluster.apply([Create(_dep("d")), Create(_dep("d"))])
+    dep = cluster.get("Deployment", "d")
+    assert dep is not None and dep["metadata"]["generation"] == 1 and dep["metadata"]["uid"]
+    uid = dep["metadata"]["uid"]
+    cluster.apply([Create(_dep("child", uid))])
+    path = "/spec/template/spec/containers/0/env/0/value"
+    ok = [{"op": "test", "path": path, "value": "a"}, {"op": "replace", "path": path, "value": "b"}]
+    cluster.apply(
+        [Patch("apps/v1", "Deployment", "d", ok), Patch("apps/v1", "Deployment", "d", ok)]
+    )
+    dep = cluster.get("Deployment", "d")
+    assert dep is not None and dep["metadata"]["generation"] == 2  # the second patch: 422, no-op
+    cluster.apply(
+        [PatchStatus("apps/v1", "Deployment", "d", {"x": 1}), Emit("RLCycle", "r", "R", "m")]
+    )
+    assert cluster.get("Deployment", "d")["status"] == {"x": 1}  # type: ignore[index]
+    assert cluster.get("Deployment", "d")["metadata"]["generation"] == 2  # type: ignore[index]
+    assert [e.reason for e in cluster.events] == ["R"]
+    cluster.apply([Delete("apps/v1", "Deployment", "d"), Delete("apps/v1", "Deployment", "d")])
+    assert cluster.get("Deployment", "child") is None  # garbage-collected with its owner
+
+
+def test_sim_is_deterministic_and_judges_as_documented() -> None:
+    assert sim.make_users(5, 3) == sim.make_users(5, 3)
+    user = sim.make_users(1, 0)[0]
+    rng = random.Random(0)
+    task = sim.Task("edit", 2, [sim.BOS, 100, sim.TASK["edit"], sim.LANG0 + 2])
+    kept = [
+        sim.judge(task, user, [sim.EDIT0 + 2, 100, sim.EOS], rng)["edit_persisted"]
+        for _ in range(400)
+    ]
+    wrong = [
+        sim.judge(task, user, [sim.EDIT0 + 1, 100, sim.EOS], rng)["edit_persisted"]
+        for _ in range(400)
+    ]
+    assert sum(kept) / 400 > 0.8 and sum(wrong) / 400 < 0.2
+    bad = sim.judge(task, user, [sim.TOOL0 + 2, sim.EOS], rng)
+    assert (
+        bad["invalid_tool_calls"] == 1 and bad["tool_calls"] == 1 and bad["edit_persisted"] is None
+    )
+    ask = sim.judge(task, user, [sim.ASK, sim.Q, sim.EOS], rng)
+    assert ask["asked_clarification"] and ask["edits_proposed"] == 0
+    assert sim.parse([sim.TOOL0 + 1, sim.END, sim.EOS]) == ("tool", 1)
+    assert sim.parse([sim.TOOL0 + 1, 100, sim.END, sim.EOS]) == ("invalid_tool", None)
+
+
+@pytest.mark.timeout(150)
+def test_demo_runs_one_cycle(tmp_path: Path) -> None:
+    """One cycle of the real loop, shortened: hour-long ticks (fewer subprocesses), a briefly
+    pre-trained base. The decision must be a final one and the outputs must show it."""
+    out = tmp_path / "report"
+    rtrl = Path(sys.executable).parent / "rtrl"
+    subprocess.run([str(rtrl), "demo", "--cycles", "1", "--users", "1000", "--tick-minutes", "60",
+                    "--pretrain-steps", "150", "--quiet", "--out", str(out)],
+                   check=True, timeout=140)  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["cycles"]) == 1
+    first = summary["cycles"][0]
+    assert first["phase"] in ("Promoted", "RolledBack", "Rejected")
+    if first["phase"] != "Rejected":
+        assert first["looks"], "the canary was analysed at least once"
+        names = {m["name"]: m for m in first["metrics"]}
+        assert {"edit_persistence", "clarification_rate", "invalid_tool_call_rate"} <= set(names)
+        assert names["edit_persistence"]["verdict"] in ("better", "worse", "inconclusive")
+        assert (
+            names["edit_persistence"]["relative_ci_low"]
+            <= names["edit_persistence"]["relative_ci_high"]
+        )
+    if first["phase"] == "Promoted":
+        assert summary["serving"] == first["checkpoint"]
+        assert summary["head_to_head"]["metrics"]
+    page = (out / "report.html").read_text()
+    assert first["checkpoint"] in page and str(first["phase"]) in page
+    assert page.count("<svg") >= 10
