@@ -152,7 +152,8 @@ def test_status_summarises_the_rlcycle_and_its_canary(
     assert head["Phase"] == "Canary (composer-2 at 25%: next analysis soon)"
     assert (head["Cycle"], head["Serving"], head["Candidate"]) == ("2", "composer-1", "composer-2")
     assert head["Canary weight"] == "25%"
-    assert re.search(r"Z \(in (3h|2h59m)\)$", head["Next run"])
+    # 3 h after the objects were made; the test may run minutes later on a slow machine
+    assert re.search(r"Z \(in (3h|2h[0-5]?[0-9]m)\)$", head["Next run"]), head["Next run"]
     # The unhealthy condition first and marked; the healthy ones after it.
     conditions = out.split("  Conditions:\n")[1].split("\n\n")[0].splitlines()
     assert conditions[0] == "    ! Degraded=True CycleFailed: composer-x: train failed"
