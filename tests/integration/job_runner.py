@@ -70,6 +70,9 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from rtrl.local.jobs import expand_vars
+from rtrl.local.jobs import rewrite as rewrite_for_local
+
 if TYPE_CHECKING:
     from tests.integration.conftest import KubeAPI
 
@@ -127,18 +130,6 @@ def compress_indexes(indexes: set[int]) -> str:
             start = i
         prev = i
     return ",".join(ranges)
-
-
-def expand_vars(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion: known variables expand, ``$$`` escapes, others stay."""
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0).startswith("$$"):
-            return match.group(0)[1:]
-        name = match.group(1)
-        return env[name] if name in env else match.group(0)
-
-    return re.sub(r"\$\$\(?|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, text)
 
 
 def tail(path: Path) -> str:
@@ -706,23 +697,9 @@ class _JobController:
         return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
 
     def rewrite(self, value: str, mounts: list[tuple[str, str]]) -> str:
-        """Mount paths at the start of a value or after ``=``, and pod hostnames -> local.
-
-        One pass over all mounts at once (longest path first), so a rewritten path (itself
-        under the runner's temp dir, e.g. ``/tmp/...``) is never rewritten again by a mount
-        at ``/tmp``."""
-        if mounts:
-            local_of = dict(mounts)
-            alternatives = "|".join(re.escape(path) for path, _ in mounts)
-            pattern = rf"(^|=)({alternatives})(?=/|$|\s|,|:)"
-            value = re.sub(pattern, lambda m: m.group(1) + local_of[m.group(2)], value)
-        subdomain = self.job["spec"]["template"].get("spec", {}).get("subdomain")
-        if self.indexed:
-            domain = re.escape(subdomain) if subdomain else r"[A-Za-z0-9-]+"
-            value = re.sub(
-                rf"\b{re.escape(self.name)}-\d+\.{domain}(\.[A-Za-z0-9.-]*)?\b", "127.0.0.1", value
-            )
-        return value
+        """Mount paths to local dirs and pod hostnames to loopback, as the demo's executor
+        does (one pass, so a rewritten path is never rewritten again)."""
+        return rewrite_for_local(value, mounts, self.name)
 
     def environment(
         self, pod: dict[str, Any], container: dict[str, Any], index: int, mounts: Any

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -10,8 +9,7 @@ from typing import Any
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
 from rtrl.planning import children as ch
 from rtrl.planning.timeutil import parse_time
-from rtrl.store import open_store, split_uri
-from rtrl.store.base import StoreError
+from rtrl.store import read_committed_json
 
 from .client import KubeClient, KubeError
 
@@ -73,20 +71,6 @@ def job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
         message=message,
         deleting=bool(meta.get("deletionTimestamp")),
     )
-
-
-def read_result(uri: str, endpoint: str | None, region: str | None) -> dict[str, Any] | str | None:
-    """A step's result document, if its output prefix is committed (manifest written last);
-    a string says why it could not be read."""
-    prefix, name = split_uri(uri)
-    try:
-        store = open_store(prefix, endpoint_url=endpoint, region=region)
-        if store.committed("") is None:
-            return None
-        doc = json.loads(store.get_bytes(name))
-    except (StoreError, ValueError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return doc if isinstance(doc, dict) else f"{name} is not a JSON object"
 
 
 def secret_state(client: KubeClient, namespace: str, name: str) -> SecretState:
@@ -169,7 +153,10 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     if not wanted:
         return observed
     results = {
-        uri: read_result(uri, storage.get("endpoint"), storage.get("region")) for uri in wanted
+        uri: read_committed_json(
+            uri, endpoint_url=storage.get("endpoint"), region=storage.get("region")
+        )
+        for uri in wanted
     }
     return Observed(**{**observed.__dict__, "results": results})
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,8 +35,7 @@ from rtrl.planning import children as ch
 from rtrl.planning.actions import Action
 from rtrl.planning.canary import env_value
 from rtrl.planning.timeutil import iso, parse_time
-from rtrl.store import open_store, split_uri
-from rtrl.store.base import StoreError
+from rtrl.store import read_committed_json
 
 
 class PatchConflictError(Exception):
@@ -121,20 +119,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[key] = merge_patch(out.get(key), value)
     return out
-
-
-def read_result(uri: str) -> dict[str, Any] | str | None:
-    """A step's result document, once its prefix is committed (``rtrl.kube.observe``'s
-    rule: manifest written last); a string says why it could not be read."""
-    prefix, name = split_uri(uri)
-    try:
-        store = open_store(prefix)
-        if store.committed("") is None:
-            return None
-        doc = json.loads(store.get_bytes(name))
-    except (StoreError, ValueError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return doc if isinstance(doc, dict) else f"{name} is not a JSON object"
 
 
 @dataclass(frozen=True)
@@ -336,5 +320,5 @@ class LocalCluster:
         wanted = results_to_read(observed)
         if not wanted:
             return observed
-        results = {uri: read_result(uri) for uri in wanted}
+        results = {uri: read_committed_json(uri) for uri in wanted}
         return Observed(**{**observed.__dict__, "results": results})

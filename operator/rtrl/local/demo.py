@@ -24,8 +24,9 @@ from rtrl.planning import plan
 from rtrl.planning.canary import CHECKPOINT_ID_ENV, env_value
 from rtrl.planning.children import result_uri
 from rtrl.planning.timeutil import iso
+from rtrl.store import read_committed_json
 
-from .cluster import LocalCluster, read_result
+from .cluster import LocalCluster
 from .jobs import BIN, run_pod
 
 NAME = "demo"
@@ -344,7 +345,7 @@ class Demo:
     def setup(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         base = f"{self.store}models/demo-0/"
-        if read_result(f"{base}config.json") is None:
+        if read_committed_json(f"{base}config.json") is None:
             self.job(["rtrl-job", "serve", f"--base-out={base}", f"--seed={self.args.seed}",
                       f"--pretrain-steps={self.args.pretrain_steps}"],
                      "base model (pre-training)", "base")  # fmt: skip
@@ -426,7 +427,7 @@ class Demo:
             self._head_to_head_job(out, final, start, config)
         except RuntimeError as exc:  # the demo's own extra: report it, keep the cycles
             return {"baseline": "demo-0", "canary": final, "error": str(exc)[:2000]}
-        doc = read_result(f"{out}analysis.json")
+        doc = read_committed_json(f"{out}analysis.json")
         if not isinstance(doc, dict):
             return {"baseline": "demo-0", "canary": final, "error": str(doc)}
         return {
@@ -530,7 +531,7 @@ def stage_monitors(ck: dict[str, Any]) -> dict[str, Any]:
     manifest = ((ck.get("status") or {}).get("data") or {}).get("manifest")
     if not manifest:
         return {}
-    doc = read_result(f"{manifest.rstrip('/')}/stage.json")
+    doc = read_committed_json(f"{manifest.rstrip('/')}/stage.json")
     if not isinstance(doc, dict):
         return {}
     return {"monitors": doc.get("monitors"), "reward": doc.get("reward")}
@@ -544,7 +545,7 @@ def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
     judged = sum(int(r.get("analyses") or 0) for r in records)
     docs = []
     for k in range(judged):
-        doc = read_result(result_uri(ck["spec"]["uri"], f"analyze-{k}"))
+        doc = read_committed_json(result_uri(ck["spec"]["uri"], f"analyze-{k}"))
         if isinstance(doc, dict):
             docs.append(doc)
     return docs

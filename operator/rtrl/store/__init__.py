@@ -7,10 +7,11 @@ the ``StoreUri`` pattern of the API in one spot.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from rtrl.store.base import (
@@ -36,6 +37,7 @@ __all__ = [
     "join_key",
     "open_store",
     "parse_store_uri",
+    "read_committed_json",
     "split_uri",
 ]
 
@@ -107,3 +109,20 @@ def split_uri(uri: str) -> tuple[str, str]:
         raise ValueError(f"URI {uri!r} names a prefix, not an object")
     root, _, name = uri.rpartition("/")
     return root + "/", unquote(name) if parsed.scheme == "file" else name
+
+
+def read_committed_json(
+    uri: str, *, endpoint_url: str | None = None, region: str | None = None
+) -> dict[str, Any] | str | None:
+    """The JSON object at ``uri`` once its prefix is committed (manifest written last), None
+    while it is not, or a string saying why it could not be read. How the operator and the
+    local demo read a step's result document (stage.json, eval.json, analysis.json...)."""
+    prefix, name = split_uri(uri)
+    try:
+        store = open_store(prefix, endpoint_url=endpoint_url, region=region)
+        if store.committed("") is None:
+            return None
+        doc = json.loads(store.get_bytes(name))
+    except (StoreError, ValueError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return doc if isinstance(doc, dict) else f"{name} is not a JSON object"
