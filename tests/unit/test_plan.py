@@ -744,8 +744,9 @@ def test_manual_rollback_mid_canary(how: str) -> None:
     if how == "annotation":
         assert "rtrl.io/rollback=oops-1" in ck["status"]["message"]
         assert world.rlcycle["status"]["lastRollback"] == "oops-1"
-    else:
+    else:  # in the same round the phase and the Progressing condition agree
         assert world.rlcycle["status"]["phase"] == "Pinned"
+        assert world.condition("Progressing")["reason"] == "Pinned"
 
 
 def test_manual_promotion_skips_the_analysis() -> None:

@@ -558,6 +558,8 @@ class _Planner:
         if due is not None:
             self.out.soon((due - self.now).total_seconds())
         phase = "Suspended" if self.spec.suspend else ("Pinned" if self.spec.pin else "Idle")
+        if self.spec.pin:  # phase and condition agree: the pin is why nothing progresses now
+            self.conditions.set("Progressing", False, "Pinned", f"pinned to {self.spec.pin}")
         return self.finish(phase, message)
 
     def step_succeeded(self, ck: dict[str, Any], step: str, job: JobState) -> Plan:
