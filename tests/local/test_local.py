@@ -1,15 +1,11 @@
 # ruff: noqa: E501
 """The local executor applies plan actions like the API server; the simulated users are
-deterministic and judge as documented; ``rtrl demo`` runs one cycle end to end."""
+deterministic and judge as documented (``rtrl demo`` end to end: test_demo.py)."""
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -92,33 +88,3 @@ def test_sim_is_deterministic_and_judges_as_documented() -> None:
     assert ask["asked_clarification"] and ask["edits_proposed"] == 0
     assert sim.parse([sim.TOOL0 + 1, sim.END, sim.EOS]) == ("tool", 1)
     assert sim.parse([sim.TOOL0 + 1, 100, sim.END, sim.EOS]) == ("invalid_tool", None)
-
-
-@pytest.mark.timeout(150)
-def test_demo_runs_one_cycle(tmp_path: Path) -> None:
-    """One cycle of the real loop, shortened: hour-long ticks (fewer subprocesses), a briefly
-    pre-trained base. The decision must be a final one and the outputs must show it."""
-    out = tmp_path / "report"
-    rtrl = Path(sys.executable).parent / "rtrl"
-    subprocess.run([str(rtrl), "demo", "--cycles", "1", "--users", "1000", "--tick-minutes", "60",
-                    "--pretrain-steps", "150", "--quiet", "--out", str(out)],
-                   check=True, timeout=140)  # fmt: skip
-    summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["cycles"]) == 1
-    first = summary["cycles"][0]
-    assert first["phase"] in ("Promoted", "RolledBack", "Rejected")
-    if first["phase"] != "Rejected":
-        assert first["looks"], "the canary was analysed at least once"
-        names = {m["name"]: m for m in first["metrics"]}
-        assert {"edit_persistence", "clarification_rate", "invalid_tool_call_rate"} <= set(names)
-        assert names["edit_persistence"]["verdict"] in ("better", "worse", "inconclusive")
-        assert (
-            names["edit_persistence"]["relative_ci_low"]
-            <= names["edit_persistence"]["relative_ci_high"]
-        )
-    if first["phase"] == "Promoted":
-        assert summary["serving"] == first["checkpoint"]
-        assert summary["head_to_head"]["metrics"]
-    page = (out / "report.html").read_text()
-    assert first["checkpoint"] in page and str(first["phase"]) in page
-    assert page.count("<svg") >= 10

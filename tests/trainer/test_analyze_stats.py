@@ -129,6 +129,34 @@ def test_ask_instead_of_edit_trips_the_guardrails() -> None:
     assert verdicts["edit_persistence"] == "better"
 
 
+def test_a_guardrail_estimate_beyond_its_band_holds_the_promotion() -> None:
+    # Edit persistence clearly better; the clarification rate up ~30%, beyond its 10% band,
+    # on too few questions for its interval to lie wholly beyond the band yet.
+    rng = np.random.default_rng(7)
+    base, canary = arms(rng, 3_000), arms(rng, 3_000, edit=0.70, clarification=0.065)
+    result = decide(base, canary, AnalysisSpec(), GUARDS)
+    verdicts = {row["name"]: row for row in result.metrics}
+    row = verdicts["clarification_rate"]
+    assert verdicts["edit_persistence"]["verdict"] == "better"
+    assert row["verdict"] == "beyond", row
+    assert row["relative_difference"] > 0.10 and row["relative_ci_low"] <= 0.10
+    assert result.decision == "continue"
+    assert result.reasons[0].startswith(
+        "promotion held: edit_persistence significantly better, but the estimate of "
+        "clarification_rate is beyond its band"
+    )
+    late = decide(base, canary, AnalysisSpec(), GUARDS, max_duration_reached=True)
+    assert late.decision == "rollback"
+    assert late.reasons[0] == (
+        "inconclusive at maxDuration (clarification_rate beyond its band): policy rollback"
+    )
+    spec = AnalysisSpec.model_validate({"inconclusive": "promote-if-non-inferior"})
+    assert decide(base, canary, spec, GUARDS, max_duration_reached=True).decision == "rollback"
+    # The same improvement with the guardrail within its band promotes at once.
+    calm = arms(rng, 3_000, edit=0.70)
+    assert decide(base, calm, AnalysisSpec(), GUARDS).decision == "promote"
+
+
 def test_srm_rolls_back_first() -> None:
     srm = srm_test(8_000, 2_000, 0.05, 0.001)
     assert srm.mismatch and srm.observed_canary_share == pytest.approx(0.2)
@@ -145,7 +173,7 @@ def test_srm_rolls_back_first() -> None:
     ("policy", "canary_kw", "decision", "lead"),
     [
         ("rollback", {}, "rollback", "inconclusive at maxDuration: policy rollback"),
-        ("hold", {}, "continue", "hold"),
+        ("hold", {}, "continue", "inconclusive at maxDuration: policy hold"),
         ("promote-if-non-inferior", {}, "promote", "inconclusive at maxDuration: policy "
          "promote-if-non-inferior: every goal"),
         ("promote-if-non-inferior", {"dissatisfied": 0.104}, "rollback",

@@ -67,9 +67,13 @@ MIN_SAMPLES = 100
 # its band, so its real error under "no change" is far below its share.
 GOAL_ALPHA_SHARE = 0.8
 
-# Verdict codes (arrays of these in vectorised use).
-INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED = 0, 1, 2, 3, 4
-VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped")
+# Verdict codes (arrays of these in vectorised use). A guardrail is ``tripped`` when its
+# interval lies wholly beyond its band, and ``beyond`` when only its estimate does: the
+# evidence is not conclusive yet, but promoting on it would ship a behaviour change the band
+# says is not tolerated, so it holds promotion (as a threshold on the measured value does in
+# Argo Rollouts or Flagger) while the test goes on.
+INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED, BEYOND = 0, 1, 2, 3, 4, 5
+VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped", "beyond")
 
 # Decision codes.
 CONTINUE, PROMOTE, ROLLBACK = 0, 1, 2
@@ -77,7 +81,7 @@ DECISIONS = ("continue", "promote", "rollback")
 
 # Why the decision was taken.
 NO_CAUSE, SRM, GUARDRAIL, GOAL_WORSE, PRIMARY_BETTER = 0, 1, 2, 3, 4
-POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD = 5, 6, 7, 8
+POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD, HELD = 5, 6, 7, 8, 9
 
 
 class Estimate(NamedTuple):
@@ -302,12 +306,17 @@ def verdict(metric: Metric, cmp: Comparison) -> Any:
         code = np.where(better, BETTER, np.where(worse, WORSE, INCONCLUSIVE))
         return _code(np.where(enough, code, INCONCLUSIVE))
     band = metric.band
+    rel = np.asarray(cmp.relative)
     tripped = np.zeros(enough.shape, dtype=bool)
+    beyond = np.zeros(enough.shape, dtype=bool)
     if band is not None and band.max_relative_drop is not None:
         tripped |= high < -band.max_relative_drop
+        beyond |= rel < -band.max_relative_drop
     if band is not None and band.max_relative_rise is not None:
         tripped |= low > band.max_relative_rise
-    return _code(np.where(enough & tripped, TRIPPED, OK))
+        beyond |= rel > band.max_relative_rise
+    code = np.where(tripped, TRIPPED, np.where(beyond, BEYOND, OK))
+    return _code(np.where(enough, code, OK))
 
 
 def non_inferior(metric: Metric, cmp: Comparison, margin: float) -> Any:
@@ -399,15 +408,21 @@ def judge(
     2. a guardrail tripped (its interval for the relative change lies beyond its band):
        rollback;
     3. a goal significantly worse: rollback;
-    4. the primary goal (edit persistence) significantly better: promote;
+    4. the primary goal (edit persistence) significantly better: promote, unless a
+       guardrail's estimate is beyond its band (verdict ``beyond``): then continue, the
+       promotion held until the guardrail trips or its estimate comes back;
     5. otherwise continue, or at the maximum duration the inconclusive policy: rollback;
        promote-if-non-inferior (promote when every goal's interval excludes a relative harm
-       bigger than ``margin``, else rollback); hold (continue).
+       bigger than ``margin`` and no guardrail is ``beyond``, else rollback); hold
+       (continue).
+    Holding only ever turns a promotion into a continuation, so the chance of a false
+    promotion stays within alpha.
     A metric missing from ``base`` or ``canary`` gets no verdict (inconclusive / ok).
     """
     srm = np.asarray(srm_mismatch, dtype=bool)
     shape = srm.shape
     tripped = np.zeros(shape, dtype=bool)
+    beyond = np.zeros(shape, dtype=bool)
     worse = np.zeros(shape, dtype=bool)
     better = np.zeros(shape, dtype=bool)
     noninf = np.ones(shape, dtype=bool)
@@ -423,15 +438,20 @@ def judge(
         codes = np.asarray(code)
         if metric.kind == "guardrail":
             tripped = tripped | (codes == TRIPPED)
+            beyond = beyond | (codes == BEYOND)
             continue
         worse = worse | (codes == WORSE)
         if metric.name == PRIMARY:
             better = better | (codes == BETTER)
         noninf = noninf & np.asarray(non_inferior(metric, cmp, margin))
-    decision = np.full(np.broadcast_shapes(shape, tripped.shape, better.shape), CONTINUE)
+    decision = np.full(
+        np.broadcast_shapes(shape, tripped.shape, beyond.shape, better.shape), CONTINUE
+    )
     cause = np.full(decision.shape, NO_CAUSE)
+    noninf = noninf & ~beyond
     for mask, code, why in (
         (better, PROMOTE, PRIMARY_BETTER),
+        (better & beyond, CONTINUE, HELD),
         (worse, ROLLBACK, GOAL_WORSE),
         (tripped, ROLLBACK, GUARDRAIL),
         (srm, ROLLBACK, SRM),
@@ -574,6 +594,8 @@ def decide(
             row["band"] = metric.band.to_k8s()
         rows.append(row)
     cause = int(j.cause)
+    beyond = [m.name for m in metrics if j.verdicts[m.name] == BEYOND]
+    held = f" ({', '.join(beyond)} beyond its band)" if beyond else ""
     lead: list[str] = []
     if cause == SRM and srm is not None:
         lead.append(
@@ -590,8 +612,14 @@ def decide(
         lead.append(f"goal significantly worse: {', '.join(worse)}")
     elif cause == PRIMARY_BETTER:
         lead.append(f"{PRIMARY} significantly better and no goal worse, no guardrail tripped")
+    elif cause == HELD:
+        lead.append(
+            f"promotion held: {PRIMARY} significantly better, but the estimate of "
+            f"{', '.join(beyond)} is beyond its band; the analysis goes on until the guardrail "
+            "trips, its estimate comes back within the band, or maxDuration"
+        )
     elif cause == POLICY_ROLLBACK:
-        lead.append("inconclusive at maxDuration: policy rollback")
+        lead.append(f"inconclusive at maxDuration{held}: policy rollback")
     elif cause == NON_INFERIOR:
         lead.append(
             "inconclusive at maxDuration: policy promote-if-non-inferior: every goal's interval "
@@ -599,11 +627,12 @@ def decide(
         )
     elif cause == NOT_NON_INFERIOR:
         lead.append(
-            "inconclusive at maxDuration: policy promote-if-non-inferior: non-inferiority "
-            f"(margin {100 * analysis.non_inferiority_margin:g}%) not shown for every goal"
+            f"inconclusive at maxDuration{held}: policy promote-if-non-inferior: "
+            f"non-inferiority (margin {100 * analysis.non_inferiority_margin:g}%) not shown for "
+            "every goal, or a guardrail beyond its band"
         )
     elif cause == HOLD:
-        lead.append("hold")
+        lead.append(f"inconclusive at maxDuration{held}: policy hold")
     else:
         lead.append("inconclusive: no goal significantly better or worse yet")
     srm_doc: dict[str, Any] = {

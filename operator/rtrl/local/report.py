@@ -77,7 +77,12 @@ def _ci_svg(title: str, rows: list[tuple[str, float, float, float, str]]) -> str
     )
     for k, (name, rel, lo, hi, verdict) in enumerate(rows):
         y = 34 + 24 * k
-        color = {"better": "#2ca02c", "worse": "#d62728", "tripped": "#d62728"}.get(verdict, "#555")
+        color = {
+            "better": "#2ca02c",
+            "worse": "#d62728",
+            "tripped": "#d62728",
+            "beyond": "#e08000",
+        }.get(verdict, "#555")
         parts.append(f'<text x="4" y="{y + 4}" font-size="11">{html.escape(name)}</text>')
         parts.append(
             f'<line x1="{x(lo):.1f}" y1="{y}" x2="{x(hi):.1f}" y2="{y}" stroke="{color}" stroke-width="3"/>'
@@ -167,7 +172,7 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
         "mean_completion_tokens",
     ):
         values = [(s.get("monitors") or {}).get(name) for s in staged]
-        plots.append(_line_svg(f"{name} (stage monitor, serving ckpt)", labels, {name: values}))
+        plots.append(_line_svg(f"{name} (stage monitor)", labels, {name: values}))
     kls = [(c.get("training") or {}).get("kl") for c in cycles]
     plots.append(_line_svg("KL to parent (training, last step)", labels, {"kl": kls}))
     sections = []
@@ -210,7 +215,7 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>rtrl demo report</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}svg.plot{{border:1px solid #ddd;margin:4px}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}.decision{{color:#06c}}
-.v-better{{color:#2ca02c}}.v-worse,.v-tripped{{color:#d62728;font-weight:bold}}</style></head>
+.v-better{{color:#2ca02c}}.v-worse,.v-tripped{{color:#d62728;font-weight:bold}}.v-beyond{{color:#e08000;font-weight:bold}}</style></head>
 <body><h1>rtrl demo: {html.escape(str(summary.get("scenario")))}</h1>
 <p>{html.escape(str(summary.get("scenario_description")))}. {summary.get("users")} simulated users,
 {len(cycles)} cycle(s), {summary.get("simulated_hours")} simulated hours, {summary.get("wall_seconds")} s wall.
