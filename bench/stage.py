@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ from rtrl.shards import (
 from rtrl.store.local import LocalStore
 from rtrl_trainer.reward import rewards
 from rtrl_trainer.stage import CARRIED_COLUMNS, TRAIN_SCHEMA
-from rtrl_trainer.stage_write import STRING_COLUMNS
+from rtrl_trainer.stage_write import train_writer
 
 MB = 1_000_000
 CHECKPOINT = "bench-ckpt"
@@ -221,16 +222,10 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
     values = np.array([row["reward"] for row in selected])
     mean, std = float(values.mean()), float(values.std())
     p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))]
-    with pq.ParquetWriter(
-        out,
-        TRAIN_SCHEMA,
-        compression="zstd",
-        use_dictionary=STRING_COLUMNS,
-        write_statistics=False,
-    ) as writer:
+    with train_writer(out, TRAIN_SCHEMA) as writer:
         for first in range(0, len(selected), BATCH):
             records = [
-                {name: row[name] for name in CARRIED_COLUMNS}
+                {name: _packed(name, row[name]) for name in CARRIED_COLUMNS}
                 | {
                     "reward": row["reward"],
                     "advantage": (row["reward"] - mean) / std,  # the batch baseline
@@ -249,6 +244,17 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
         "seconds": seconds,
         "agrees_with_vectorised": _agrees(root, limit, selected),
     }
+
+
+_PACK_FORMATS = {"prompt_ids": "i", "completion_ids": "i", "completion_logprobs": "f"}
+
+
+def _packed(name: str, value: Any) -> Any:
+    """A per-token list as the training set stores it (little-endian fixed-width bytes)."""
+    if name == "completion_mask":
+        return bytes(value)
+    kind = _PACK_FORMATS.get(name)
+    return value if kind is None else struct.pack(f"<{len(value)}{kind}", *value)
 
 
 def _first_rows(root: Path, limit: int) -> Iterator[pa.RecordBatch]:
