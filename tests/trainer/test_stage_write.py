@@ -13,7 +13,7 @@ import pytest
 
 from rtrl.shards import synthetic_interactions, write_shards
 from rtrl.store.local import LocalStore
-from rtrl_trainer.packed import pack, packed_lengths, unpack
+from rtrl_trainer.packed import PACKED_COLUMNS, pack, packed_lengths, to_lists, unpack
 from tests.trainer.helpers import run_stage, write_config
 
 CHECKPOINT = "ckpt-w"
@@ -68,11 +68,22 @@ def test_advantages_are_filled_in_across_row_groups_and_ranks(
     manifest = LocalStore(out).committed("")
     assert manifest is not None
     assert set(manifest.files) == {"stage.json", "heldout/part-00000.parquet", *doc["files"]}
-    assert (
-        pq.read_table(out / "heldout/part-00000.parquet").num_rows
-        == doc["heldout_interactions"]
-        > 0
-    )
+    heldout = pq.read_table(out / "heldout/part-00000.parquet")
+    assert heldout.num_rows == doc["heldout_interactions"] > 0
+    # Packed or not, the rows carry the shards' tokens, log-probs and masks unchanged.
+    logged = {
+        row["interaction_id"]: row
+        for row in pa.concat_tables(
+            pq.read_table(p) for p in sorted(shards.rglob("*.parquet"))
+        ).to_pylist()
+    }
+    columns = ["interaction_id", *PACKED_COLUMNS]
+    for table in (heldout, *parts):
+        staged = to_lists(table.slice(0, 300).select(columns))
+        assert staged.schema.field("completion_mask").type == pa.list_(pa.bool_())
+        for row in staged.to_pylist():
+            source = logged[row.pop("interaction_id")]
+            assert row == {name: source[name] for name in PACKED_COLUMNS}
 
 
 def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) -> None:

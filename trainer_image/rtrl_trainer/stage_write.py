@@ -126,11 +126,11 @@ def parquet_writer(path: Path, schema: pa.Schema, **options: Any) -> pq.ParquetW
     """A writer of the step's Parquet files, with the encodings chosen per column for speed
     (one CPU encodes a whole rank file; measured on 1M interactions):
 
-    - token id lists (the held-out file): BYTE_STREAM_SPLIT, then zstd. The ids' high
-      bytes are mostly zero; split into streams of equal significance they compress to a
-      quarter less than PLAIN does, in a quarter less time. Packed token ids (the rank
-      files, :mod:`rtrl_trainer.packed`) are binary, which the split does not apply to:
-      zstd alone;
+    - token id lists: BYTE_STREAM_SPLIT, then zstd. The ids' high bytes are mostly zero;
+      split into streams of equal significance they compress to a quarter less than PLAIN
+      does, in a quarter less time. The step's own files pack their token ids
+      (:mod:`rtrl_trainer.packed`): binary, which the split does not apply to, so zstd
+      alone;
     - log-probs: uncompressed. A float's mantissa is noise: zstd saves a tenth of their
       size for 70% more time on the column;
     - everything else zstd; dictionaries only for the strings that repeat.
