@@ -11,7 +11,8 @@ selected) to a temp directory as a ``file://`` store and measures, each in a fre
       checks, nothing written: the floor for anything that reads the shards;
   (b) row-by-row: ``for row in batch.to_pylist()`` applying the same row contract,
       selection and reward rules in plain Python, then writing the training set from the
-      rows (``Table.from_pylist``, stage's Parquet options), on the first
+      rows in the same format (per-token lists packed with ``struct.pack``,
+      ``Table.from_pylist``, stage's own Parquet writer and options), on the first
       ``--rowwise-rows`` interactions (it is too slow for all of them), extrapolated as
       rows/s; its rewards are checked against the vectorised ones on the same rows;
   (s) ``rtrl-job stage`` as a Job runs it (the console script), end to end: wall time
@@ -187,9 +188,10 @@ def _row_is_good(row: dict[str, Any]) -> bool:
 def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
     """What stage does, the straightforward way: each row as a Python dict, checked against
     the row contract, deduplicated, selected, rewarded and added to the monitors; then
-    advantages, and the training set written from the rows (``Table.from_pylist``, with the
-    writer options stage uses). The selected rows are held in memory until their
-    advantages are known (the quickest way, here; stage streams instead)."""
+    advantages, and the training set written from the rows in stage's format (per-token
+    lists packed, ``Table.from_pylist``, stage's writer and options). The selected rows
+    are held in memory until their advantages are known (the quickest way, here; stage
+    streams instead)."""
     spec = RewardSpec()
     now = datetime.fromisoformat(NOW)
     cutoff = now - MATURITY
