@@ -13,7 +13,14 @@ import pytest
 
 from rtrl.shards import synthetic_interactions, write_shards
 from rtrl.store.local import LocalStore
-from rtrl_trainer.packed import PACKED_COLUMNS, pack, packed_lengths, to_lists, unpack
+from rtrl_trainer.packed import (
+    PACKED_COLUMNS,
+    PackedError,
+    pack,
+    packed_lengths,
+    to_lists,
+    unpack,
+)
 from tests.trainer.helpers import run_stage, write_config
 
 CHECKPOINT = "ckpt-w"
@@ -121,3 +128,6 @@ def test_packing_round_trips_through_slices() -> None:
         pack(pa.array([[1], None], pa.list_(pa.int32())), "<i4")
     with pytest.raises(ValueError, match="null"):
         pack(pa.array([[1, None]], pa.list_(pa.int32())), "<i4")
+    future = pa.field("prompt_ids", pa.binary(), metadata={b"rtrl.packed": b"<i8"})
+    with pytest.raises(PackedError, match="prompt_ids: unknown packed element type '<i8'"):
+        to_lists(pa.table([pa.array([b""])], schema=pa.schema([future])))

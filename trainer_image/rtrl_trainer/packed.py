@@ -45,11 +45,11 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 class PackedError(ValueError):
-    """A packed column that cannot be read back: row ``row``'s length is not a multiple
-    of the element width."""
+    """A packed column that cannot be read back: an unknown element type, or row ``row``
+    whose length is not a multiple of the element width."""
 
-    def __init__(self, row: int, message: str) -> None:
-        super().__init__(f"row {row}: {message}")
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message if row is None else f"row {row}: {message}")
         self.row = row
         self.detail = message
 
@@ -87,7 +87,7 @@ def pack(array: pa.Array, dtype: str) -> pa.BinaryArray:
     else:
         if np.dtype(dtype) != values.type.to_pandas_dtype() or sys.byteorder != "little":
             raise TypeError(f"cannot pack {array.type} as {dtype}")
-        data = values.buffers()[1]
+        data = values.buffers()[1] or pa.py_buffer(b"")  # None only when empty
         byte_offsets = (offsets + values.offset) * width
     if byte_offsets[-1] > _INT32_MAX:
         raise ValueError("a packed batch over 2 GiB")
@@ -121,7 +121,7 @@ def flat(array: pa.Array, dtype: str) -> tuple[npt.NDArray[np.int64], npt.NDArra
         lengths = np.diff(offsets)
         if np.any(lengths % width):
             row = int(np.flatnonzero(lengths % width)[0])
-            raise PackedError(row, f"{lengths[row]} bytes, not a multiple of {width}")
+            raise PackedError(f"{lengths[row]} bytes, not a multiple of {width}", row)
         start, stop = int(offsets[0]), int(offsets[-1])
         data = buffers[2]
         raw = np.frombuffer(data, dtype=np.uint8)[start:stop] if data is not None else b""
@@ -155,7 +155,9 @@ def to_lists(table: pa.Table) -> pa.Table:
         if not is_packed(field):
             continue
         assert field.metadata is not None
-        dtype = field.metadata[METADATA_KEY].decode()
+        dtype = field.metadata[METADATA_KEY].decode(errors="replace")
+        if dtype not in _LIST_TYPES:
+            raise PackedError(f"{field.name}: unknown packed element type {dtype!r}")
         column = pa.chunked_array(
             [unpack(chunk, dtype) for chunk in table.column(index).chunks],
             type=_LIST_TYPES[dtype],
