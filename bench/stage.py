@@ -11,7 +11,8 @@ selected) to a temp directory as a ``file://`` store and measures, each in a fre
       checks, nothing written: the floor for anything that reads the shards;
   (b) row-by-row: ``for row in batch.to_pylist()`` applying the same row contract,
       selection and reward rules in plain Python, then writing the training set from the
-      rows (``Table.from_pylist``, stage's Parquet options), on the first
+      rows in the same format (per-token lists packed with ``struct.pack``,
+      ``Table.from_pylist``, stage's own Parquet writer and options), on the first
       ``--rowwise-rows`` interactions (it is too slow for all of them), extrapolated as
       rows/s; its rewards are checked against the vectorised ones on the same rows;
   (s) ``rtrl-job stage`` as a Job runs it (the console script), end to end: wall time
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,7 +57,7 @@ from rtrl.shards import (
 from rtrl.store.local import LocalStore
 from rtrl_trainer.reward import rewards
 from rtrl_trainer.stage import CARRIED_COLUMNS, TRAIN_SCHEMA
-from rtrl_trainer.stage_write import STRING_COLUMNS
+from rtrl_trainer.stage_write import train_writer
 
 MB = 1_000_000
 CHECKPOINT = "bench-ckpt"
@@ -186,9 +188,10 @@ def _row_is_good(row: dict[str, Any]) -> bool:
 def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
     """What stage does, the straightforward way: each row as a Python dict, checked against
     the row contract, deduplicated, selected, rewarded and added to the monitors; then
-    advantages, and the training set written from the rows (``Table.from_pylist``, with the
-    writer options stage uses). The selected rows are held in memory until their
-    advantages are known (the quickest way, here; stage streams instead)."""
+    advantages, and the training set written from the rows in stage's format (per-token
+    lists packed, ``Table.from_pylist``, stage's writer and options). The selected rows
+    are held in memory until their advantages are known (the quickest way, here; stage
+    streams instead)."""
     spec = RewardSpec()
     now = datetime.fromisoformat(NOW)
     cutoff = now - MATURITY
@@ -221,16 +224,10 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
     values = np.array([row["reward"] for row in selected])
     mean, std = float(values.mean()), float(values.std())
     p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))]
-    with pq.ParquetWriter(
-        out,
-        TRAIN_SCHEMA,
-        compression="zstd",
-        use_dictionary=STRING_COLUMNS,
-        write_statistics=False,
-    ) as writer:
+    with train_writer(out, TRAIN_SCHEMA) as writer:
         for first in range(0, len(selected), BATCH):
             records = [
-                {name: row[name] for name in CARRIED_COLUMNS}
+                {name: _packed(name, row[name]) for name in CARRIED_COLUMNS}
                 | {
                     "reward": row["reward"],
                     "advantage": (row["reward"] - mean) / std,  # the batch baseline
@@ -249,6 +246,17 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
         "seconds": seconds,
         "agrees_with_vectorised": _agrees(root, limit, selected),
     }
+
+
+_PACK_FORMATS = {"prompt_ids": "i", "completion_ids": "i", "completion_logprobs": "f"}
+
+
+def _packed(name: str, value: Any) -> Any:
+    """A per-token list as the training set stores it (little-endian fixed-width bytes)."""
+    if name == "completion_mask":
+        return bytes(value)
+    kind = _PACK_FORMATS.get(name)
+    return value if kind is None else struct.pack(f"<{len(value)}{kind}", *value)
 
 
 def _first_rows(root: Path, limit: int) -> Iterator[pa.RecordBatch]:

@@ -16,6 +16,7 @@ import pytest
 from rtrl.shards import INTERACTION_SCHEMA
 from rtrl.store.local import LocalStore
 from rtrl_trainer.cli import main
+from rtrl_trainer.packed import to_lists
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # maturity 1h: cutoff 11:00
@@ -89,13 +90,14 @@ def run_stage(
 
 
 def training_set(out: Path) -> pa.Table:
-    """All rank files of a committed training set, in rank order, as one table."""
+    """All rank files of a committed training set, in rank order, as one table (the packed
+    per-token columns as lists, as the shards had them)."""
     manifest = LocalStore(out).committed("")
     assert manifest is not None, f"{out} is not committed"
     names = sorted(name for name in manifest.files if name.startswith("train/"))
     if not names:
         return pa.table({})
-    return pa.concat_tables(pq.read_table(out / name) for name in names)
+    return to_lists(pa.concat_tables(pq.read_table(out / name) for name in names))
 
 
 def by_id(t: pa.Table) -> dict[str, dict[str, Any]]:

@@ -17,6 +17,7 @@ import pytest
 
 from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
 from rtrl.store import open_store
+from rtrl_trainer.packed import to_lists
 from tests.conftest import REPO, console_script
 
 SECRET = "s3cr3t-DO-NOT-LEAK-stage"
@@ -111,10 +112,13 @@ def test_stage_in_s3_end_to_end(bucket: str, tmp_path: Path) -> None:
     assert sum(on_policy) == doc["on_policy_interactions"]
     assert doc["on_policy_fraction"] >= 0.9
     assert set(staged.column("checkpoint_id").to_pylist()) == {"composer-7", "composer-6"}
+    # Per-token columns are packed; unpacked they are the shards' lists.
+    assert pa.types.is_binary(staged.schema.field("completion_ids").type)
+    lists = to_lists(staged)
     assert (
-        staged.schema.field("completion_ids").type
-        == INTERACTION_SCHEMA.field("completion_ids").type
+        lists.schema.field("completion_ids").type == INTERACTION_SCHEMA.field("completion_ids").type
     )
+    assert sum(len(ids) for ids in lists.column("completion_ids").to_pylist()) == doc["tokens_used"]
     assert staged.column("advantage").type == pa.float32()
 
 

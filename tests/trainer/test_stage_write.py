@@ -13,7 +13,14 @@ import pytest
 
 from rtrl.shards import synthetic_interactions, write_shards
 from rtrl.store.local import LocalStore
-from rtrl_trainer.stage_write import keep_rows
+from rtrl_trainer.packed import (
+    PACKED_COLUMNS,
+    PackedError,
+    pack,
+    packed_lengths,
+    to_lists,
+    unpack,
+)
 from tests.trainer.helpers import run_stage, write_config
 
 CHECKPOINT = "ckpt-w"
@@ -68,11 +75,22 @@ def test_advantages_are_filled_in_across_row_groups_and_ranks(
     manifest = LocalStore(out).committed("")
     assert manifest is not None
     assert set(manifest.files) == {"stage.json", "heldout/part-00000.parquet", *doc["files"]}
-    assert (
-        pq.read_table(out / "heldout/part-00000.parquet").num_rows
-        == doc["heldout_interactions"]
-        > 0
-    )
+    heldout = pq.read_table(out / "heldout/part-00000.parquet")
+    assert heldout.num_rows == doc["heldout_interactions"] > 0
+    # Packed or not, the rows carry the shards' tokens, log-probs and masks unchanged.
+    logged = {
+        row["interaction_id"]: row
+        for row in pa.concat_tables(
+            pq.read_table(p) for p in sorted(shards.rglob("*.parquet"))
+        ).to_pylist()
+    }
+    columns = ["interaction_id", *PACKED_COLUMNS]
+    for table in (heldout, *parts):
+        staged = to_lists(table.slice(0, 300).select(columns))
+        assert staged.schema.field("completion_mask").type == pa.list_(pa.bool_())
+        for row in staged.to_pylist():
+            source = logged[row.pop("interaction_id")]
+            assert row == {name: source[name] for name in PACKED_COLUMNS}
 
 
 def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) -> None:
@@ -85,19 +103,31 @@ def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) ->
     assert sorted(p.name for p in out.iterdir()) == ["_MANIFEST.json", "stage.json"]
 
 
-def test_keep_rows_is_filter() -> None:
-    lists = pa.array([[1, 2], [], [3], [4, 5, 6], None, [7]], pa.list_(pa.int32()))
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array(["a", "b", "c", "d", "e", "f"]),
-            pa.array([[1.0, 2.0], [], [3.0], [4.0, 5.0, 6.0], [], [7.0]], pa.list_(pa.float32())),
-            pa.array([[1, 2], [], [3], [4, 5, 6], [9], [7]], pa.list_(pa.int32())),
-            lists,  # with a null: filtered by Arrow
-        ],
-        names=["id", "floats", "ints", "nullable"],
-    )
+def test_packing_round_trips_through_slices() -> None:
     rng = np.random.default_rng(0)
-    for part in (batch, batch.slice(1, 4), batch.slice(2)):
-        for _ in range(10):
-            keep = rng.random(part.num_rows) < 0.5
-            assert keep_rows(part, keep).equals(part.filter(pa.array(keep)))
+    for _ in range(50):
+        lengths = rng.integers(0, 9, size=int(rng.integers(0, 20)))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        total = int(offsets[-1])
+        columns = {
+            "<i4": pa.array(rng.integers(-(2**31), 2**31, size=total + 11, dtype=np.int32)),
+            "<f4": pa.array(rng.standard_normal(total + 11).astype(np.float32)),
+            "u1": pa.array(rng.random(total + 11) < 0.5),
+        }
+        skip = int(rng.integers(0, 11))  # the values sliced too, at any bit offset
+        for dtype, values in columns.items():
+            lists = pa.ListArray.from_arrays(pa.array(offsets), values.slice(skip))
+            first = int(rng.integers(0, len(lists) + 1))
+            for part in (lists, lists.slice(first), lists.slice(0, first)):
+                packed = pack(part, dtype)
+                assert unpack(packed, dtype).to_pylist() == part.to_pylist()
+                assert packed_lengths(packed, dtype).tolist() == [len(x) for x in part.to_pylist()]
+                if len(packed) > 1:
+                    assert unpack(packed.slice(1), dtype).equals(part.slice(1))
+    with pytest.raises(ValueError, match="null"):
+        pack(pa.array([[1], None], pa.list_(pa.int32())), "<i4")
+    with pytest.raises(ValueError, match="null"):
+        pack(pa.array([[1, None]], pa.list_(pa.int32())), "<i4")
+    future = pa.field("prompt_ids", pa.binary(), metadata={b"rtrl.packed": b"<i8"})
+    with pytest.raises(PackedError, match="prompt_ids: unknown packed element type '<i8'"):
+        to_lists(pa.table([pa.array([b""])], schema=pa.schema([future])))

@@ -24,7 +24,13 @@ from rtrl_trainer.batches import (
     step_tokens,
 )
 from rtrl_trainer.train import token_logprobs
-from tests.trainer.trainset import TRAINSET_SCHEMA, Row, completion_logprobs, tiny_gpt2
+from tests.trainer.trainset import (
+    LIST_TRAINSET_SCHEMA,
+    TRAINSET_SCHEMA,
+    Row,
+    completion_logprobs,
+    tiny_gpt2,
+)
 
 
 def _write(path: Path, rows: list[Row]) -> Path:
@@ -130,6 +136,39 @@ def test_tool_output_log_probs_may_be_anything(tmp_path: Path) -> None:
     path = _write(tmp_path / "f.parquet", [row])
     (example,) = _read([("train/rank-00000-of-00001.parquet", path)])
     assert example.tokens == 1
+
+
+def test_a_set_with_list_columns_reads_the_same(tmp_path: Path) -> None:
+    # Sets staged before the per-token columns were packed stay readable.
+    rows = [
+        *_rows(3),
+        Row(prompt=[], completion=[5, 6, 7], advantage=-0.5, logprobs=[-0.1, -0.2, -0.3]),
+        Row(prompt=[9], completion=[8, 7], advantage=0.25, mask=[False, True]),
+    ]
+    packed = _write(tmp_path / "packed.parquet", rows)
+    lists = tmp_path / "lists.parquet"
+    table = pa.Table.from_pylist([r.list_record() for r in rows], schema=LIST_TRAINSET_SCHEMA)
+    pq.write_table(table, lists)
+    name = "train/rank-00000-of-00001.parquet"
+    got = [_read([(name, path)]) for path in (packed, lists)]
+    assert len(got[0]) == len(got[1]) == 5
+    for a, b in zip(*got, strict=True):
+        assert a.input_ids.tolist() == b.input_ids.tolist()
+        assert a.completion_start == b.completion_start
+        assert a.logprobs.tolist() == b.logprobs.tolist()
+        assert a.mask.tolist() == b.mask.tolist()
+        assert (a.advantage, a.sample_weight, a.source) == (b.advantage, b.sample_weight, b.source)
+
+
+def test_a_packed_column_of_the_wrong_width_is_named(tmp_path: Path) -> None:
+    table = pa.Table.from_pylist([r.record() for r in _rows(3)], schema=TRAINSET_SCHEMA)
+    index = table.schema.get_field_index("completion_ids")
+    broken = pa.array([b"\x01\x00\x00\x00" * 3, b"\x01\x00\x00", b""], pa.binary())
+    table = table.set_column(index, table.schema.field(index), broken)
+    pq.write_table(table, tmp_path / "f.parquet")
+    expected = r"f\.parquet row 1: completion_ids is not packed <i4 \(3 bytes"
+    with pytest.raises(DataError, match=expected):
+        _read([("f.parquet", tmp_path / "f.parquet")])
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -21,7 +22,31 @@ import torch
 from rtrl.store import ObjectStore
 
 VOCAB = 260
+# The documented format (docs/train.md): per-token columns packed as binary, built here
+# independently of the stage step's packing code.
+_PACKED = {
+    "prompt_ids": "<i4",
+    "completion_ids": "<i4",
+    "completion_logprobs": "<f4",
+    "completion_mask": "u1",
+}
 TRAINSET_SCHEMA = pa.schema(
+    [
+        pa.field("interaction_id", pa.string()),
+        pa.field("checkpoint_id", pa.string()),
+        pa.field("org", pa.string()),
+        *(
+            pa.field(name, pa.binary(), nullable=False, metadata={"rtrl.packed": dtype})
+            for name, dtype in _PACKED.items()
+        ),
+        pa.field("reward", pa.float32()),
+        pa.field("advantage", pa.float32()),
+        pa.field("sample_weight", pa.float32()),
+        pa.field("on_policy", pa.bool_()),
+    ]
+)
+# The format before packing (list columns), which the trainer still reads.
+LIST_TRAINSET_SCHEMA = pa.schema(
     [
         pa.field("interaction_id", pa.string()),
         pa.field("checkpoint_id", pa.string()),
@@ -52,7 +77,8 @@ class Row:
     reward: float | None = None
     interaction_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
-    def record(self) -> dict[str, Any]:
+    def list_record(self) -> dict[str, Any]:
+        """The row with list columns (:data:`LIST_TRAINSET_SCHEMA`)."""
         n = len(self.completion)
         return {
             "interaction_id": self.interaction_id,
@@ -67,6 +93,13 @@ class Row:
             "sample_weight": self.sample_weight,
             "on_policy": True,
         }
+
+    def record(self) -> dict[str, Any]:
+        """The row as staged (:data:`TRAINSET_SCHEMA`): per-token columns packed."""
+        record = self.list_record()
+        for name, dtype in _PACKED.items():
+            record[name] = np.asarray(record[name], dtype=dtype).tobytes()
+        return record
 
 
 def write_trainset(

@@ -42,6 +42,9 @@ import pyarrow.parquet as pq
 import torch
 from numpy.typing import NDArray
 
+from rtrl_trainer import packed
+from rtrl_trainer.packed import PACKED_COLUMNS
+
 RANK_FILE = re.compile(r"^train/rank-(\d{5})-of-(\d{5})\.parquet$")
 LIST_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
 SCALAR_COLUMNS = ("advantage", "sample_weight")
@@ -150,13 +153,22 @@ def _read_table(name: str, path: Path) -> pa.Table:
 
 
 def _flat(table: pa.Table, column: str, name: str) -> tuple[NDArray[np.int64], np.ndarray]:
-    """(offsets, values) of a list column, nulls rejected."""
+    """(offsets, values) of a per-token column, packed (binary, as the stage writes it) or
+    a list; nulls rejected."""
     array = table.column(column).combine_chunks()
     if array.null_count:
         row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{name} row {row}: {column} is null")
+    dtype = PACKED_COLUMNS[column]
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        try:
+            return packed.flat(array, dtype)
+        except packed.PackedError as exc:
+            raise DataError(
+                f"{name} row {exc.row}: {column} is not packed {dtype} ({exc.detail})"
+            ) from None
     if not pa.types.is_list(array.type) and not pa.types.is_large_list(array.type):
-        raise DataError(f"{name}: {column} is {array.type}, expected a list")
+        raise DataError(f"{name}: {column} is {array.type}, expected packed {dtype} or a list")
     offsets = array.offsets.to_numpy().astype(np.int64)
     values = array.values.slice(offsets[0], offsets[-1] - offsets[0])
     if values.null_count:

@@ -42,6 +42,7 @@ from rtrl_trainer import behaviour, replay, tasks
 from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint, fetch_committed
 from rtrl_trainer.eval_model import Decoding, EvalModel, ModelError
 from rtrl_trainer.gates import GateError, Metric, judge
+from rtrl_trainer.packed import PackedError, to_lists
 from rtrl_trainer.sandbox import Limits
 from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validation_problems
 
@@ -167,8 +168,9 @@ def _load_heldout(store: ObjectStore, dest: Path) -> tuple[pa.Table, dict[str, s
         )
     fetched, _ = fetch_committed(store, dest, label="--heldout", names=names)
     try:
-        tables = [pq.read_table(dest / n) for n in names]
-    except (pa.ArrowInvalid, OSError) as exc:
+        # Per-token columns packed by the stage (lists in sets staged before packing).
+        tables = [to_lists(pq.read_table(dest / n)) for n in names]
+    except (pa.ArrowInvalid, PackedError, OSError) as exc:
         raise EvalError(f"--heldout {store.uri}: unreadable: {exc}") from None
     return pa.concat_tables(tables, promote_options="default"), fetched.files
 
