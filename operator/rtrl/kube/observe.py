@@ -89,9 +89,17 @@ def secret_state(client: KubeClient, namespace: str, name: str) -> SecretState:
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rtrl-observe")
 
 
-def _concurrently(reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    futures = {name: _READERS.submit(read) for name, read in reads.items()}
-    return {name: future.result() for name, future in futures.items()}
+def _concurrently(
+    reads: dict[str, Callable[[], Any]], inline: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Run ``reads``: those named in ``inline`` (served from memory) here, the others
+    together on the pool, or here too when only one is left."""
+    remote = [name for name in reads if name not in inline]
+    if len(remote) <= 1:
+        return {name: read() for name, read in reads.items()}
+    futures = {name: _READERS.submit(reads[name]) for name in remote}
+    got = {name: read() for name, read in reads.items() if name in inline}
+    return {**got, **{name: future.result() for name, future in futures.items()}}
 
 
 def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
@@ -116,7 +124,18 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         reads["route"] = lambda: client.get("HTTPRoute", namespace, str(rollout["httpRoute"]))
     if storage.get("credentialsSecret"):
         reads["secret"] = lambda: secret_state(client, namespace, str(storage["credentialsSecret"]))
-    got = _concurrently(reads)
+    kinds = {
+        "checkpoints": "Checkpoint",
+        "jobs": "Job",
+        "services": "Service",
+        "config_maps": "ConfigMap",
+        "target": "Deployment",
+        "canary": "Deployment",
+    }
+    inline = frozenset(
+        read for read, kind in kinds.items() if not client.reads_remotely(kind, namespace)
+    )
+    got = _concurrently(reads, inline)
     checkpoints = got["checkpoints"]
     jobs = got["jobs"]
     services = frozenset(s["metadata"]["name"] for s in got["services"])
