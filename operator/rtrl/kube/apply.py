@@ -52,6 +52,11 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
     meta = rlcycle["metadata"]
     namespace = meta["namespace"]
     uids: dict[tuple[str, str], str] = {("RLCycle", meta["name"]): meta.get("uid", "")}
+    # Events go last, in their order: they are a courtesy, and the round's first change (a
+    # status, a Job) should not wait for them.
+    actions = [a for a in actions if not isinstance(a, Emit)] + [
+        a for a in actions if isinstance(a, Emit)
+    ]
     for action in actions:
         if isinstance(action, Create):
             manifest = {
