@@ -33,7 +33,7 @@ from typing import Any
 import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
-from .kube.apply import write_status
+from .kube.apply import EVENTS, write_status
 from .kube.cache import CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
 from .planning import children as ch
@@ -111,6 +111,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # the reconciler posts its own Events, with reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+
+
+@kopf.on.cleanup(registry=registry)
+async def flush_events(**_: Any) -> None:
+    """On a graceful stop, post the Events still queued (rtrl.kube.apply.EVENTS)."""
+    await asyncio.to_thread(EVENTS.flush, 5.0)
 
 
 def reconcile_once(namespace: str, name: str, *, live: bool = True) -> float | None:

@@ -171,6 +171,8 @@ def test_a_write_that_meets_a_conflict_makes_the_kind_read_live(
         kube.patch("Deployment", NS, "target", [{"op": "test"}], json_patch=True)
     assert kube.write_failed and not cache.usable("Deployment", NS)
     assert kube.reads_remotely("Deployment", NS) and not kube.reads_remotely("Job", NS)
+    cache.absorb_get("Deployment", NS, "target", obj("Deployment", "target", 30))  # re-read
+    assert cache.usable("Deployment", NS)
 
     def exists(*_: Any, **__: Any) -> Any:
         return None  # 409: it existed already

@@ -20,7 +20,7 @@ integer disables the cache for good, and every round reads live.
 What the cache does not know makes a round read live instead (:meth:`ObjectCache.usable`):
 before kopf has listed every cached kind (``mark_synced``), and for a kind of a namespace
 after a write whose outcome it could not record (a create that met an existing object, a
-JSON patch whose test failed: ``invalidate``) until a live list of that kind has refreshed
+JSON patch whose test failed: ``invalidate``) until a live read of that kind has refreshed
 it. Objects the cache does not hold (Pods, Secrets, HTTPRoutes) are always read live.
 
 Objects handed out are the cache's own: callers treat them as read-only (the planning core
@@ -221,10 +221,13 @@ class ObjectCache:
     def absorb_get(
         self, kind: str, namespace: str, name: str, obj: Mapping[str, Any] | None
     ) -> None:
-        """A live GET's answer: the object, or None (not found: gone since what is held)."""
+        """A live GET's answer: the object, or None (not found: gone since what is held).
+        Clears ``invalidate`` (the round that reads live after a conflict re-reads what it
+        wrote; kinds read by name, as Deployments, are never listed)."""
         if kind not in self.kinds:
             return
         with self._lock:
+            self._invalid.discard((kind, namespace))
             if obj is not None:
                 self._put(kind, obj)
                 return
