@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -46,6 +47,43 @@ registry = kopf.OperatorRegistry()
 log = logging.getLogger("rtrl.operator")
 
 
+class Wakeup:
+    """A reconciler's wake-up flag. Unlike an ``asyncio.Event`` behind ``wait_for``, whose
+    waiter resumes a few loop turns after ``set``, a waiting reconciler resumes at the next
+    turn (the handler that woke it yields once, so the round starts before kopf carries on
+    with the event). Set and waited on in the event loop only."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self.pending = True
+        if self._future is not None:
+            _resolve(self._future)
+
+    def clear(self) -> None:
+        self.pending = False
+
+    async def wait(self, timeout: float) -> None:
+        """Until set (at once if it is) or ``timeout`` seconds have passed."""
+        if self.pending:
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Process:
     """Per-process wiring, made at startup: the API client, timings, wake-up flags."""
 
@@ -54,7 +92,7 @@ class _Process:
     resync_seconds = 30.0
     # A reconcile that fails (API or store unreachable) is retried after this delay.
     error_backoff_seconds = 5.0
-    wakeups: dict[tuple[str, str], asyncio.Event] = {}
+    wakeups: dict[tuple[str, str], Wakeup] = {}
     # What an object's last event looked like outside its status, by uid: an event that
     # changed only the status (most of them: the operator's own status writes) wakes nobody.
     # Only a filter for wake-ups; no decision reads it.
@@ -94,6 +132,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _Process.wakeups.clear()
     _Process.seen.clear()
     _Process.cache = ObjectCache()
+    # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
+    # (kopf works through each watch event in Python), a round waiting for the GIL would
+    # wait up to the default 5 ms switch interval.
+    sys.setswitchinterval(float(os.environ.get("RTRL_SWITCH_INTERVAL", "0.0005")))
     _Process.live_read_seconds = float(os.environ.get("RTRL_LIVE_READ_SECONDS", "300"))
     if _Process.trace is not None:
         _Process.trace.close()
@@ -164,7 +206,7 @@ async def reconciler(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     assert namespace is not None  # RLCycle is namespaced
-    flag = _Process.wakeups.setdefault((namespace, name), asyncio.Event())
+    flag = _Process.wakeups.setdefault((namespace, name), Wakeup())
     # kopf starts no daemon before every index has listed its kind: the cache is complete.
     _Process.cache.mark_synced()
     last_live: float | None = None  # the first round reads live
@@ -190,8 +232,7 @@ async def reconciler(
                 continue
             resync = _Process.resync_seconds
             timeout = resync if delay is None else min(delay, resync)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(flag.wait(), timeout=timeout)
+            await flag.wait(timeout)
     finally:
         if _Process.wakeups.get((namespace, name)) is flag:
             del _Process.wakeups[(namespace, name)]
@@ -236,6 +277,19 @@ async def checkpoint_cache(body: kopf.Body, **_: Any) -> None:
 @kopf.index("batch", "v1", "jobs", registry=registry)
 async def job_cache(body: kopf.Body, **_: Any) -> None:
     _feed("Job", body)  # kept only with the rtrl.io/rlcycle label (dropped if it loses it)
+    # A finished Job wakes its RLCycle from here, the first handler kopf runs for an event
+    # (before it works out the event's causes): the reaction starts a little sooner.
+    rlcycle = (body.get("metadata", {}).get("labels") or {}).get(ch.LABEL_RLCYCLE)
+    if rlcycle and _finished(body.get("status") or {}):
+        wake(body.get("metadata", {}).get("namespace"), rlcycle)
+        await asyncio.sleep(0)  # the reconciler starts its round before kopf carries on
+
+
+def _finished(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 @kopf.index("apps", "v1", "deployments", registry=registry)
@@ -276,22 +330,17 @@ async def rlcycle_changed(
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
-async def job_changed(
+async def job_deleted(
     labels: Mapping[str, str],
     namespace: str | None,
-    status: kopf.Status,
     body: kopf.Body,
     type: str | None,
     **_: Any,
 ) -> None:
-    """Only a finished or deleted Job changes a decision; its pods starting does not."""
+    """Only a finished (see ``job_cache``) or deleted Job changes a decision; its pods
+    starting does not."""
     if type == "DELETED":
         _feed("Job", body, type)
-    finished = any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if finished or type == "DELETED":
         wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
