@@ -40,7 +40,27 @@ def _pod_failure(client: KubeClient, namespace: str, job: str) -> str:
     return ""
 
 
+# JobState of a Job version that has not failed, by (uid, resourceVersion): a version never
+# changes, and a round reads every Job of its RLCycle (the history grows by 4 a cycle).
+_JOB_STATES: dict[tuple[str, str], JobState] = {}
+_JOB_STATES_MAX = 4096
+
+
 def job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
+    meta = job.get("metadata") or {}
+    key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    known = _JOB_STATES.get(key) if all(key) else None
+    if known is not None:
+        return known
+    state = _job_state(client, job)
+    if all(key) and not state.failed:  # a failed one carries its pod's message: read again
+        if len(_JOB_STATES) >= _JOB_STATES_MAX:
+            _JOB_STATES.clear()
+        _JOB_STATES[key] = state
+    return state
+
+
+def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     complete = _condition(job, "Complete")
