@@ -19,12 +19,15 @@ What is measured:
 - latency, rtrl: for each Job of a cycle, from the commit of the JobRunner's status write that
   adds the Job's ``Complete`` condition to the commit of the operator's next write that
   changed something (a Job created, a Checkpoint or RLCycle status written, a Deployment,
-  Service or ConfigMap written; Events aside) and was made by a round that listed the Jobs
-  after the completion ("next action"; the table shows which writes these were). Also
-  shown: until the reconciler's first request after the completion ("first request": kopf
-  got the event and woke the daemon), until the last answer of the round that acted ("round
-  end"), and the reconcile rounds themselves (from their GET of the RLCycle to their last
-  request answered, and how much of that the API server spent answering).
+  Service or ConfigMap written; Events aside) and was made by a round that began after the
+  completion ("next action"; the table shows which writes these were). The rounds come from
+  the operator's own trace (``RTRL_ROUND_TRACE``: one JSON line per round with its start and
+  end, ``time.perf_counter`` of the operator's process, which on Linux is the same monotonic
+  clock as the bench's, and whether it read live or from the watch cache); a round that
+  reads its cache sends no request the API server could delimit it by. Also shown: until the
+  reconciler's first request after the completion ("first request"), until the start and
+  the end of the round that acted, and the reconcile rounds themselves (start to end, and
+  how much of that the API server spent answering their requests).
 - latency, baseline: Jobs labelled ``rtrl.io/bench=noop``, played by the same JobRunner; from
   the commit of the same ``Complete`` write to the commit of the baseline's status patch.
 - trigger -> Checkpoint: from the commit of the bench's ``rtrl.io/trigger`` annotation write
@@ -33,7 +36,7 @@ What is measured:
   received them, from the trigger until the operator has been quiet for ``--quiet`` s after the
   RLCycle reported Idle again (so the rounds its own last writes cause are counted); split
   into the reconciler's (``KubeClient``, by verb) and kopf's own (aiohttp; watch streams
-  apart), and reconcile rounds (each starts with a GET of the RLCycle).
+  apart), and reconcile rounds (from the trace; how many read live).
 - RSS: ``--rlcycles`` RLCycles, each with its own Deployment and base Checkpoint and a cron
   schedule that is not due (``0 0 1 1 *``), created while the operator runs. Once all report
   phase Idle (and ``--settle`` s more), RSS of the process and its children is sampled every
@@ -425,42 +428,58 @@ def _step(job_name: str) -> str:
     return next((s for s in STEPS if f"-{s}-" in job_name), "?")
 
 
-def rounds_of(em: RecordingEmulator, rlcycle: str, start: float, end: float) -> list[list[Request]]:
-    """rtrl's reconcile rounds of ``rlcycle`` started in [start, end], as the reconciler's
-    requests from a GET of the RLCycle (how ``reconcile_once`` starts) up to the next one."""
-    rounds: list[list[Request]] = []
-    for r in list(em.requests):
-        if r.client != "rtrl" or r.agent != "client" or r.watch or r.t0 < start:
-            continue
-        if r.method == "GET" and r.path.endswith(f"/rlcycles/{rlcycle}"):
-            if r.t0 > end:
-                break
-            rounds.append([r])
-        elif rounds:
-            rounds[-1].append(r)
-    return [current for current in rounds if all(q.t1 is not None for q in current)]
+@dataclass
+class Round:
+    """One reconcile round of rtrl, from its ``RTRL_ROUND_TRACE`` record."""
+
+    rlcycle: str  # name (the bench's namespace)
+    t0: float  # began (before its first read)
+    t1: float  # ended (after its last write)
+    live: bool  # read the cluster (else the watch cache)
+    requests: list[Request]  # the reconciler's requests in [t0, t1]
+    marks: dict[str, float]  # the trace's other timestamps (observed, planned, applied)
 
 
-def rtrl_reactions(em: RecordingEmulator, start: float, end: float) -> list[dict[str, Any]]:
+def read_rounds(em: RecordingEmulator, trace: Path) -> list[Round]:
+    """The operator's rounds as it traced them (one JSON line each, time.perf_counter of its
+    process: the same clock as the emulator's), with the requests each sent."""
+    rounds, lines = [], []
+    with contextlib.suppress(OSError):
+        lines = trace.read_text().splitlines()
+    requests = [r for r in list(em.requests) if r.client == "rtrl" and r.agent == "client"]
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            t0, t1 = float(rec["t0"]), float(rec["t1"])
+            mine = [r for r in requests if not r.watch and t0 <= r.t0 <= t1]
+            name = str(rec["rlcycle"]).split("/", 1)[-1]
+            marks = {k: v for k, v in rec.items() if isinstance(v, float) and k not in ("t0", "t1")}
+            rounds.append(Round(name, t0, t1, bool(rec.get("live")), mine, marks))
+    return rounds
+
+
+def rounds_of(rounds: list[Round], rlcycle: str, start: float, end: float) -> list[Round]:
+    """rtrl's reconcile rounds of ``rlcycle`` started in [start, end]."""
+    return [r for r in rounds if r.rlcycle == rlcycle and start <= r.t0 <= end]
+
+
+def rtrl_reactions(
+    em: RecordingEmulator, rounds: list[Round], start: float, end: float
+) -> list[dict[str, Any]]:
     """For each Job completion of rtrl's cycles: ms to the next action (the first write that
-    changed something, Events aside, made by a round that listed the Jobs after the
-    completion), to the reconciler's first request and to the end of the round that acted."""
+    changed something, Events aside, made by a round that began after the completion), to
+    the reconciler's first request, and to the start and the end of the round that acted."""
     writes, requests = list(em.writes), list(em.requests)
-    job_lists = [
-        r.t0
-        for r in requests
-        if r.client == "rtrl"
-        and r.agent == "client"
-        and r.verb == "LIST"
-        and r.path.endswith("/jobs")
-    ]
+
+    def acting(write: float) -> Round | None:
+        return next((r for r in rounds if r.t0 <= write <= r.t1), None)
 
     def saw(write: float, completed: float) -> bool:
-        """Whether the round that made a write at ``write`` listed the Jobs after
-        ``completed``: a write of a round that could not have seen the completion (one
-        already past its reads) is not a reaction to it."""
-        before = [t for t in job_lists if t < write]
-        return not job_lists or (bool(before) and before[-1] > completed)
+        """Whether the round that made a write at ``write`` began after ``completed``: a
+        write of a round that began before (one already past its reads, whether live or
+        from the cache) is not a reaction to it."""
+        current = acting(write)
+        return current is not None and current.t0 > completed
 
     samples = []
     for done in (w for w in writes if w.completed and start <= w.t <= end):
@@ -488,12 +507,9 @@ def rtrl_reactions(em: RecordingEmulator, start: float, end: float) -> list[dict
             ),
             action.t,
         )
-        acting = [
-            current
-            for current in rounds_of(em, done.rlcycle, done.t - 60, action.t)
-            if current[0].t0 <= action.t
-        ]
-        round_end = max(q.t1 or 0 for q in acting[-1]) if acting else None
+        current = acting(action.t)
+        round_start = None if current is None else current.t0
+        round_end = None if current is None else current.t1
         samples.append(
             {
                 "job": done.name,
@@ -502,7 +518,9 @@ def rtrl_reactions(em: RecordingEmulator, start: float, end: float) -> list[dict
                 "object": action.name,
                 "next_action_ms": (action.t - done.t) * 1000,
                 "first_request_ms": (first - done.t) * 1000,
+                "round_start_ms": None if round_start is None else (round_start - done.t) * 1000,
                 "round_end_ms": None if round_end is None else (round_end - done.t) * 1000,
+                "round_live": None if current is None else current.live,
             }
         )
     return samples
@@ -558,36 +576,45 @@ def noop_reactions(em: RecordingEmulator, start: float, end: float) -> list[floa
 
 
 def round_anatomy(
-    em: RecordingEmulator, rlcycle: str, start: float, end: float
+    em: RecordingEmulator, rounds: list[Round], rlcycle: str, start: float, end: float
 ) -> list[dict[str, float]]:
-    """rtrl's reconcile rounds of ``rlcycle`` in [start, end]: each from its GET of the RLCycle
-    to its last request answered; how much of that the API server took to answer, and
-    whether the round changed anything but Events (1.0) or only read (0.0)."""
+    """rtrl's reconcile rounds of ``rlcycle`` in [start, end]: each from its start to its end;
+    how much of that the API server took to answer its requests, whether the round changed
+    anything but Events (1.0) or only read (0.0), and whether it read live (1.0)."""
     changes = [w.t for w in list(em.writes) if w.client == "rtrl" and w.kind != "Event"]
     out = []
-    for current in rounds_of(em, rlcycle, start, end):
-        first, last = current[0].t0, max(q.t1 or 0 for q in current)
+    for current in rounds_of(rounds, rlcycle, start, end):
         out.append(
             {
-                "ms": (last - first) * 1000,
-                "server_ms": sum((q.t1 or 0) - q.t0 for q in current) * 1000,
-                "requests": len(current),
-                "changed": float(any(first <= t <= last for t in changes)),
+                "ms": (current.t1 - current.t0) * 1000,
+                "server_ms": sum((q.t1 or 0) - q.t0 for q in current.requests) * 1000,
+                "requests": len(current.requests),
+                "changed": float(any(current.t0 <= t <= current.t1 for t in changes)),
+                "live": float(current.live),
             }
         )
     return out
 
 
-def request_counts(em: RecordingEmulator, client: str, start: float, end: float) -> dict[str, int]:
-    """The requests ``client`` sent in [start, end), keyed "agent verb", plus totals."""
+def request_counts(
+    em: RecordingEmulator,
+    client: str,
+    start: float,
+    end: float,
+    rounds: list[Round] | None = None,
+) -> dict[str, int]:
+    """The requests ``client`` sent in [start, end), keyed "agent verb", plus totals, and
+    the reconcile rounds begun in that window (of any RLCycle) and how many read live."""
     counts: Counter[str] = Counter()
     for r in list(em.requests):
         if r.client != client or not start <= r.t0 < end:
             continue
         counts[f"{r.agent} {r.verb}"] += 1
         counts["watch streams" if r.watch else f"{r.agent} total"] += 1
-        if r.agent == "client" and r.method == "GET" and "/rlcycles/" in r.path:
+    for current in rounds or ():
+        if start <= current.t0 < end:
             counts["rounds"] += 1
+            counts["rounds live"] += current.live
     counts["total"] = sum(
         v for k, v in counts.items() if k.endswith(" total") or k == "watch streams"
     )
@@ -655,6 +682,7 @@ class Bench:
         stack.enter_context(self.runner)  # stopped after the operators, before the API
         self.sampler = stack.enter_context(RssSampler())
         self.processes: list[Process] = []
+        self.trace = self.tmp / "rtrl-rounds.jsonl"  # RTRL_ROUND_TRACE of the operator
 
     def start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Process:
         config = kubeconfig(self.tmp / f"kubeconfig-{name}", self.url, name)
@@ -724,7 +752,7 @@ class Bench:
         self.api.create(deployment(root))
         self.api.create(base_checkpoint(root))
         self.api.create(rlcycle(root, schedule={"cron": CRON}))
-        env = {"RTRL_RESYNC_SECONDS": str(self.args.resync)}
+        env = {"RTRL_RESYNC_SECONDS": str(self.args.resync), "RTRL_ROUND_TRACE": str(self.trace)}
         started = time.perf_counter()
         proc = self.start(
             "rtrl",
@@ -759,14 +787,15 @@ class Bench:
             windows.append((start, time.perf_counter()))
         first, last = windows[0][0], windows[-1][1]
         cpu_per_cycle_ms = (proc.cpu_seconds() - cpu0) / cycles * 1000
-        per_cycle = [request_counts(self.em, "rtrl", a, b) for a, b in windows]
+        rounds = read_rounds(self.em, self.trace)
+        per_cycle = [request_counts(self.em, "rtrl", a, b, rounds) for a, b in windows]
         keys = sorted({k for counts in per_cycle for k in counts})
-        reactions = rtrl_reactions(self.em, first, last)
+        reactions = rtrl_reactions(self.em, rounds, first, last)
         by_step = {
             step: stats([s["next_action_ms"] for s in reactions if s["step"] == step])
             for step in STEPS
         }
-        anatomy = round_anatomy(self.em, NAME, first, last)
+        anatomy = round_anatomy(self.em, rounds, NAME, first, last)
         return proc, {
             "first_status_s": first_status_s,
             "cycles_ended": dict(Counter(ended)),
@@ -775,6 +804,7 @@ class Bench:
             "round_server_ms": stats([a["server_ms"] for a in anatomy]),
             "round_requests": stats([a["requests"] for a in anatomy]),
             "rounds_without_change": sum(1 for a in anatomy if not a["changed"]),
+            "rounds_live": sum(1 for a in anatomy if a["live"]),
             "rounds_timed": len(anatomy),
             "request_server_ms": stats(
                 [
@@ -786,7 +816,11 @@ class Bench:
             "cycle_wall_ms": stats(walls),
             "latency_ms": stats([s["next_action_ms"] for s in reactions]),
             "first_request_ms": stats([s["first_request_ms"] for s in reactions]),
+            "round_start_ms": stats(
+                [s["round_start_ms"] for s in reactions if s["round_start_ms"] is not None]
+            ),
             "round_end_ms": stats([s["round_end_ms"] for s in reactions if s["round_end_ms"]]),
+            "acted_live": sum(1 for s in reactions if s["round_live"]),
             "by_step_ms": by_step,
             "trigger_to_checkpoint_ms": stats(trigger_reactions(self.em, first, last)),
             "requests_per_cycle": {
@@ -797,7 +831,13 @@ class Bench:
                 }
                 for key in keys
             },
-            "requests_total": request_counts(self.em, "rtrl", first, last),
+            "requests_total": request_counts(self.em, "rtrl", first, last, rounds),
+            "rounds": [
+                {**asdict(r), "requests": len(r.requests)} for r in rounds if first <= r.t0 <= last
+            ],
+            "completions": [
+                asdict(w) for w in list(self.em.writes) if w.completed and first <= w.t <= last
+            ],
             "reactions": reactions,
             "rss_after_cycles_bytes": proc.rss(),
             "cpu_per_cycle_ms": cpu_per_cycle_ms,
@@ -831,7 +871,7 @@ class Bench:
         w1, cpu1 = time.perf_counter(), rtrl.cpu_seconds()
         rtrl_rss = self.sampler.between("rtrl", w0, w1)
         noop_rss = self.sampler.between("noop", w0, w1)
-        requests = request_counts(self.em, "rtrl", w0, w1)
+        requests = request_counts(self.em, "rtrl", w0, w1, read_rounds(self.em, self.trace))
         hwm = rtrl.hwm()
         result = {
             "rlcycles": count,
@@ -891,12 +931,15 @@ def render(result: dict[str, Any]) -> str:
         actions = Counter(s["action"] for s in r["reactions"] if s["step"] == step)
         row(f"  after {step} ({', '.join(actions)})", r["by_step_ms"][step])
     row("  Job complete -> reconciler's first request", r["first_request_ms"])
+    row("  Job complete -> start of the round that acted", r["round_start_ms"])
     row("  Job complete -> end of the round that acted", r["round_end_ms"])
-    row("  a reconcile round (GET RLCycle -> last answer)", r["round_ms"])
+    row("  a reconcile round (start -> end)", r["round_ms"])
     row("    of which the API server answering its requests", r["round_server_ms"])
     lines.append(
-        f"  ({r['rounds_without_change']} of these {r['rounds_timed']} rounds changed nothing; "
-        f"a round sends median {r['round_requests']['median']:.0f} requests)"
+        f"  ({r['rounds_without_change']} of these {r['rounds_timed']} rounds changed nothing, "
+        f"{r['rounds_live']} read live, the others the watch cache; a round sends median "
+        f"{r['round_requests']['median']:.0f} requests; {r['acted_live']} of the "
+        f"{len(r['reactions'])} acting rounds read live)"
     )
     row("  one request of rtrl, as the API server took it", r["request_server_ms"])
     row("rtrl: trigger -> Checkpoint created", r["trigger_to_checkpoint_ms"])
@@ -910,7 +953,7 @@ def render(result: dict[str, Any]) -> str:
     )
     lines += ["", f"{'API requests per cycle (rtrl process)':62}{'mean':>9}{'min':>9}{'max':>9}"]
     per = r["requests_per_cycle"]
-    order = ["total", "client total", "rounds"]
+    order = ["total", "client total", "rounds", "rounds live"]
     order += sorted(k for k in per if k.startswith("client ") and k != "client total")
     order += ["kopf total", *sorted(k for k in per if k.startswith("kopf ") and k != "kopf total")]
     order += ["watch streams"]
@@ -918,6 +961,7 @@ def render(result: dict[str, Any]) -> str:
         "total": "all requests",
         "client total": "reconciler (KubeClient)",
         "rounds": "  reconcile rounds",
+        "rounds live": "    of which read live",
         "kopf total": "kopf's own",
         "watch streams": "watch streams opened",
     }

@@ -5,7 +5,15 @@ made twice at once. It sleeps until something relevant changes (the RLCycle, one
 Jobs or Checkpoints: the event handlers below wake it), the plan asks to look again
 (``requeue_after``), or the periodic resync is due; then it observes, plans, applies and
 writes the status. The daemon keeps nothing between rounds but a wake-up flag: all state is
-read back from the cluster and the store, so the operator can be killed at any moment.
+read back from the cluster (or the watch cache below) and the store, so the operator can be
+killed at any moment.
+
+A round reads the kinds kopf watches from :class:`rtrl.kube.cache.ObjectCache`, which the
+index handlers below feed with every watch event before any other handler sees it (kopf runs
+no handler and starts no daemon until every index has listed its kind), and which the
+round's own writes update with what the API answered; see that module for the consistency
+rule. A round reads everything live instead when it is the daemon's first, when the last one
+failed or met a conflict, and every ``RTRL_LIVE_READ_SECONDS`` (default 300 s).
 
 Run with ``rtrl operator``, which hands kopf this module's :data:`registry`.
 """
@@ -14,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -24,7 +34,8 @@ from typing import Any
 import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
-from .kube.apply import write_status
+from .kube.apply import EVENTS, write_status
+from .kube.cache import CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
 from .planning import children as ch
 from .planning import plan, plan_deletion
@@ -36,6 +47,43 @@ registry = kopf.OperatorRegistry()
 log = logging.getLogger("rtrl.operator")
 
 
+class Wakeup:
+    """A reconciler's wake-up flag. Unlike an ``asyncio.Event`` behind ``wait_for``, whose
+    waiter resumes a few loop turns after ``set``, a waiting reconciler resumes at the next
+    turn (the handler that woke it yields once, so the round starts before kopf carries on
+    with the event). Set and waited on in the event loop only."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self.pending = True
+        if self._future is not None:
+            _resolve(self._future)
+
+    def clear(self) -> None:
+        self.pending = False
+
+    async def wait(self, timeout: float) -> None:
+        """Until set (at once if it is) or ``timeout`` seconds have passed."""
+        if self.pending:
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Process:
     """Per-process wiring, made at startup: the API client, timings, wake-up flags."""
 
@@ -44,11 +92,17 @@ class _Process:
     resync_seconds = 30.0
     # A reconcile that fails (API or store unreachable) is retried after this delay.
     error_backoff_seconds = 5.0
-    wakeups: dict[tuple[str, str], asyncio.Event] = {}
+    wakeups: dict[tuple[str, str], Wakeup] = {}
     # What an object's last event looked like outside its status, by uid: an event that
     # changed only the status (most of them: the operator's own status writes) wakes nobody.
     # Only a filter for wake-ups; no decision reads it.
     seen: dict[str, tuple[Any, ...]] = {}
+    # The watched objects a round reads (see the module docstring).
+    cache = ObjectCache()
+    # A round reads everything live at least this often (seconds), whatever the cache holds.
+    live_read_seconds = 300.0
+    # RTRL_ROUND_TRACE: a file that gets one JSON line per round (bench/operator_latency.py).
+    trace: Any = None
 
 
 def client() -> KubeClient:
@@ -77,6 +131,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _Process.error_backoff_seconds = float(os.environ.get("RTRL_ERROR_BACKOFF_SECONDS", "5"))
     _Process.wakeups.clear()
     _Process.seen.clear()
+    _Process.cache = ObjectCache()
+    # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
+    # (kopf works through each watch event in Python), a round waiting for the GIL would
+    # wait up to the default 5 ms switch interval.
+    sys.setswitchinterval(float(os.environ.get("RTRL_SWITCH_INTERVAL", "0.0005")))
+    _Process.live_read_seconds = float(os.environ.get("RTRL_LIVE_READ_SECONDS", "300"))
+    if _Process.trace is not None:
+        _Process.trace.close()
+        _Process.trace = None
+    if os.environ.get("RTRL_ROUND_TRACE"):
+        _Process.trace = open(os.environ["RTRL_ROUND_TRACE"], "a", buffering=1)  # noqa: SIM115
     settings.persistence.finalizer = ch.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -90,18 +155,50 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
 
 
-def reconcile_once(namespace: str, name: str) -> float | None:
-    """One round for one RLCycle; returns when to look again (seconds), None for the resync."""
-    kube = client()
-    rlcycle = kube.get("RLCycle", namespace, name)
-    if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
-        return None
-    observed = observe(kube, rlcycle)
-    decided = plan(observed, datetime.now(UTC))
-    apply(kube, rlcycle, decided.actions)
-    write_status(kube, rlcycle, decided.status)
-    observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)
-    return decided.requeue_after
+@kopf.on.cleanup(registry=registry)
+async def flush_events(**_: Any) -> None:
+    """On a graceful stop, post the Events still queued (rtrl.kube.apply.EVENTS)."""
+    await asyncio.to_thread(EVENTS.flush, 5.0)
+
+
+def reconcile_once(namespace: str, name: str, *, live: bool = True) -> float | None:
+    """One round for one RLCycle; returns when to look again (seconds), None for the resync.
+
+    ``live``: read the cluster rather than the cache. Raises :class:`KubeError` after a write
+    that failed or met a conflict (so that the next round reads live)."""
+    kube = CachingClient(client(), _Process.cache, live=live)
+    marks = {"t0": time.perf_counter()}
+    try:
+        rlcycle = kube.get("RLCycle", namespace, name)
+        if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
+            return None
+        observed = observe(kube, rlcycle)
+        marks["observed"] = time.perf_counter()
+        decided = plan(observed, datetime.now(UTC))
+        marks["planned"] = time.perf_counter()
+        apply(kube, rlcycle, decided.actions)
+        marks["applied"] = time.perf_counter()
+        write_status(kube, rlcycle, decided.status)
+        observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)
+        if kube.write_failed:
+            raise KubeError("a write met a conflict; the next round reads live")
+        return decided.requeue_after
+    finally:
+        if _Process.trace is not None:
+            _trace_round(namespace, name, marks, kube)
+
+
+def _trace_round(namespace: str, name: str, marks: dict[str, float], kube: CachingClient) -> None:
+    record = {
+        "rlcycle": f"{namespace}/{name}",
+        **marks,
+        "t1": time.perf_counter(),
+        "live": kube.live,
+        "requests": kube.requests,
+        "cached_reads": kube.cached_reads,
+    }
+    with contextlib.suppress(OSError, ValueError):
+        _Process.trace.write(json.dumps(record) + "\n")
 
 
 @kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10, registry=registry)
@@ -109,17 +206,25 @@ async def reconciler(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     assert namespace is not None  # RLCycle is namespaced
-    flag = _Process.wakeups.setdefault((namespace, name), asyncio.Event())
+    flag = _Process.wakeups.setdefault((namespace, name), Wakeup())
+    # kopf starts no daemon before every index has listed its kind: the cache is complete.
+    _Process.cache.mark_synced()
+    last_live: float | None = None  # the first round reads live
     try:
         while not stopped:
             flag.clear()
             started = time.monotonic()
+            live = last_live is None or started - last_live >= _Process.live_read_seconds
             try:
-                delay = await asyncio.to_thread(reconcile_once, namespace, name)
+                delay = await asyncio.to_thread(reconcile_once, namespace, name, live=live)
+                if live:
+                    last_live = started
             except KubeError as exc:
+                last_live = None
                 delay = _Process.error_backoff_seconds
                 log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
             except Exception:
+                last_live = None
                 delay = _Process.error_backoff_seconds
                 log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.monotonic() - started)
@@ -127,8 +232,7 @@ async def reconciler(
                 continue
             resync = _Process.resync_seconds
             timeout = resync if delay is None else min(delay, resync)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(flag.wait(), timeout=timeout)
+            await flag.wait(timeout)
     finally:
         if _Process.wakeups.get((namespace, name)) is flag:
             del _Process.wakeups[(namespace, name)]
@@ -152,50 +256,111 @@ def changed_beyond_status(body: kopf.Body, type_: str | None) -> bool:
     return before != shape
 
 
+# --- the watch cache: kopf's indexes feed it (they run first, and block every other handler
+# until their kind is listed); the event handlers feed it deletions, which indexes never see.
+
+
+def _feed(kind: str, body: kopf.Body, type_: str | None = None) -> None:
+    _Process.cache.feed(kind, type_, copy_json(body))
+
+
+@kopf.index(GROUP, VERSION, "rlcycles", registry=registry)
+async def rlcycle_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("RLCycle", body)
+
+
+@kopf.index(GROUP, VERSION, "checkpoints", registry=registry)
+async def checkpoint_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("Checkpoint", body)
+
+
+@kopf.index("batch", "v1", "jobs", registry=registry)
+async def job_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("Job", body)  # kept only with the rtrl.io/rlcycle label (dropped if it loses it)
+    # A finished Job wakes its RLCycle from here, the first handler kopf runs for an event
+    # (before it works out the event's causes): the reaction starts a little sooner.
+    rlcycle = (body.get("metadata", {}).get("labels") or {}).get(ch.LABEL_RLCYCLE)
+    if rlcycle and _finished(body.get("status") or {}):
+        wake(body.get("metadata", {}).get("namespace"), rlcycle)
+        await asyncio.sleep(0)  # the reconciler starts its round before kopf carries on
+
+
+def _finished(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+@kopf.index("apps", "v1", "deployments", registry=registry)
+async def deployment_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("Deployment", body)  # any: the target Deployment is the user's
+
+
+@kopf.index("", "v1", "services", registry=registry)
+async def service_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("Service", body)
+
+
+@kopf.index("", "v1", "configmaps", registry=registry)
+async def config_map_cache(body: kopf.Body, **_: Any) -> None:
+    _feed("ConfigMap", body)
+
+
+@kopf.on.event("apps", "v1", "deployments", registry=registry)
+@kopf.on.event("", "v1", "services", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
+@kopf.on.event("", "v1", "configmaps", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
+async def child_deleted(body: kopf.Body, type: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        _feed(str(body.get("kind")), body, type)
+
+
 @kopf.on.event(GROUP, VERSION, "rlcycles", registry=registry)
-def rlcycle_changed(
+async def rlcycle_changed(
     name: str,
     namespace: str | None,
     body: kopf.Body,
     type: str | None,
     **_: Any,
 ) -> None:
+    if type == "DELETED":
+        _feed("RLCycle", body, type)
     if changed_beyond_status(body, type):
         wake(namespace, name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
-def job_changed(
+async def job_deleted(
     labels: Mapping[str, str],
     namespace: str | None,
-    status: kopf.Status,
+    body: kopf.Body,
     type: str | None,
     **_: Any,
 ) -> None:
-    """Only a finished or deleted Job changes a decision; its pods starting does not."""
-    finished = any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if finished or type == "DELETED":
+    """Only a finished (see ``job_cache``) or deleted Job changes a decision; its pods
+    starting does not."""
+    if type == "DELETED":
+        _feed("Job", body, type)
         wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
 @kopf.on.event(
     "apps", "v1", "deployments", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry
 )
-def canary_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+async def canary_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     wake(namespace, labels.get(ch.LABEL_RLCYCLE))
 
 
 @kopf.on.event(GROUP, VERSION, "checkpoints", registry=registry)
-def checkpoint_changed(
+async def checkpoint_changed(
     spec: kopf.Spec,
     namespace: str | None,
     body: kopf.Body,
     type: str | None,
     **_: Any,
 ) -> None:
+    if type == "DELETED":
+        _feed("Checkpoint", body, type)
     if changed_beyond_status(body, type):
         wake(namespace, spec.get("rlCycle"))
 
@@ -203,7 +368,7 @@ def checkpoint_changed(
 @kopf.on.delete(GROUP, VERSION, "rlcycles", registry=registry)
 def rlcycle_deleted(body: kopf.Body, name: str, namespace: str | None, **_: Any) -> None:
     """Stop the RLCycle's Jobs and remove the children it created; stored artifacts stay."""
-    kube = client()
+    kube = CachingClient(client(), _Process.cache, live=True)  # rare: read it all live
     rlcycle = dict(body)
     actions, _done = plan_deletion(observe(kube, rlcycle))
     apply(kube, rlcycle, actions)

@@ -538,7 +538,11 @@ class _JobController:
                             self.write_status()
         except _CancelledError:
             return
-        except Exception:
+        except Exception as exc:
+            # A 404 on the pod: the Job may have been deleted (its pods with it) before this
+            # runner's watch noticed; that is a cancellation, not an error.
+            if getattr(exc, "status", None) == 404:
+                self.tracked.cancel.wait(2.0)
             if not self.tracked.cancel.is_set():
                 self.runner.errors.append(f"job {self.name}[{index}]:\n{traceback.format_exc()}")
             self.finished.set()

@@ -33,6 +33,8 @@ operator (each one is a behaviour of the real API server that operator code reli
   ``namespaces``).
 - PUT (replace) of a named object, which kmock does not route at all.
 - Watch without lost events: kmock snapshots before subscribing, so a write in between was lost.
+- ``watch_delay``: every watch event can be made to arrive that many seconds late (a lagging
+  watch), to test that a client's watch cache never decides on a stale view.
 
 Still not emulated (tests must not rely on them): schema validation and defaulting, CEL,
 admission, strategic-merge semantics (a strategic merge patch is applied as a JSON merge
@@ -303,6 +305,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # server's thread and loop, so keep it short; if it raises, the client gets a 500 for a
     # write that was applied. Failed writes (404, 409...) do not call it.
     after_write: Callable[[str, str, Any, dict[str, Any] | None], None] | None = None
+    # Seconds every watch event takes to reach the watchers (0: at once): a lagging watch,
+    # as under load, for the tests of the operator's watch cache.
+    watch_delay: float = 0.0
 
     # (method, path) of every request served, oldest first. kmock's own list of requests is
     # emptied as they are answered: kmock scans it to route each new request, which made
@@ -581,6 +586,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if isinstance(event, Mapping) and "object" in event:
                     if not matches(event["object"]) or not newer(event["object"]):
                         continue
+                    if "_at" in event:  # a lagging watch: each event arrives watch_delay late
+                        await asyncio.sleep(max(0.0, event["_at"] + self.watch_delay - loop.time()))
                     event = {"type": event["type"], "object": copy.deepcopy(event["object"])}
                 yield event
         finally:
@@ -629,7 +636,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return self.objects[key]
 
     async def _emit(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
-        await self._buses[kind.resource].put({"type": event_type, "object": copy.deepcopy(obj)})
+        event = {"type": event_type, "object": copy.deepcopy(obj)}
+        if self.watch_delay:
+            event["_at"] = asyncio.get_running_loop().time()
+        await self._buses[kind.resource].put(event)
 
     async def _create(self, kind: Kind, request: rendering.Request) -> dict[str, Any]:
         if not isinstance(request.data, Mapping):

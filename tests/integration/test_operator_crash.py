@@ -53,6 +53,9 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": os.fspath(self.kube_api.kubeconfig),
             "RTRL_RESYNC_SECONDS": "1",
+            # rounds() counts the rounds that read the cluster: one a second at least (the
+            # rounds woken in between read the watch cache)
+            "RTRL_LIVE_READ_SECONDS": "1",
             "RTRL_ERROR_BACKOFF_SECONDS": "0.5",
             "PYTHONUNBUFFERED": "1",
         }
@@ -188,7 +191,8 @@ def operator(
 
 
 def rounds(kube_api: KubeAPI) -> int:
-    """Reconcile rounds that have read the cluster so far: a round's reads end with a GET
+    """Reconcile rounds that have read the cluster (live, not the watch cache) so far: a
+    round's reads end with a GET
     of the target Deployment, which nothing else in these tests reads (the emulator logs every
     request; an idle round writes nothing, so the writes cannot tell)."""
     log = list(kube_api.emulator.request_log)

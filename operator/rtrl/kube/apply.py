@@ -3,7 +3,11 @@ planned and applied again."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import queue
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,10 +52,57 @@ def post_event(client: KubeClient, namespace: str, involved: dict[str, Any], emi
         log.warning("could not post event %s on %s/%s: %s", emit.reason, emit.kind, emit.name, exc)
 
 
+class EventPoster:
+    """Posts Events from one background thread, in the order they were submitted, so that a
+    round ends with its last change, not with its Events (a round still running when the
+    next Job finishes delays the reaction to it). Best effort, as Events are."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, post: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rtrl-events", daemon=True)
+                self._thread.start()
+            self._pending += 1
+        self._queue.put(post)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every submitted Event is posted (or failed); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            post = self._queue.get()
+            try:
+                if post is not None:
+                    post()
+            except Exception:  # post_event logs its own failures; never stop the thread
+                log.exception("posting an event failed")
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+
+EVENTS = EventPoster()
+
+
 def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) -> None:
     meta = rlcycle["metadata"]
     namespace = meta["namespace"]
     uids: dict[tuple[str, str], str] = {("RLCycle", meta["name"]): meta.get("uid", "")}
+    # Events go last, in their order, posted from a background thread (EVENTS): they are a
+    # courtesy, and the round's changes (a status, a Job) should not wait for them.
+    actions = [a for a in actions if not isinstance(a, Emit)] + [
+        a for a in actions if isinstance(a, Emit)
+    ]
     for action in actions:
         if isinstance(action, Create):
             manifest = {
@@ -83,7 +134,8 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
             )
         elif isinstance(action, Emit):
             uid = uids.get((action.kind, action.name), "")
-            post_event(client, namespace, {"uid": uid}, action)
+            events = KubeClient(client.api)  # not the round's client: another thread
+            EVENTS.submit(functools.partial(post_event, events, namespace, {"uid": uid}, action))
             log.info("%s %s/%s: %s", action.reason, action.kind, action.name, action.message)
 
 
@@ -98,4 +150,4 @@ def write_status(client: KubeClient, rlcycle: dict[str, Any], status: dict[str, 
     return True
 
 
-__all__ = ["api_version", "apply", "post_event", "write_status"]
+__all__ = ["EVENTS", "EventPoster", "api_version", "apply", "post_event", "write_status"]

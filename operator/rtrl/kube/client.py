@@ -39,8 +39,8 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rtrl.io", "checkpoints/status"): ("get", "patch"),
     ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
     ("", "pods"): ("get", "list"),
-    ("", "services"): ("get", "list", "create", "delete"),
-    ("", "configmaps"): ("get", "list", "create", "delete"),
+    ("", "services"): ("get", "list", "watch", "create", "delete"),
+    ("", "configmaps"): ("get", "list", "watch", "create", "delete"),
     ("", "secrets"): ("get",),
     ("", "events"): ("create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "delete", "patch"),
@@ -141,6 +141,10 @@ class KubeClient:
         data = response.data
         return json.loads(data) if data else None
 
+    def reads_remotely(self, kind: str, namespace: str) -> bool:
+        """Whether a get or list of ``kind`` sends a request (a cache may answer instead)."""
+        return True
+
     # typed conveniences ------------------------------------------------------------------
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -150,13 +154,16 @@ class KubeClient:
                 return None
             raise
 
-    def list(
+    def list_with_version(
         self, kind: str, namespace: str, labels: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """The objects, and the list's resourceVersion (None when not an integer)."""
         query = (
             {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         )
-        items = (self.request("GET", path(kind, namespace), query=query) or {}).get("items") or []
+        answer = self.request("GET", path(kind, namespace), query=query) or {}
+        items = answer.get("items") or []
+        rv = str((answer.get("metadata") or {}).get("resourceVersion") or "")
         # Filter here too: the selector is an optimisation, not something to rely on.
         return [
             item
@@ -165,7 +172,12 @@ class KubeClient:
                 ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
                 for k, v in (labels or {}).items()
             )
-        ]
+        ], int(rv) if rv.isdigit() else None
+
+    def list(
+        self, kind: str, namespace: str, labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        return self.list_with_version(kind, namespace, labels)[0]
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (fixed names: that means done)."""
@@ -179,14 +191,20 @@ class KubeClient:
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete with background propagation; False when it was already gone."""
+        return self.delete_with_answer(kind, namespace, name)[0]
+
+    def delete_with_answer(
+        self, kind: str, namespace: str, name: str
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """:meth:`delete`, and what the API answered (the object, or a Status)."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         try:
-            self.request("DELETE", path(kind, namespace, name), body)
+            answer = self.request("DELETE", path(kind, namespace, name), body)
         except KubeError as exc:
             if exc.status == 404:
-                return False
+                return False, None
             raise
-        return True
+        return True, answer if isinstance(answer, dict) else None
 
     def patch(
         self,

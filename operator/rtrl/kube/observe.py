@@ -40,7 +40,27 @@ def _pod_failure(client: KubeClient, namespace: str, job: str) -> str:
     return ""
 
 
+# JobState of a Job version that has not failed, by (uid, resourceVersion): a version never
+# changes, and a round reads every Job of its RLCycle (the history grows by 4 a cycle).
+_JOB_STATES: dict[tuple[str, str], JobState] = {}
+_JOB_STATES_MAX = 4096
+
+
 def job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
+    meta = job.get("metadata") or {}
+    key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    known = _JOB_STATES.get(key) if all(key) else None
+    if known is not None:
+        return known
+    state = _job_state(client, job)
+    if all(key) and not state.failed:  # a failed one carries its pod's message: read again
+        if len(_JOB_STATES) >= _JOB_STATES_MAX:
+            _JOB_STATES.clear()
+        _JOB_STATES[key] = state
+    return state
+
+
+def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     complete = _condition(job, "Complete")
@@ -89,9 +109,17 @@ def secret_state(client: KubeClient, namespace: str, name: str) -> SecretState:
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rtrl-observe")
 
 
-def _concurrently(reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    futures = {name: _READERS.submit(read) for name, read in reads.items()}
-    return {name: future.result() for name, future in futures.items()}
+def _concurrently(
+    reads: dict[str, Callable[[], Any]], inline: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Run ``reads``: those named in ``inline`` (served from memory) here, the others
+    together on the pool, or here too when only one is left."""
+    remote = [name for name in reads if name not in inline]
+    if len(remote) <= 1:
+        return {name: read() for name, read in reads.items()}
+    futures = {name: _READERS.submit(reads[name]) for name in remote}
+    got = {name: read() for name, read in reads.items() if name in inline}
+    return {**got, **{name: future.result() for name, future in futures.items()}}
 
 
 def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
@@ -116,7 +144,18 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         reads["route"] = lambda: client.get("HTTPRoute", namespace, str(rollout["httpRoute"]))
     if storage.get("credentialsSecret"):
         reads["secret"] = lambda: secret_state(client, namespace, str(storage["credentialsSecret"]))
-    got = _concurrently(reads)
+    kinds = {
+        "checkpoints": "Checkpoint",
+        "jobs": "Job",
+        "services": "Service",
+        "config_maps": "ConfigMap",
+        "target": "Deployment",
+        "canary": "Deployment",
+    }
+    inline = frozenset(
+        read for read, kind in kinds.items() if not client.reads_remotely(kind, namespace)
+    )
+    got = _concurrently(reads, inline)
     checkpoints = got["checkpoints"]
     jobs = got["jobs"]
     services = frozenset(s["metadata"]["name"] for s in got["services"])

@@ -1,0 +1,183 @@
+"""The operator's watch cache (rtrl.kube.cache): the newest version by resourceVersion wins,
+whichever way it came (a watch event, the answer to the operator's own write, a live read),
+so a late event never undoes a write and a deleted object never comes back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rtrl.kube.cache import CachingClient, ObjectCache
+from rtrl.kube.client import KubeClient, KubeError
+from rtrl.planning import children as ch
+
+NS = "default"
+
+
+def obj(kind: str, name: str, rv: int, phase: str | None = None, **meta: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": str(rv), **meta},
+    }
+    if phase:
+        out["status"] = {"phase": phase}
+    return out
+
+
+def job(name: str, rv: int, **meta: Any) -> dict[str, Any]:
+    return obj("Job", name, rv, labels={ch.LABEL_RLCYCLE: "composer"}, **meta)
+
+
+def phase(cache: ObjectCache, name: str) -> Any:
+    return ((cache.get("Checkpoint", NS, name) or {}).get("status") or {}).get("phase")
+
+
+def synced() -> ObjectCache:
+    cache = ObjectCache()
+    cache.mark_synced()
+    return cache
+
+
+def test_a_late_event_never_undoes_the_operators_write() -> None:
+    cache = synced()
+    cache.feed("Checkpoint", "ADDED", obj("Checkpoint", "c1", 5))
+    cache.wrote("Checkpoint", obj("Checkpoint", "c1", 9, "Training"))  # the PATCH's answer
+    cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c1", 7, "Staging"))  # in flight
+    assert phase(cache, "c1") == "Training"
+    cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c1", 9, "Training"))  # its own
+    cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c1", 12, "Evaluating"))  # newer
+    assert phase(cache, "c1") == "Evaluating"
+    cache.wrote("Checkpoint", obj("Checkpoint", "c1", 11, "Training"))  # a slow answer
+    assert phase(cache, "c1") == "Evaluating"
+
+
+def test_a_created_object_is_seen_before_its_event() -> None:
+    cache = synced()
+    cache.wrote("Job", job("c1-stage-0", 4))
+    assert [j["metadata"]["name"] for j in cache.list("Job", NS)] == ["c1-stage-0"]
+
+
+def test_a_deleted_object_never_comes_back() -> None:
+    cache = synced()
+    cache.feed("Job", None, job("j", 3))
+    cache.feed("Job", "DELETED", job("j", 8))
+    cache.wrote("Job", job("j", 6))  # a patch answered after the deletion
+    cache.feed("Job", "MODIFIED", job("j", 7))  # a late event
+    assert cache.get("Job", NS, "j") is None
+    cache.feed("Job", "ADDED", job("j", 10))  # created again, later: a new object
+    assert cache.get("Job", NS, "j") is not None
+
+
+def test_the_operators_delete_hides_the_object_at_once() -> None:
+    cache = synced()
+    cache.feed("Job", None, job("j", 3))
+    cache.deleted("Job", NS, "j", job("j", 5))  # gone (no finalizers)
+    cache.feed("Job", "MODIFIED", job("j", 4))  # an update before the deletion, late
+    assert cache.get("Job", NS, "j") is None
+    # with finalizers the answer is the object, now deleting: kept as such
+    cache.feed("Checkpoint", None, obj("Checkpoint", "c", 3))
+    answer = obj("Checkpoint", "c", 6, deletionTimestamp="2026-11-29T00:00:00Z")
+    cache.deleted("Checkpoint", NS, "c", answer)
+    cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c", 4))
+    held = cache.get("Checkpoint", NS, "c")
+    assert held is not None and held["metadata"]["deletionTimestamp"]
+    # an answer that is not the object (a Status): the kind is read live until a list
+    cache.deleted("Job", NS, "k", {"kind": "Status", "status": "Success"})
+    assert not cache.usable("Job", NS)
+    cache.absorb_list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}, [], 20)
+    assert cache.usable("Job", NS)
+
+
+def test_a_live_list_drops_what_it_no_longer_holds_but_not_newer_objects() -> None:
+    cache = synced()
+    cache.feed("Job", None, job("ghost", 3))  # deleted while the watch was down
+    cache.wrote("Job", job("new", 12))  # created after the list was taken
+    cache.absorb_list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}, [job("kept", 9)], 10)
+    names = sorted(j["metadata"]["name"] for j in cache.list("Job", NS))
+    assert names == ["kept", "new"]
+
+
+def test_only_the_operators_children_are_kept() -> None:
+    cache = synced()
+    cache.feed("Job", None, obj("Job", "someone-elses", 3))
+    assert cache.get("Job", NS, "someone-elses") is None
+    cache.feed("Job", None, job("mine", 4))
+    cache.feed("Job", "MODIFIED", obj("Job", "mine", 5))  # lost its label
+    assert cache.get("Job", NS, "mine") is None
+    assert cache.list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}) == []
+
+
+def test_not_usable_before_the_initial_listing_or_with_opaque_resource_versions() -> None:
+    cache = ObjectCache()
+    assert not cache.usable("Job", NS)
+    cache.mark_synced()
+    assert cache.usable("Job", NS) and not cache.usable("Pod", NS)
+    bad = obj("Checkpoint", "c", 1)
+    bad["metadata"]["resourceVersion"] = "opaque-token"
+    cache.feed("Checkpoint", "ADDED", bad)
+    assert cache.disabled and not cache.usable("Job", NS)
+
+
+def test_managed_fields_are_not_kept_and_the_fed_object_is_not_changed() -> None:
+    cache = synced()
+    fed = job("j", 3, managedFields=[{"manager": "kubectl"}])
+    cache.feed("Job", None, fed)
+    assert "managedFields" not in cache.get("Job", NS, "j")["metadata"]  # type: ignore[index]
+    assert fed["metadata"]["managedFields"]
+
+
+def test_caching_client_reads_its_own_writes_without_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = synced()
+    kube = CachingClient(KubeClient(api_client=object()), cache)  # type: ignore[arg-type]
+    sent: list[str] = []
+
+    def request(*args: Any, **_: Any) -> Any:
+        sent.append(" ".join(map(str, args[1:3])))
+        raise AssertionError("no request expected")
+
+    monkeypatch.setattr(KubeClient, "request", request)
+    monkeypatch.setattr(KubeClient, "create", lambda self, manifest: {**manifest, **job("j", 7)})
+    monkeypatch.setattr(
+        KubeClient, "patch", lambda self, *a, **k: obj("Checkpoint", "c1", 8, "Training")
+    )
+    kube.create(job("j", 0))
+    kube.patch("Checkpoint", NS, "c1", {"status": {"phase": "Training"}}, sub="status")
+    assert [j["metadata"]["name"] for j in kube.list("Job", NS, {ch.LABEL_RLCYCLE: "composer"})]
+    assert phase(cache, "c1") == "Training"
+    assert kube.get("Checkpoint", NS, "c1") is not None
+    assert kube.cached_reads == 2 and sent == [] and not kube.write_failed
+    # live: every read is a request (and refreshes the cache)
+    live = CachingClient(KubeClient(api_client=object()), cache, live=True)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError):
+        live.get("Checkpoint", NS, "c1")
+    assert sent
+
+
+def test_a_write_that_meets_a_conflict_makes_the_kind_read_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = synced()
+    base = KubeClient(api_client=object())  # type: ignore[arg-type]
+    kube = CachingClient(base, cache)
+
+    def conflict(*_: Any, **__: Any) -> Any:
+        raise KubeError("HTTP 422", 422)
+
+    monkeypatch.setattr(KubeClient, "patch", conflict)
+    with pytest.raises(KubeError):
+        kube.patch("Deployment", NS, "target", [{"op": "test"}], json_patch=True)
+    assert kube.write_failed and not cache.usable("Deployment", NS)
+    assert kube.reads_remotely("Deployment", NS) and not kube.reads_remotely("Job", NS)
+    cache.absorb_get("Deployment", NS, "target", obj("Deployment", "target", 30))  # re-read
+    assert cache.usable("Deployment", NS)
+
+    def exists(*_: Any, **__: Any) -> Any:
+        return None  # 409: it existed already
+
+    monkeypatch.setattr(KubeClient, "create", exists)
+    kube2 = CachingClient(base, cache)
+    assert kube2.create({**job("x", 0), "kind": "Job"}) is None
+    assert kube2.write_failed and not cache.usable("Job", NS)
