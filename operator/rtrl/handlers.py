@@ -35,7 +35,7 @@ import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
 from .kube.apply import EVENTS, write_status
-from .kube.cache import CachingClient, ObjectCache, copy_json
+from .kube.cache import CHILD_KINDS, CHILD_LABEL, CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
 from .planning import children as ch
 from .planning import plan, plan_deletion
@@ -261,7 +261,11 @@ def changed_beyond_status(body: kopf.Body, type_: str | None) -> bool:
 
 
 def _feed(kind: str, body: kopf.Body, type_: str | None = None) -> None:
-    _Process.cache.feed(kind, type_, copy_json(body))
+    labels = body.get("metadata", {}).get("labels") or {}
+    kept = type_ != "DELETED" and (kind not in CHILD_KINDS or CHILD_LABEL in labels)
+    # copied only when the cache may keep it: not for the cluster's other ConfigMaps and
+    # Services, which are only looked at for their name and resourceVersion
+    _Process.cache.feed(kind, type_, copy_json(body) if kept else body)
 
 
 @kopf.index(GROUP, VERSION, "rlcycles", registry=registry)
