@@ -86,7 +86,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``rtrl`` parser. ``command``: the subcommand about to run, when known; the
+    ``shards`` and ``demo`` subcommands are then added only if it is theirs, so that their
+    modules (the shard reader's pyarrow, the demo) stay out of a long-running ``rtrl
+    operator`` process: ~40 MB of its memory and a third of a second of its start."""
     parser = argparse.ArgumentParser(
         prog="rtrl",
         description="Real-time reinforcement learning operator for a served coding model.",
@@ -159,9 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(func=cmd_operator)
 
-    from .shards.cli import add_shards_parser
+    # anything else (none yet, a typo, --help) gets every subcommand
+    every = command not in ("crds", "validate", "operator", "shards", "demo")
+    if every or command == "shards":
+        from .shards.cli import add_shards_parser
 
-    add_shards_parser(commands)
+        add_shards_parser(commands)
+    if not (every or command == "demo"):
+        return parser
 
     demo = commands.add_parser(
         "demo",
@@ -182,7 +191,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     code: int = args.func(args)
     return code
 

@@ -69,3 +69,18 @@ def test_a_stage_pod_does_not_import_torch() -> None:
     )
     out = _run(sys.executable, "-c", code)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_operator_process_does_not_import_pyarrow() -> None:
+    """`rtrl operator` parses only its own subcommand: the shard reader (pyarrow) and the
+    demo are never loaded into the long-running operator process."""
+    code = (
+        "import sys\n"
+        "from rtrl.cli import build_parser\n"
+        "build_parser('operator').parse_args(['operator', '-n', 'default'])\n"
+        "import rtrl.handlers\n"
+        "assert 'pyarrow' not in sys.modules, 'the operator imported pyarrow'\n"
+        "assert 'rtrl.local.demo' not in sys.modules, 'the operator imported the demo'\n"
+    )
+    out = _run(sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr
