@@ -109,27 +109,23 @@ def is_packed(field: pa.Field) -> bool:
 
 
 def flat(array: pa.Array, dtype: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.generic]]:
-    """(offsets from 0, values) of a packed column (``binary``, elements ``dtype``) or of a
-    list column, as numpy. Nulls are the caller's to reject first."""
-    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
-        width = np.dtype(dtype).itemsize
-        offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-        buffers = array.buffers()
-        offsets = np.frombuffer(buffers[1], dtype=offset_type)[
-            array.offset : array.offset + len(array) + 1
-        ].astype(np.int64)
-        lengths = np.diff(offsets)
-        if np.any(lengths % width):
-            row = int(np.flatnonzero(lengths % width)[0])
-            raise PackedError(f"{lengths[row]} bytes, not a multiple of {width}", row)
-        start, stop = int(offsets[0]), int(offsets[-1])
-        data = buffers[2]
-        raw = np.frombuffer(data, dtype=np.uint8)[start:stop] if data is not None else b""
-        values: npt.NDArray[np.generic] = np.frombuffer(raw, dtype=dtype)
-        return (offsets - start) // width, values
-    offsets = np.asarray(array.offsets, dtype=np.int64)
-    sliced = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    return offsets - offsets[0], sliced.to_numpy(zero_copy_only=False)
+    """(offsets from 0, values) of a packed column (``binary``, elements ``dtype``), as
+    numpy. Nulls are the caller's to reject first."""
+    width = np.dtype(dtype).itemsize
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
+        array.offset : array.offset + len(array) + 1
+    ].astype(np.int64)
+    lengths = np.diff(offsets)
+    if np.any(lengths % width):
+        row = int(np.flatnonzero(lengths % width)[0])
+        raise PackedError(f"{lengths[row]} bytes, not a multiple of {width}", row)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    data = buffers[2]
+    raw = np.frombuffer(data, dtype=np.uint8)[start:stop] if data is not None else b""
+    values: npt.NDArray[np.generic] = np.frombuffer(raw, dtype=dtype)
+    return (offsets - start) // width, values
 
 
 def unpack(array: pa.Array, dtype: str) -> pa.Array:

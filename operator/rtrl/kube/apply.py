@@ -103,6 +103,7 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
     actions = [a for a in actions if not isinstance(a, Emit)] + [
         a for a in actions if isinstance(a, Emit)
     ]
+    events: KubeClient | None = None
     for action in actions:
         if isinstance(action, Create):
             manifest = {
@@ -134,7 +135,8 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
             )
         elif isinstance(action, Emit):
             uid = uids.get((action.kind, action.name), "")
-            events = KubeClient(client.api)  # not the round's client: another thread
+            if events is None:
+                events = KubeClient(client.api)  # not the round's client: another thread
             EVENTS.submit(functools.partial(post_event, events, namespace, {"uid": uid}, action))
             log.info("%s %s/%s: %s", action.reason, action.kind, action.name, action.message)
 
