@@ -25,8 +25,10 @@ What is measured:
   end, ``time.perf_counter`` of the operator's process, which on Linux is the same monotonic
   clock as the bench's, and whether it read live or from the watch cache); a round that
   reads its cache sends no request the API server could delimit it by. Also shown: until the
-  reconciler's first request after the completion ("first request"), until the start and
-  the end of the round that acted, and the reconcile rounds themselves (start to end, and
+  reconciler's first request after the completion ("first request"), until the Job index
+  handler woke the reconciler (the trace's ``woken``: kopf's delivery of the event), until the
+  start of the round that acted, its observe and plan done, and its end, and the reconcile
+  rounds themselves (start to end, and
   how much of that the API server spent answering their requests).
 - latency, baseline: Jobs labelled ``rtrl.io/bench=noop``, played by the same JobRunner; from
   the commit of the same ``Complete`` write to the commit of the baseline's status patch.
@@ -510,6 +512,11 @@ def rtrl_reactions(
         current = acting(action.t)
         round_start = None if current is None else current.t0
         round_end = None if current is None else current.t1
+
+        def mark(key: str, current: Round | None = current, since: float = done.t) -> float | None:
+            at = None if current is None else current.marks.get(key)
+            return None if at is None else (at - since) * 1000
+
         samples.append(
             {
                 "job": done.name,
@@ -518,7 +525,10 @@ def rtrl_reactions(
                 "object": action.name,
                 "next_action_ms": (action.t - done.t) * 1000,
                 "first_request_ms": (first - done.t) * 1000,
+                "woken_ms": mark("woken"),
                 "round_start_ms": None if round_start is None else (round_start - done.t) * 1000,
+                "observed_ms": mark("observed"),
+                "planned_ms": mark("planned"),
                 "round_end_ms": None if round_end is None else (round_end - done.t) * 1000,
                 "round_live": None if current is None else current.live,
             }
@@ -816,9 +826,10 @@ class Bench:
             "cycle_wall_ms": stats(walls),
             "latency_ms": stats([s["next_action_ms"] for s in reactions]),
             "first_request_ms": stats([s["first_request_ms"] for s in reactions]),
-            "round_start_ms": stats(
-                [s["round_start_ms"] for s in reactions if s["round_start_ms"] is not None]
-            ),
+            **{
+                key: stats([s[key] for s in reactions if s[key] is not None])
+                for key in ("woken_ms", "round_start_ms", "observed_ms", "planned_ms")
+            },
             "round_end_ms": stats([s["round_end_ms"] for s in reactions if s["round_end_ms"]]),
             "acted_live": sum(1 for s in reactions if s["round_live"]),
             "by_step_ms": by_step,
@@ -931,7 +942,10 @@ def render(result: dict[str, Any]) -> str:
         actions = Counter(s["action"] for s in r["reactions"] if s["step"] == step)
         row(f"  after {step} ({', '.join(actions)})", r["by_step_ms"][step])
     row("  Job complete -> reconciler's first request", r["first_request_ms"])
+    row("  Job complete -> its reconciler woken (Job index handler)", r["woken_ms"])
     row("  Job complete -> start of the round that acted", r["round_start_ms"])
+    row("  Job complete -> that round observed (cache, step result)", r["observed_ms"])
+    row("  Job complete -> that round planned", r["planned_ms"])
     row("  Job complete -> end of the round that acted", r["round_end_ms"])
     row("  a reconcile round (start -> end)", r["round_ms"])
     row("    of which the API server answering its requests", r["round_server_ms"])

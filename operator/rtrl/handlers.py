@@ -44,26 +44,48 @@ GROUP, VERSION = "rtrl.io", "v1alpha1"
 # rtrl's handlers live in their own registry, so that other kopf handlers imported into the
 # same process (a plugin, a test's operator) never run alongside them.
 registry = kopf.OperatorRegistry()
+# How long the Job index handler waits for the round a finished Job started (see job_cache).
+HAND_OVER_SECONDS = 0.1
 log = logging.getLogger("rtrl.operator")
 
 
 class Wakeup:
     """A reconciler's wake-up flag. Unlike an ``asyncio.Event`` behind ``wait_for``, whose
     waiter resumes a few loop turns after ``set``, a waiting reconciler resumes at the next
-    turn (the handler that woke it yields once, so the round starts before kopf carries on
-    with the event). Set and waited on in the event loop only."""
+    turn. Set and waited on in the event loop only.
+
+    :meth:`set` returns a future that the reconciler resolves when the round this wake-up
+    starts has ended: a handler that awaits it keeps kopf from carrying on with its event
+    (Python work on the event loop) while the round runs in its thread, so the round does
+    not wait for the GIL behind it (see ``job_cache``)."""
 
     def __init__(self) -> None:
         self.pending = False
+        self.woken: float | None = None  # when first set since the last take (for the trace)
         self._future: asyncio.Future[None] | None = None
+        self._next_round: asyncio.Future[None] | None = None
 
-    def set(self) -> None:
+    def set(self) -> asyncio.Future[None]:
+        if not self.pending:
+            self.woken = time.perf_counter()
         self.pending = True
         if self._future is not None:
             _resolve(self._future)
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+        return self._next_round
 
-    def clear(self) -> None:
-        self.pending = False
+    def take(self) -> tuple[float | None, asyncio.Future[None] | None]:
+        """Clear the flag for a round that starts now: when it was set, and the future to
+        resolve when that round ends."""
+        taken = self.woken, self._next_round
+        self.pending, self.woken, self._next_round = False, None, None
+        return taken
+
+    def close(self) -> None:
+        """The reconciler stops: nobody waits for a round that will not run."""
+        if self._next_round is not None:
+            _resolve(self._next_round)
 
     async def wait(self, timeout: float) -> None:
         """Until set (at once if it is) or ``timeout`` seconds have passed."""
@@ -111,11 +133,14 @@ def client() -> KubeClient:
     return _Process.client
 
 
-def wake(namespace: str | None, name: str | None) -> None:
+def wake(namespace: str | None, name: str | None) -> asyncio.Future[None] | None:
+    """Wake the reconciler of RLCycle ``namespace/name``, if it runs; the future of the
+    round that will follow (see :class:`Wakeup`)."""
     if namespace and name:
         flag = _Process.wakeups.get((namespace, name))
         if flag is not None:
-            flag.set()
+            return flag.set()
+    return None
 
 
 @kopf.on.login(registry=registry)
@@ -161,13 +186,19 @@ async def flush_events(**_: Any) -> None:
     await asyncio.to_thread(EVENTS.flush, 5.0)
 
 
-def reconcile_once(namespace: str, name: str, *, live: bool = True) -> float | None:
+def reconcile_once(
+    namespace: str, name: str, *, live: bool = True, woken: float | None = None
+) -> float | None:
     """One round for one RLCycle; returns when to look again (seconds), None for the resync.
 
-    ``live``: read the cluster rather than the cache. Raises :class:`KubeError` after a write
-    that failed or met a conflict (so that the next round reads live)."""
+    ``live``: read the cluster rather than the cache; ``woken``: when an event woke the
+    reconciler for this round (``time.perf_counter``, for the trace). Raises
+    :class:`KubeError` after a write that failed or met a conflict (so that the next round
+    reads live)."""
     kube = CachingClient(client(), _Process.cache, live=live)
     marks = {"t0": time.perf_counter()}
+    if woken is not None:
+        marks["woken"] = woken
     try:
         rlcycle = kube.get("RLCycle", namespace, name)
         if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
@@ -212,11 +243,13 @@ async def reconciler(
     last_live: float | None = None  # the first round reads live
     try:
         while not stopped:
-            flag.clear()
+            woken, round_ended = flag.take()
             started = time.monotonic()
             live = last_live is None or started - last_live >= _Process.live_read_seconds
             try:
-                delay = await asyncio.to_thread(reconcile_once, namespace, name, live=live)
+                delay = await asyncio.to_thread(
+                    reconcile_once, namespace, name, live=live, woken=woken
+                )
                 if live:
                     last_live = started
             except KubeError as exc:
@@ -227,6 +260,9 @@ async def reconciler(
                 last_live = None
                 delay = _Process.error_backoff_seconds
                 log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)
+            finally:
+                if round_ended is not None:
+                    _resolve(round_ended)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.monotonic() - started)
             if delay is not None and delay <= 0:
                 continue
@@ -234,6 +270,7 @@ async def reconciler(
             timeout = resync if delay is None else min(delay, resync)
             await flag.wait(timeout)
     finally:
+        flag.close()
         if _Process.wakeups.get((namespace, name)) is flag:
             del _Process.wakeups[(namespace, name)]
 
@@ -285,8 +322,12 @@ async def job_cache(body: kopf.Body, **_: Any) -> None:
     # (before it works out the event's causes): the reaction starts a little sooner.
     rlcycle = (body.get("metadata", {}).get("labels") or {}).get(ch.LABEL_RLCYCLE)
     if rlcycle and _finished(body.get("status") or {}):
-        wake(body.get("metadata", {}).get("namespace"), rlcycle)
-        await asyncio.sleep(0)  # the reconciler starts its round before kopf carries on
+        round_ended = wake(body.get("metadata", {}).get("namespace"), rlcycle)
+        if round_ended is not None:
+            # kopf carries on with this event (on the event loop) once the round that reacts
+            # to it has ended, or after HAND_OVER_SECONDS: the round does not share the GIL
+            # with that work. Other objects' events are handled meanwhile.
+            await asyncio.wait([round_ended], timeout=HAND_OVER_SECONDS)
 
 
 def _finished(status: Mapping[str, Any]) -> bool:

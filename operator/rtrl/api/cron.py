@@ -10,6 +10,7 @@ expression cannot reject; ``rtrl validate`` and the operator do.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -92,8 +93,10 @@ def _parse_field(text: str, field: _Field) -> frozenset[int]:
     return frozenset(values)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_cron(expression: str) -> CronSchedule:
-    """Parse ``expression``; raise ValueError naming the field that is wrong."""
+    """Parse ``expression``; raise ValueError naming the field that is wrong. Memoised (the
+    result is immutable): every reconcile round of a cron-scheduled RLCycle asks again."""
     text = MACROS.get(expression.strip(" "), expression.strip(" "))
     if text.startswith("@"):
         raise ValueError(f"unknown cron macro {expression!r}; use one of {', '.join(MACROS)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any
 from urllib.parse import urlencode
 
@@ -81,12 +82,45 @@ def api_version(kind: str) -> str:
     return f"{group}/{version}" if group else version
 
 
+# The kubernetes package runs its credentials' refresh hook before every request; the hook
+# re-applies the whole kubeconfig each time (host included, which rescans the environment
+# for proxies: a tenth of a millisecond per request). Tokens are re-read when they expire
+# (in a pod, every minute), so a look at most this often is as good.
+TOKEN_REFRESH_SECONDS = 1.0
+
+
+class _ThrottledRefresh:
+    """Stands in for a Configuration's ``refresh_api_key_hook``: runs the real hook at most
+    once per ``period`` seconds, and keeps standing in when the hook replaces itself (the
+    kubeconfig and in-cluster loaders both do, on every call)."""
+
+    def __init__(self, hook: Any, period: float) -> None:
+        self.hook = hook
+        self.period = period
+        self.due = 0.0
+
+    def __call__(self, configuration: Any) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.hook(configuration)
+        replaced = configuration.refresh_api_key_hook
+        if replaced is not self and replaced is not None:
+            self.hook = replaced
+        configuration.refresh_api_key_hook = self
+        self.due = now + self.period
+
+
 class KubeClient:
     """JSON requests with the credentials of a kubeconfig or the pod's service account."""
 
     def __init__(self, api_client: ApiClient | None = None):
         self.api = api_client or ApiClient()
         self.requests = 0  # counted for bench/operator_latency.py
+        configuration: Any = getattr(self.api, "configuration", None)
+        hook = getattr(configuration, "refresh_api_key_hook", None)
+        if hook is not None and not isinstance(hook, _ThrottledRefresh):
+            configuration.refresh_api_key_hook = _ThrottledRefresh(hook, TOKEN_REFRESH_SECONDS)
 
     @classmethod
     def from_environment(cls) -> KubeClient:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
 from rtrl.api.common import parse_duration
@@ -12,8 +13,11 @@ from rtrl.api.rlcycle import ScheduleSpec
 _HORIZON_DAYS = 366 * 8
 
 
+@functools.lru_cache(maxsize=1024)
 def next_cron(schedule: CronSchedule, after: datetime) -> datetime | None:
     """The first minute strictly after ``after`` that ``schedule`` matches (UTC), or None.
+    Memoised: ``after`` is the previous start, the same in every round until the next one,
+    and a yearly schedule walks a year of days.
 
     Day of month and day of week follow cron: when both are restricted, either matches.
     """
