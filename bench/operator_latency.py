@@ -28,7 +28,8 @@ What is measured:
   reconciler's first request after the completion ("first request"), until the Job index
   handler woke the reconciler (the trace's ``woken``: kopf's delivery of the event), until the
   start of the round that acted, its observe and plan done, and its end, and the reconcile
-  rounds themselves (start to end, and
+  rounds themselves (the JSON also gives, per completion, how long the operator had been
+  quiet before it: ``quiet_ms``, since its last write) (start to end, and
   how much of that the API server spent answering their requests).
 - latency, baseline: Jobs labelled ``rtrl.io/bench=noop``, played by the same JobRunner; from
   the commit of the same ``Complete`` write to the commit of the baseline's status patch.
@@ -517,9 +518,11 @@ def rtrl_reactions(
             at = None if current is None else current.marks.get(key)
             return None if at is None else (at - since) * 1000
 
+        before = [w.t for w in writes if w.client == "rtrl" and w.t < done.t]
         samples.append(
             {
                 "job": done.name,
+                "quiet_ms": (done.t - max(before)) * 1000 if before else None,
                 "step": _step(done.name),
                 "action": f"{action.method} {action.kind}{'/status' if action.status else ''}",
                 "object": action.name,
