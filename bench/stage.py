@@ -2,8 +2,8 @@
 Python implementation of the same selection and reward, side by side in one run.
 
 ``rtrl-job stage`` reads every shard through the validating reader, selects, rewards and
-monitors the rows, writes the training set (Parquet) as it goes, fills in the advantages,
-then commits it to the output store. This benchmark writes
+monitors the rows, writes the rank files (Parquet) as it goes, then the advantage files,
+then commits them to the output store. This benchmark writes
 synthetic interactions (~100 completion tokens, 100-300 prompt tokens each; 90% matured and
 selected) to a temp directory as a ``file://`` store and measures, each in a fresh process:
 
@@ -12,7 +12,8 @@ selected) to a temp directory as a ``file://`` store and measures, each in a fre
   (b) row-by-row: ``for row in batch.to_pylist()`` applying the same row contract,
       selection and reward rules in plain Python, then writing the training set from the
       rows in the same format (per-token lists packed with ``struct.pack``,
-      ``Table.from_pylist``, stage's own Parquet writer and options), on the first
+      ``Table.from_pylist``, stage's own Parquet writer and options, and the advantage file
+      from the rows' advantages), on the first
       ``--rowwise-rows`` interactions (it is too slow for all of them), extrapolated as
       rows/s; its rewards are checked against the vectorised ones on the same rows;
   (s) ``rtrl-job stage`` as a Job runs it (the console script), end to end: wall time
@@ -57,7 +58,7 @@ from rtrl.shards import (
 from rtrl.store.local import LocalStore
 from rtrl_trainer.reward import rewards
 from rtrl_trainer.stage import CARRIED_COLUMNS, TRAIN_SCHEMA
-from rtrl_trainer.stage_write import train_writer
+from rtrl_trainer.stage_write import ADVANTAGE_SCHEMA, ADVANTAGE_SUFFIX, train_writer
 
 MB = 1_000_000
 CHECKPOINT = "bench-ckpt"
@@ -228,21 +229,22 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
         for first in range(0, len(selected), BATCH):
             records = [
                 {name: _packed(name, row[name]) for name in CARRIED_COLUMNS}
-                | {
-                    "reward": row["reward"],
-                    "advantage": (row["reward"] - mean) / std,  # the batch baseline
-                    "sample_weight": 1.0,
-                    "on_policy": True,
-                }
+                | {"reward": row["reward"], "sample_weight": 1.0, "on_policy": True}
                 for row in selected[first : first + BATCH]
             ]
             writer.write_table(pa.Table.from_pylist(records, schema=TRAIN_SCHEMA))
+    advantages = [(row["reward"] - mean) / std for row in selected]  # the batch baseline
+    pq.write_table(
+        pa.Table.from_arrays([pa.array(advantages, pa.float32())], schema=ADVANTAGE_SCHEMA),
+        out.with_name(out.name.removesuffix(".parquet") + ADVANTAGE_SUFFIX),
+        compression="none",
+    )
     seconds = time.perf_counter() - start
     return {
         "rows": rows,
         "selected": len(selected),
         "latency_p95_ms": p95,
-        "out_bytes": out.stat().st_size,
+        "out_bytes": sum(p.stat().st_size for p in out.parent.iterdir()),
         "seconds": seconds,
         "agrees_with_vectorised": _agrees(root, limit, selected),
     }

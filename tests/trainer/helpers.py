@@ -17,6 +17,7 @@ from rtrl.shards import INTERACTION_SCHEMA
 from rtrl.store.local import LocalStore
 from rtrl_trainer.cli import main
 from rtrl_trainer.packed import to_lists
+from rtrl_trainer.stage_write import ADVANTAGE_SUFFIX, advantage_name, with_advantages
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # maturity 1h: cutoff 11:00
@@ -89,15 +90,26 @@ def run_stage(
     return code, json.loads(result.read_text()) if result.exists() else {}
 
 
+def rank_table(out: Path, name: str) -> pa.Table:
+    """One committed rank file with its advantages joined (as the trainer reads it)."""
+    return with_advantages(
+        pq.read_table(out / name), pq.read_table(out / advantage_name(name)), name
+    )
+
+
 def training_set(out: Path) -> pa.Table:
-    """All rank files of a committed training set, in rank order, as one table (the packed
-    per-token columns as lists, as the shards had them)."""
+    """All rank files of a committed training set, in rank order, with their advantages,
+    as one table (the packed per-token columns as lists, as the shards had them)."""
     manifest = LocalStore(out).committed("")
     assert manifest is not None, f"{out} is not committed"
-    names = sorted(name for name in manifest.files if name.startswith("train/"))
+    names = sorted(
+        name
+        for name in manifest.files
+        if name.startswith("train/") and not name.endswith(ADVANTAGE_SUFFIX)
+    )
     if not names:
         return pa.table({})
-    return to_lists(pa.concat_tables(pq.read_table(out / name) for name in names))
+    return to_lists(pa.concat_tables(rank_table(out, name) for name in names))
 
 
 def by_id(t: pa.Table) -> dict[str, dict[str, Any]]:

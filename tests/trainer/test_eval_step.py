@@ -116,7 +116,7 @@ def test_stage_holds_out_a_deterministic_split_never_trained_on(world: dict[str,
     assert HELDOUT_NAME in manifest["files"]
     heldout = pq.read_table(stage_dir / HELDOUT_NAME)
     train = pa.concat_tables(
-        pq.read_table(p) for p in sorted((stage_dir / "train").glob("*.parquet"))
+        pq.read_table(p) for p in sorted((stage_dir / "train").glob("rank-?????-of-?????.parquet"))
     )
     assert summary["heldout_interactions"] == heldout.num_rows > 0
     assert summary["interactions_used"] == train.num_rows

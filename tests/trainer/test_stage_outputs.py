@@ -16,7 +16,16 @@ from rtrl_trainer import stage_write
 from rtrl_trainer.cli import main
 from tests.conftest import REPO
 from tests.shards.helpers import write
-from tests.trainer.helpers import approx, by_id, ids, rows, run_stage, stage_args, training_set
+from tests.trainer.helpers import (
+    approx,
+    by_id,
+    ids,
+    rank_table,
+    rows,
+    run_stage,
+    stage_args,
+    training_set,
+)
 
 PARTITION = "checkpoint=ckpt-1"
 
@@ -166,23 +175,26 @@ def test_ranks_are_dealt_round_robin(tmp_path: Path) -> None:
     code, doc = run_stage(tmp_path / "shards", out, "--ranks", "3")
     assert code == 0
     names = [f"train/rank-0000{r}-of-00003.parquet" for r in range(3)]
-    assert doc["files"] == names
-    parts = [pq.read_table(out / name) for name in names]
+    sides = [f"train/rank-0000{r}-of-00003.advantage.parquet" for r in range(3)]
+    assert doc["files"] == sorted(names + sides)
+    parts = [rank_table(out, name) for name in names]
     assert [p.column("interaction_id").to_pylist() for p in parts] == [
         ["i00000", "i00003", "i00006", "i00009"],
         ["i00001", "i00004", "i00007"],
         ["i00002", "i00005", "i00008"],
     ]
     assert doc["ranks"] == [
-        {"rank": 0, "file": names[0], "rows": 4, "tokens": 1 + 4 + 7 + 10},
-        {"rank": 1, "file": names[1], "rows": 3, "tokens": 2 + 5 + 8},
-        {"rank": 2, "file": names[2], "rows": 3, "tokens": 3 + 6 + 9},
+        {"rank": 0, "file": names[0], "advantages": sides[0], "rows": 4, "tokens": 1 + 4 + 7 + 10},
+        {"rank": 1, "file": names[1], "advantages": sides[1], "rows": 3, "tokens": 2 + 5 + 8},
+        {"rank": 2, "file": names[2], "advantages": sides[2], "rows": 3, "tokens": 3 + 6 + 9},
     ]
     assert doc["tokens_used"] == sum(lengths)
     # Fewer ranks on a rerun: the extra rank file of the earlier run is gone.
     code, doc = run_stage(tmp_path / "shards", out, "--ranks", "2")
     assert sorted(p.name for p in (out / "train").iterdir()) == [
+        "rank-00000-of-00002.advantage.parquet",
         "rank-00000-of-00002.parquet",
+        "rank-00001-of-00002.advantage.parquet",
         "rank-00001-of-00002.parquet",
     ]
     manifest = LocalStore(out).committed("")
@@ -195,7 +207,7 @@ def test_more_ranks_than_rows_leaves_empty_rank_files(tmp_path: Path) -> None:
     code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--ranks", "4")
     assert code == 0
     assert [r["rows"] for r in doc["ranks"]] == [1, 1, 0, 0]
-    empty = pq.read_table(tmp_path / "out" / doc["files"][3])
+    empty = rank_table(tmp_path / "out", doc["ranks"][3]["file"])
     assert empty.num_rows == 0
     assert "advantage" in empty.schema.names
 

@@ -18,6 +18,7 @@ import pytest
 from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
 from rtrl.store import open_store
 from rtrl_trainer.packed import to_lists
+from rtrl_trainer.stage_write import with_advantages
 from tests.conftest import REPO, console_script
 
 SECRET = "s3cr3t-DO-NOT-LEAK-stage"
@@ -94,16 +95,18 @@ def test_stage_in_s3_end_to_end(bucket: str, tmp_path: Path) -> None:
     assert set(manifest.files) == {
         "stage.json",
         "train/rank-00000-of-00002.parquet",
+        "train/rank-00000-of-00002.advantage.parquet",
         "train/rank-00001-of-00002.parquet",
+        "train/rank-00001-of-00002.advantage.parquet",
         "heldout/part-00000.parquet",  # the default held-out split for the eval step
     }
     doc = json.loads(store.get_bytes("stage.json"))
     assert (doc["ok"], doc["sufficient"], doc["files_bad"]) == (True, True, 1)
     assert doc["quarantined"] == {}  # the broken upload had no readable rows to count
     parts = []
-    for name in sorted(n for n in manifest.files if n.startswith("train/")):
-        with store.open_input(name) as handle:
-            parts.append(pq.read_table(handle))
+    for rank in doc["ranks"]:
+        with store.open_input(rank["file"]) as handle, store.open_input(rank["advantages"]) as side:
+            parts.append(with_advantages(pq.read_table(handle), pq.read_table(side), rank["file"]))
     staged = pa.concat_tables(parts)
     assert staged.num_rows == doc["interactions_used"]
     assert [r["rows"] for r in doc["ranks"]] == [p.num_rows for p in parts]

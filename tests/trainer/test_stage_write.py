@@ -1,9 +1,11 @@
-"""How the stage step writes its files: advantages filled in after the rows are written
-(across many row groups and ranks), files staged in place in a ``file://`` store and left
+"""How the stage step writes its files: advantage files written after the rank files
+(across many row groups and ranks), rank files hashed while written, files staged in place in a ``file://`` store and left
 nowhere when nothing is committed, and the fast row filter."""
 
 from __future__ import annotations
 
+import hashlib
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,8 @@ from rtrl_trainer.packed import (
     to_lists,
     unpack,
 )
-from tests.trainer.helpers import run_stage, write_config
+from rtrl_trainer.stage_write import GrowingFileDigest
+from tests.trainer.helpers import rank_table, run_stage, write_config
 
 CHECKPOINT = "ckpt-w"
 # Synthetic rows are created from 2026-01-05 08:00 over 3 hours, feedback ~20 minutes later.
@@ -54,8 +57,9 @@ def test_advantages_are_filled_in_across_row_groups_and_ranks(
         now=LATER,
     )
     assert code == 0 and doc["sufficient"]
-    parts = [pq.read_table(out / name) for name in doc["files"]]
-    assert all(pq.ParquetFile(out / name).num_row_groups > 1 for name in doc["files"])
+    names = [r["file"] for r in doc["ranks"]]
+    parts = [rank_table(out, name) for name in names]
+    assert all(pq.ParquetFile(out / name).num_row_groups > 1 for name in names)
     table = pa.concat_tables(parts)
     assert table.num_rows == doc["interactions_used"] > 40_000
     reward = table.column("reward").to_numpy().astype(np.float64)
@@ -75,6 +79,11 @@ def test_advantages_are_filled_in_across_row_groups_and_ranks(
     manifest = LocalStore(out).committed("")
     assert manifest is not None
     assert set(manifest.files) == {"stage.json", "heldout/part-00000.parquet", *doc["files"]}
+    # The rank files were hashed while written: the manifest vouches for the bytes on disk.
+    for name, entry in manifest.files.items():
+        data = (out / name).read_bytes()
+        assert dict(entry) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
     heldout = pq.read_table(out / "heldout/part-00000.parquet")
     assert heldout.num_rows == doc["heldout_interactions"] > 0
     # Packed or not, the rows carry the shards' tokens, log-probs and masks unchanged.
@@ -91,6 +100,20 @@ def test_advantages_are_filled_in_across_row_groups_and_ranks(
         for row in staged.to_pylist():
             source = logged[row.pop("interaction_id")]
             assert row == {name: source[name] for name in PACKED_COLUMNS}
+
+
+def test_a_growing_file_is_hashed_as_it_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    rng = np.random.default_rng(1)
+    chunks = [rng.bytes(int(n)) for n in rng.integers(0, 9 << 20, size=6)]
+    with path.open("wb", buffering=0) as file:
+        digest = GrowingFileDigest(path, sync=True)
+        for chunk in chunks:
+            file.write(chunk)
+            digest.catch_up()
+        file.write(b"footer")
+    data = b"".join(chunks) + b"footer"
+    assert digest.finish() == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from rtrl_trainer import packed
 from rtrl_trainer.packed import PACKED_COLUMNS
+from rtrl_trainer.stage_write import ADVANTAGE, advantage_name, with_advantages
 
 RANK_FILE = re.compile(r"^train/rank-(\d{5})-of-(\d{5})\.parquet$")
 LIST_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
@@ -139,17 +140,30 @@ def read_rank(
 
 
 def _read_table(name: str, path: Path) -> pa.Table:
+    """The rank file's rows with their advantages: from its advantage file (as the stage
+    step writes them), or from its own ``advantage`` column (a set written by hand)."""
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{name}: not a readable Parquet file ({exc})") from None
+    side = path.with_name(Path(advantage_name(name)).name)
+    separate = ADVANTAGE not in schema.names and side.exists()
     missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    if separate:
+        missing.remove(ADVANTAGE)
     if missing:
         raise DataError(f"{name}: missing column(s) {', '.join(missing)}")
+    columns = [c for c in REQUIRED_COLUMNS if c in schema.names]
     try:
-        return pq.read_table(path, columns=list(REQUIRED_COLUMNS))
+        table = pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{name}: cannot read ({exc})") from None
+    if not separate:
+        return table
+    try:
+        return with_advantages(table, pq.read_table(side, columns=[ADVANTAGE]), name)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"{advantage_name(name)}: cannot be used ({exc})") from None
 
 
 def _flat(table: pa.Table, column: str, name: str) -> tuple[NDArray[np.int64], np.ndarray]:

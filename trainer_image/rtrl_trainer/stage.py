@@ -34,8 +34,9 @@ behaved, and writes the training set split for the trainer's data-parallel ranks
    Rewards (:mod:`rtrl_trainer.reward`) and behaviour monitors
    (:mod:`rtrl_trainer.monitors`) are computed per batch, and the selected rows, with
    their rewards, are dealt round-robin to ``train/rank-RRRRR-of-NNNNN.parquet`` as they
-   come, each rank file encoded by a worker thread (:mod:`rtrl_trainer.stage_write`; the
-   advantage column holds a placeholder until step 3). Only when previous-checkpoint rows
+   come, each rank file encoded by a worker thread (:mod:`rtrl_trainer.stage_write`; hashed
+   and flushed to disk as it grows, since its bytes are final once written; the
+   advantages, in a file of their own per rank, come in step 3). Only when previous-checkpoint rows
    are admissible do the selected rows wait in a local scratch file instead (Arrow IPC
    with zstd-compressed buffers, not re-encoded on the way in or out): which of those rows
    enter the set is known only once all are read.
@@ -49,12 +50,14 @@ behaved, and writes the training set split for the trainer's data-parallel ranks
 
 3. **Advantages.** (With a scratch file, first stream it and deal its on-policy and
    admitted rows to the rank files, in the order they were read.) Compute the advantages
-   with the whole set's baselines and standard deviation and write them over the
-   placeholders, in place.
+   with the whole set's baselines and standard deviation and write each rank's advantage
+   file (``train/rank-RRRRR-of-NNNNN.advantage.parquet``: one ``advantage`` column, the
+   rank file's rows in its order).
 
 4. **Commit** everything through the object store's commit protocol (manifest last), so a
    reader never sees a half-written training set. A ``file://`` output store had the files
-   written in place under hidden temp names: they are renamed, not copied. Files depend
+   written in place under hidden temp names: they are renamed, not copied (the rank files
+   were hashed and made durable while written). Files depend
    only on the inputs; timing sits under ``timing`` in ``stage.json``, so a rerun gives
    identical files otherwise.
 
@@ -105,7 +108,6 @@ from rtrl_trainer.stage_write import (
     Staging,
     Worker,
     parquet_writer,
-    rank_name,
 )
 
 EXIT_OK = 0
@@ -143,8 +145,10 @@ SCRATCH_SCHEMA = pa.schema(
         pa.field("on_policy", pa.bool_()),
     ]
 )
-# The training set: what the trainer reads, one file per data-parallel rank. Its
-# per-token columns are packed (:mod:`rtrl_trainer.packed`): cheaper to encode than lists.
+# The training set: what the trainer reads, one file per data-parallel rank, and next to
+# each its advantage file (``advantage``, float32, same rows in the same order; see
+# rtrl_trainer.stage_write). Its per-token columns are packed (:mod:`rtrl_trainer.packed`):
+# cheaper to encode than lists.
 TRAIN_SCHEMA = pa.schema(
     [
         *(
@@ -152,7 +156,6 @@ TRAIN_SCHEMA = pa.schema(
             for name in CARRIED_COLUMNS
         ),
         pa.field("reward", pa.float32()),
-        pa.field("advantage", pa.float32()),
         # 1.0 for every row: the trainer importance-weights per token from the logged
         # log-probs (off-policy rows included); this column is where a per-row weight
         # (e.g. rebalancing orgs) would go without changing the trainer's reader.
@@ -532,13 +535,10 @@ def admit_previous(selection: Selection, fraction: float) -> Admission:
 
 
 def train_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A scratch-schema batch (selected rows with rewards) as a batch of the training set,
-    the advantage column holding the reward until the rank file is patched."""
-    reward = batch.column("reward")
+    """A scratch-schema batch (selected rows with rewards) as a batch of a rank file."""
     arrays = [batch.column(name) for name in CARRIED_COLUMNS]
     arrays += [
-        reward,
-        reward,  # the advantage's placeholder
+        batch.column("reward"),
         pa.repeat(pa.scalar(1.0, pa.float32()), batch.num_rows),
         batch.column("on_policy"),
     ]
@@ -616,9 +616,8 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         Staging(out, Path(tmp)) as staging,
     ):
         tmp_dir = Path(tmp)
-        names = [rank_name(r, config.ranks) for r in range(config.ranks)]
         heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
-        ranks = Ranks(config.ranks, [staging.path(n) for n in names], tmp_dir, TRAIN_SCHEMA)
+        ranks = Ranks(config.ranks, staging, tmp_dir, TRAIN_SCHEMA)
         scratch: Path | None = None
         with ranks:
             if config.admits_previous:
@@ -704,11 +703,13 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                 if scratch is not None:
                     write_ranks(ranks, scratch=scratch, admission=admission)
                     ranks.close()
-                summary, adv_stats = ranks.patch(selection.strata.baselines(), stats.std)
-                keys = list(names)
+                summary, adv_stats = ranks.write_advantages(
+                    selection.strata.baselines(), stats.std
+                )
+                keys = ranks.keys()
                 doc["sufficient"] = True
                 doc["ranks"] = summary
-                doc["files"] = sorted(names)
+                doc["files"] = list(keys)
                 doc["message"] = (
                     f"{used} interactions, {tokens} completion tokens, "
                     f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
@@ -736,7 +737,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
             "interactions": used,
             "tokens": tokens,
         }
-        staging.commit([*keys, RESULT_NAME], metadata)
+        staging.commit([*keys, RESULT_NAME], metadata, ranks.entries())
     if not doc["ok"]:
         raise StageError(doc["message"])
     return doc

@@ -1,15 +1,20 @@
-"""Writing the stage step's output: the rank files of the training set, their advantages,
-and the commit into the output store.
+"""Writing the stage step's output: the rank files of the training set, their advantage
+files, and the commit into the output store.
 
 The training set is written while the shards are read (:mod:`rtrl_trainer.stage`), before
 the advantages can be known: they need the baselines and the standard deviation of the
-whole set. So each rank file is written with its ``advantage`` column stored PLAIN and
-uncompressed, holding the row's reward as a placeholder, and every row's (reward, stratum)
-is spilled to a small side file (8 bytes a row, on local disk, not in memory). Once the
-set is complete the advantages are computed and written over the placeholders in place:
-a few kilobytes per row group, the rest of the file is never touched again. Before
-overwriting, the bytes found there must equal the spilled rewards, so a change in how
-pyarrow lays out the column fails loudly instead of corrupting the set.
+whole set. So each rank is two files: the rank file, with every column of the set but the
+advantage, written in row groups as the rows come and final once written; and its
+advantage file (:func:`advantage_name`, one ``advantage`` column in the same row order,
+4 bytes a row), written once the set is complete from the (reward, stratum) of each row,
+spilled meanwhile to a small side file on local disk (8 bytes a row, not in memory).
+
+Because a rank file's bytes never change once written, its sha256 for the manifest is
+computed while it is written (:class:`GrowingFileDigest`, a few row groups behind the
+encoder), and its pages are flushed to disk as it grows: the commit has nothing left to
+hash or sync but the small files. (Writing the advantages into the rank file itself, over
+placeholders, left a serial sha256 of the whole file and its fsync after the last row,
+~0.55 s of 4.1 s per million interactions on two CPUs.)
 
 Files are staged where the commit will want them. A ``file://`` output store gets them in
 place, under temp names that its listings hide (the store's own convention for writes in
@@ -43,13 +48,15 @@ from rtrl_trainer.reward import RunningStats, advantages
 TRAIN_DIR = "train"
 HELDOUT_DIR = "heldout"
 ADVANTAGE = "advantage"
+ADVANTAGE_SCHEMA = pa.schema([pa.field(ADVANTAGE, pa.float32(), nullable=False)])
+ADVANTAGE_SUFFIX = ".advantage.parquet"
 
 # Rank files get row groups of about this many rows; with many ranks, smaller ones, so the
-# rows waiting per rank stay within PENDING_BYTES in total. A row group's advantage column
-# (4 bytes a row) then fits one data page, whose values end the column chunk.
+# rows waiting per rank stay within PENDING_BYTES in total.
 ROW_GROUP_ROWS = 16_384
 PENDING_BYTES = 256 << 20
-MAX_ROWS_PER_PAGE = 1 << 20
+# Advantage files: rows per row group (4 MB).
+ADVANTAGE_ROWS = 1 << 20
 # Token ids are high-entropy: only the string columns repeat enough for a dictionary to pay
 # for itself. Column statistics and page checksums cost a fifth of the encoding time and
 # serve no reader: the trainer reads whole files, and the manifest's sha256 of each file
@@ -64,6 +71,62 @@ _HASH_CHUNK = 4 << 20
 
 def rank_name(rank: int, ranks: int) -> str:
     return f"{TRAIN_DIR}/rank-{rank:05d}-of-{ranks:05d}.parquet"
+
+
+def advantage_name(rank_file: str) -> str:
+    """The advantage file of a rank file (``train/rank-00000-of-00002.parquet`` ->
+    ``train/rank-00000-of-00002.advantage.parquet``)."""
+    return rank_file.removesuffix(".parquet") + ADVANTAGE_SUFFIX
+
+
+def with_advantages(rank: pa.Table, advantages: pa.Table, name: str) -> pa.Table:
+    """The rank file ``name``'s rows with the ``advantage`` column of its advantage file
+    (how a reader joins the two: by position). ValueError when the row counts differ."""
+    if advantages.num_rows != rank.num_rows or ADVANTAGE not in advantages.column_names:
+        raise ValueError(
+            f"{advantage_name(name)} has {advantages.num_rows} advantages for the "
+            f"{rank.num_rows} rows of {name}"
+        )
+    return rank.append_column(ADVANTAGE_SCHEMA.field(0), advantages.column(ADVANTAGE))
+
+
+class GrowingFileDigest:
+    """The size and sha256 of a file that its writer only appends to, computed while it is
+    written: :meth:`catch_up` hashes what was appended since the last call (read back from
+    the page cache) and, with ``sync``, flushes it to disk, so that neither is left for
+    after the last byte. Not thread-safe: one thread (the file's writer) calls it."""
+
+    def __init__(self, path: Path, *, sync: bool) -> None:
+        self.sync = sync
+        self._fd = os.open(path, os.O_RDONLY)
+        self._digest = hashlib.sha256()
+        self._done = 0
+        self._buffer = memoryview(bytearray(_HASH_CHUNK))  # reused: no allocation per read
+
+    def catch_up(self) -> None:
+        size = os.fstat(self._fd).st_size
+        while self._done < size:
+            want = min(_HASH_CHUNK, size - self._done)
+            got = os.preadv(self._fd, [self._buffer[:want]], self._done)
+            if got <= 0:
+                raise OSError(f"file shrank while written ({self._done} of {size} bytes)")
+            self._digest.update(self._buffer[:got])
+            self._done += got
+        if self.sync:
+            os.fdatasync(self._fd)
+
+    def finish(self) -> dict[str, Any]:
+        """The manifest entry (size, sha256) of the complete file, made durable."""
+        self.catch_up()
+        if self.sync:
+            os.fsync(self._fd)
+        self.close()
+        return {"size": self._done, "sha256": self._digest.hexdigest()}
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class Worker:
@@ -158,33 +221,36 @@ def parquet_writer(path: Path, schema: pa.Schema, **options: Any) -> pq.ParquetW
 
 
 def train_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
-    """A rank file's writer (:func:`parquet_writer`), the advantage column PLAIN and
-    uncompressed, so it can be patched in place."""
-    return parquet_writer(
-        path,
-        schema,
-        compression={ADVANTAGE: "none"},
-        column_encoding={ADVANTAGE: "PLAIN"},
-        # A row group is under 2 * ROW_GROUP_ROWS rows: its advantage chunk (4 bytes a
-        # row) stays within one page of the default size, given no row limit per page.
-        max_rows_per_page=MAX_ROWS_PER_PAGE,
-    )
+    """A rank file's writer (:func:`parquet_writer`)."""
+    return parquet_writer(path, schema)
 
 
 class RankFile:
-    """One rank's Parquet file, written in row groups by a worker as its rows accumulate,
-    with the advantage column holding each row's reward until :meth:`patch`."""
+    """One rank's Parquet file, written in row groups by a worker as its rows accumulate
+    (hashed, and with ``sync`` flushed to disk, as it grows), and its advantage file,
+    written by :meth:`write_advantages` once the set is complete."""
 
     def __init__(
-        self, path: Path, side: Path, schema: pa.Schema, flush_bytes: int, worker: Worker
+        self,
+        path: Path,
+        *,
+        advantage_path: Path,
+        side: Path,
+        schema: pa.Schema,
+        flush_bytes: int,
+        worker: Worker,
+        sync: bool,
     ) -> None:
         self.path = path
+        self.advantage_path = advantage_path
         self.side_path = side
         self.flush_bytes = flush_bytes
         self.worker = worker
         self.schema = schema
         self.side: BinaryIO = side.open("wb")
         self.writer = train_writer(path, schema)
+        self.digest = GrowingFileDigest(path, sync=sync)
+        self.entry: dict[str, Any] | None = None  # the manifest entry, once closed
         self.pending: list[pa.RecordBatch] = []
         self.pending_side: list[npt.NDArray[Any]] = []
         self.pending_rows = 0
@@ -217,6 +283,7 @@ class RankFile:
     def _write(self, table: pa.Table, side: npt.NDArray[Any]) -> None:
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.side.write(side.tobytes())
+        self.digest.catch_up()
 
     def close(self) -> None:
         """Queue the last rows and the footer (the worker's close waits for them)."""
@@ -226,67 +293,68 @@ class RankFile:
     def _close(self) -> None:
         self.writer.close()
         self.side.close()
+        self.entry = self.digest.finish()
 
     def abort(self) -> None:
         """Release the file handles after a failure (the files are discarded)."""
         with contextlib.suppress(Exception):
             self.writer.close()
         self.side.close()
+        self.digest.close()
 
-    def patch(self, baselines: npt.NDArray[np.float64], std: float) -> RunningStats:
-        """Write every row's advantage over its placeholder; the advantages' statistics."""
+    def write_advantages(self, baselines: npt.NDArray[np.float64], std: float) -> RunningStats:
+        """Write the advantage file from the spilled (reward, stratum) of every row, in the
+        rank file's order; the advantages' statistics."""
         stats = RunningStats()
-        metadata = pq.read_metadata(self.path)
-        column = next(
-            j for j in range(metadata.num_columns) if metadata.schema.column(j).path == ADVANTAGE
-        )
-        with self.path.open("r+b") as file, self.side_path.open("rb") as side:
-            fd = file.fileno()
-            for index in range(metadata.num_row_groups):
-                chunk = metadata.row_group(index).column(column)
-                n = chunk.num_values
-                rows = np.fromfile(side, dtype=_SIDE, count=n)
+        with (
+            self.side_path.open("rb") as side,
+            pq.ParquetWriter(
+                self.advantage_path, ADVANTAGE_SCHEMA, compression="none", write_statistics=False
+            ) as writer,
+        ):
+            written = 0
+            while len(rows := np.fromfile(side, dtype=_SIDE, count=ADVANTAGE_ROWS)):
                 rewards = np.ascontiguousarray(rows["reward"])
-                # The chunk is one PLAIN page without nulls: its last 4n bytes are the values.
-                offset = chunk.data_page_offset + chunk.total_compressed_size - 4 * n
-                if (
-                    len(rows) != n
-                    or chunk.compression != "UNCOMPRESSED"
-                    or os.pread(fd, 4 * n, offset) != rewards.tobytes()
-                ):
-                    raise RuntimeError(
-                        f"{self.path.name}: row group {index}: the advantage column is not "
-                        "laid out as written (PLAIN, uncompressed, one page)"
-                    )
                 values = advantages(rewards, rows["stratum"], baselines, std)
                 stats.update(values)
-                os.pwrite(fd, values.astype("<f4", copy=False).tobytes(), offset)
+                column = pa.array(values.astype("<f4", copy=False), pa.float32())
+                writer.write_table(pa.Table.from_arrays([column], schema=ADVANTAGE_SCHEMA))
+                written += len(rows)
+        if written != self.rows:
+            raise RuntimeError(
+                f"{self.side_path.name}: {written} rewards spilled for {self.rows} rows"
+            )
         self.side_path.unlink()
         return stats
 
 
 class Ranks:
-    """The rank files of the training set; rows are dealt round-robin by their position in
-    the set (deterministic and balanced). A context manager: leaving it waits for the
-    workers, after which every file is complete (or the error propagates)."""
+    """The rank files of the training set, staged in ``staging``; rows are dealt
+    round-robin by their position in the set (deterministic and balanced). A context
+    manager: leaving it waits for the workers, after which every rank file is complete (or
+    the error propagates)."""
 
-    def __init__(self, ranks: int, paths: list[Path], side_dir: Path, schema: pa.Schema) -> None:
+    def __init__(self, ranks: int, staging: Staging, side_dir: Path, schema: pa.Schema) -> None:
         self.ranks = ranks
         self.schema = schema
+        self.names = [rank_name(r, ranks) for r in range(ranks)]
         self._stack = contextlib.ExitStack()
         workers = [
             self._stack.enter_context(Worker(f"stage-rank-{w}"))
             for w in range(min(ranks, os.cpu_count() or 1))
         ]
+        # Flushing pages to disk as the files grow pays only where they stay (in place).
         self.files = [
             RankFile(
-                paths[r],
-                side_dir / f"rank-{r:05d}.side",
-                schema,
-                max(1 << 20, PENDING_BYTES // ranks),
-                workers[r % len(workers)],
+                staging.path(name),
+                advantage_path=staging.path(advantage_name(name)),
+                side=side_dir / f"rank-{r:05d}.side",
+                schema=schema,
+                flush_bytes=max(1 << 20, PENDING_BYTES // ranks),
+                worker=workers[r % len(workers)],
+                sync=staging.in_place,
             )
-            for r in range(ranks)
+            for r, name in enumerate(self.names)
         ]
         self.position = 0
         self._closed = False
@@ -335,21 +403,36 @@ class Ranks:
             file.close()
         self._stack.close()
 
-    def patch(
+    def write_advantages(
         self, baselines: npt.NDArray[np.float64], std: float
     ) -> tuple[list[dict[str, Any]], RunningStats]:
-        """Write the advantages into every file (a thread per CPU: pread/pwrite and numpy
-        release the GIL); the per-rank summary and the statistics of the advantages."""
+        """Write every rank's advantage file (a thread per CPU: file reads and writes and
+        numpy release the GIL); the per-rank summary and the statistics of the
+        advantages."""
         with ThreadPoolExecutor(max_workers=min(self.ranks, os.cpu_count() or 1)) as pool:
-            parts = list(pool.map(lambda f: f.patch(baselines, std), self.files))
+            parts = list(pool.map(lambda f: f.write_advantages(baselines, std), self.files))
         stats = RunningStats()
         for part in parts:
             stats.merge(part)
         summary = [
-            {"rank": r, "file": rank_name(r, self.ranks), "rows": f.rows, "tokens": f.tokens}
-            for r, f in enumerate(self.files)
+            {
+                "rank": r,
+                "file": name,
+                "advantages": advantage_name(name),
+                "rows": f.rows,
+                "tokens": f.tokens,
+            }
+            for r, (name, f) in enumerate(zip(self.names, self.files, strict=True))
         ]
         return summary, stats
+
+    def keys(self) -> list[str]:
+        """Every file of the training set: the rank files and their advantage files."""
+        return sorted([*self.names, *(advantage_name(n) for n in self.names)])
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """The rank files' manifest entries, computed as they were written."""
+        return {n: f.entry for n, f in zip(self.names, self.files, strict=True) if f.entry}
 
 
 # --- staging and commit --------------------------------------------------------------------
@@ -399,11 +482,18 @@ class Staging:
                 if self.in_place and "/" in key:
                     path.parent.rmdir()  # a directory this run created, if now empty
 
-    def commit(self, keys: list[str], metadata: dict[str, Any]) -> None:
+    def commit(
+        self,
+        keys: list[str],
+        metadata: dict[str, Any],
+        known: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         """Commit the staged ``keys`` at the root of the output store, removing rank and
         held-out files of an earlier run that this one does not write (e.g. another
         ``--ranks``): the old manifest goes first, so at no moment does a manifest vouch
-        for a mix of old and new files. Other staged files are discarded."""
+        for a mix of old and new files. Other staged files are discarded. ``known``: the
+        manifest entries of files already hashed and made durable while written (used by
+        a ``file://`` store; another store hashes what it uploads)."""
         files = {key: self.paths[key] for key in keys}
         self.discard([key for key in self.paths if key not in files])
         out = self.out
@@ -413,8 +503,11 @@ class Staging:
             return
         # In place: make the files durable and hash them (all at once: fsync waits on the
         # disk, sha256 runs on the CPUs, both without the GIL), then rename them into place.
+        done = {key: entry for key, entry in (known or {}).items() if key in files}
         try:
-            entries = _finalise(files)
+            for key in done:
+                files[key].chmod(FILE_MODE)
+            entries = {**done, **_finalise({k: p for k, p in files.items() if k not in done})}
         except OSError as exc:
             raise StoreError(f"cannot write {out.uri}: {exc.strerror or exc}") from exc
         _remove_stale(out, files)
@@ -452,6 +545,8 @@ def _fsync(path: Path) -> None:
 def _finalise(files: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Manifest entries (size, sha256) of ``files``, each fsynced and made world-readable."""
     items = sorted(files.items())
+    if not items:
+        return {}
     with ThreadPoolExecutor(max_workers=min(8, 2 * len(items)) or 1) as pool:
         syncs = [pool.submit(_fsync, path) for _, path in items]
         hashes = [pool.submit(_sha256, path) for _, path in items]
