@@ -1,6 +1,7 @@
 """How the stage step writes its files: advantage files written after the rank files
-(across many row groups and ranks), rank files hashed while written, files staged in place in a ``file://`` store and left
-nowhere when nothing is committed, and the fast row filter."""
+(across many row groups and ranks), rank files hashed while written, files staged in place
+in a ``file://`` store and left nowhere when nothing is committed, and the fast row
+filter."""
 
 from __future__ import annotations
 

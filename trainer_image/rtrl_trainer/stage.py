@@ -703,9 +703,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                 if scratch is not None:
                     write_ranks(ranks, scratch=scratch, admission=admission)
                     ranks.close()
-                summary, adv_stats = ranks.write_advantages(
-                    selection.strata.baselines(), stats.std
-                )
+                summary, adv_stats = ranks.write_advantages(selection.strata.baselines(), stats.std)
                 keys = ranks.keys()
                 doc["sufficient"] = True
                 doc["ranks"] = summary
