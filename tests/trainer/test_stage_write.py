@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -111,10 +112,19 @@ def test_a_growing_file_is_hashed_as_it_is_written(tmp_path: Path) -> None:
         digest = GrowingFileDigest(path, sync=True)
         for chunk in chunks:
             file.write(chunk)
-            digest.catch_up()
+            digest.poke()  # its thread hashes while the next chunk is written
+            time.sleep(0.01)
         file.write(b"footer")
     data = b"".join(chunks) + b"footer"
     assert digest.finish() == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    # A file cut short under the digest's feet is an error, not a wrong hash.
+    path.write_bytes(b"x" * 100)
+    digest = GrowingFileDigest(path, sync=False)
+    digest.poke()
+    time.sleep(0.05)
+    path.write_bytes(b"y" * 10)  # truncated: shorter than what was hashed
+    with pytest.raises(OSError, match="shrank while written"):
+        digest.finish()
 
 
 def test_nothing_is_left_behind_when_the_set_is_not_committed(tmp_path: Path) -> None:

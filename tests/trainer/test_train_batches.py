@@ -178,6 +178,26 @@ def test_missing_column_is_named(tmp_path: Path) -> None:
         _read([("f.parquet", tmp_path / "f.parquet")])
 
 
+def test_advantages_come_from_the_rank_files_advantage_file(tmp_path: Path) -> None:
+    """As the stage step writes a set: the rank file without its advantages, and next to it
+    the advantage file, joined by position."""
+    rows = [Row(prompt=[i, 1], completion=[2, 3], advantage=0.0) for i in range(3)]
+    table = pa.Table.from_pylist([r.record() for r in rows], schema=TRAINSET_SCHEMA)
+    name = "train/rank-00000-of-00001.parquet"
+    path = tmp_path / name
+    path.parent.mkdir(parents=True)
+    pq.write_table(table.drop_columns(["advantage"]), path)
+    side = tmp_path / "train/rank-00000-of-00001.advantage.parquet"
+    pq.write_table(pa.table({"advantage": pa.array([0.5, -1.0, 2.0], pa.float32())}), side)
+    assert [e.advantage for e in _read([(name, path)])] == [0.5, -1.0, 2.0]
+    pq.write_table(pa.table({"advantage": pa.array([0.5, -1.0], pa.float32())}), side)
+    expected = (
+        r"rank-00000-of-00001\.advantage\.parquet: cannot be used \(.* 2 advantages for the 3"
+    )
+    with pytest.raises(DataError, match=expected):
+        _read([(name, path)])
+
+
 def test_truncation_keeps_the_completion_and_the_end_of_the_prompt(tmp_path: Path) -> None:
     rows = [
         Row(prompt=list(range(10, 20)), completion=[1, 2, 3], advantage=1),

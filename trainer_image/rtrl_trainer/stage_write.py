@@ -92,9 +92,11 @@ def with_advantages(rank: pa.Table, advantages: pa.Table, name: str) -> pa.Table
 
 class GrowingFileDigest:
     """The size and sha256 of a file that its writer only appends to, computed while it is
-    written: :meth:`catch_up` hashes what was appended since the last call (read back from
-    the page cache) and, with ``sync``, flushes it to disk, so that neither is left for
-    after the last byte. Not thread-safe: one thread (the file's writer) calls it."""
+    written: after each :meth:`poke` (the writer appended something) a thread of its own
+    hashes what was appended since (read back from the page cache) and, with ``sync``,
+    flushes it to disk, so that neither is left for after the last byte. On that thread,
+    hashing and waiting for the disk never hold up the writer (which would let the rows
+    waiting for it pile up in memory); both release the GIL."""
 
     def __init__(self, path: Path, *, sync: bool) -> None:
         self.sync = sync
@@ -102,9 +104,55 @@ class GrowingFileDigest:
         self._digest = hashlib.sha256()
         self._done = 0
         self._buffer = memoryview(bytearray(_HASH_CHUNK))  # reused: no allocation per read
+        self._wanted = threading.Event()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"digest-{path.name}", daemon=True)
+        self._thread.start()
 
-    def catch_up(self) -> None:
+    def poke(self) -> None:
+        """The writer appended to the file: hash (and sync) it, soon."""
+        self._wanted.set()
+
+    def finish(self) -> dict[str, Any]:
+        """The manifest entry (size, sha256) of the complete file, made durable; call once
+        the writer has closed the file."""
+        self._join()
+        if self._error is not None:
+            raise self._error
+        self._catch_up()
+        if self.sync:
+            os.fsync(self._fd)
+        self.close()
+        return {"size": self._done, "sha256": self._digest.hexdigest()}
+
+    def close(self) -> None:
+        self._join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _join(self) -> None:
+        self._stop = True
+        self._wanted.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._stop:
+                return
+            try:
+                self._catch_up()
+            except BaseException as exc:  # re-raised by finish
+                self._error = exc
+                return
+
+    def _catch_up(self) -> None:
         size = os.fstat(self._fd).st_size
+        if size < self._done:
+            raise OSError(f"file shrank while written ({size} bytes, {self._done} hashed)")
         while self._done < size:
             want = min(_HASH_CHUNK, size - self._done)
             got = os.preadv(self._fd, [self._buffer[:want]], self._done)
@@ -114,19 +162,6 @@ class GrowingFileDigest:
             self._done += got
         if self.sync:
             os.fdatasync(self._fd)
-
-    def finish(self) -> dict[str, Any]:
-        """The manifest entry (size, sha256) of the complete file, made durable."""
-        self.catch_up()
-        if self.sync:
-            os.fsync(self._fd)
-        self.close()
-        return {"size": self._done, "sha256": self._digest.hexdigest()}
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class Worker:
@@ -283,7 +318,7 @@ class RankFile:
     def _write(self, table: pa.Table, side: npt.NDArray[Any]) -> None:
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.side.write(side.tobytes())
-        self.digest.catch_up()
+        self.digest.poke()
 
     def close(self) -> None:
         """Queue the last rows and the footer (the worker's close waits for them)."""
