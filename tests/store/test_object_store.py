@@ -220,6 +220,24 @@ def test_commit_and_committed(store: ObjectStore, tmp_path: Path) -> None:
     ]
 
 
+def test_commit_takes_the_entries_a_writer_computed(store: ObjectStore, tmp_path: Path) -> None:
+    """A writer that hashed its files while writing them (the stage step's rank files)
+    passes their entries on; an entry whose size no longer matches is recomputed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"abc")
+    b.write_bytes(b"defg")
+    known = {
+        "a": {"size": 3, "sha256": "0" * 64},  # taken as given: the writer hashed it
+        "b": {"size": 99, "sha256": "1" * 64},  # stale: recomputed
+    }
+    manifest = store.commit("p", {"a": a, "b": b}, {}, known)
+    assert dict(manifest.files["a"]) == {"size": 3, "sha256": "0" * 64}
+    assert dict(manifest.files["b"]) == {
+        "size": 4,
+        "sha256": hashlib.sha256(b"defg").hexdigest(),
+    }
+
+
 def test_interrupted_commit_is_not_committed_and_rerun_succeeds(
     store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

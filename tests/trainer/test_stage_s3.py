@@ -4,6 +4,7 @@ committed training set read back through the object store."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -100,6 +101,10 @@ def test_stage_in_s3_end_to_end(bucket: str, tmp_path: Path) -> None:
         "train/rank-00001-of-00002.advantage.parquet",
         "heldout/part-00000.parquet",  # the default held-out split for the eval step
     }
+    # The rank files were hashed while written: the manifest vouches for what was uploaded.
+    for name, entry in manifest.files.items():
+        data = store.get_bytes(name)
+        assert dict(entry) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     doc = json.loads(store.get_bytes("stage.json"))
     assert (doc["ok"], doc["sufficient"], doc["files_bad"]) == (True, True, 1)
     assert doc["quarantined"] == {}  # the broken upload had no readable rows to count

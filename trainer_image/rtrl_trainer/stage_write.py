@@ -527,14 +527,14 @@ class Staging:
         held-out files of an earlier run that this one does not write (e.g. another
         ``--ranks``): the old manifest goes first, so at no moment does a manifest vouch
         for a mix of old and new files. Other staged files are discarded. ``known``: the
-        manifest entries of files already hashed and made durable while written (used by
-        a ``file://`` store; another store hashes what it uploads)."""
+        manifest entries of files already hashed (and, in place, made durable) while
+        written."""
         files = {key: self.paths[key] for key in keys}
         self.discard([key for key in self.paths if key not in files])
         out = self.out
         if not isinstance(out, LocalStore):
             _remove_stale(out, files)
-            out.commit("", files, metadata)
+            out.commit("", files, metadata, known)
             return
         # In place: make the files durable and hash them (all at once: fsync waits on the
         # disk, sha256 runs on the CPUs, both without the GIL), then rename them into place.

@@ -164,6 +164,7 @@ class ObjectStore(ABC):
         prefix: str,
         files: Mapping[str, Path],
         metadata: Mapping[str, Any] | None = None,
+        known: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Manifest:
         """Upload ``files`` (name relative to ``prefix`` -> local path), then the manifest.
 
@@ -175,16 +176,27 @@ class ObjectStore(ABC):
         # A previous manifest would vouch for files this commit is about to overwrite; drop
         # it first so that a rewrite in progress reads as absent, not as a mixed artifact.
         self.delete(join_key(prefix, MANIFEST_NAME))
-        return self.write_manifest(prefix, self.upload_files(prefix, files), metadata)
+        return self.write_manifest(prefix, self.upload_files(prefix, files, known), metadata)
 
-    def upload_files(self, prefix: str, files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    def upload_files(
+        self,
+        prefix: str,
+        files: Mapping[str, Path],
+        known: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, dict[str, Any]]:
         """The first half of :meth:`commit`: upload ``files`` and return their manifest
         entries (size, sha256). Several writers (the ranks of a training Job) may each
         upload their own files; one of them then calls :meth:`write_manifest` with all
-        entries."""
+        entries. ``known``: entries the writer computed as it wrote the files (not hashed
+        again; the size must still match)."""
         entries: dict[str, dict[str, Any]] = {}
         for name, path in sorted(files.items()):
-            entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            size = path.stat().st_size
+            entry = (known or {}).get(name)
+            if entry is not None and entry.get("size") == size and entry.get("sha256"):
+                entries[name] = {"size": size, "sha256": str(entry["sha256"])}
+            else:
+                entries[name] = {"size": size, "sha256": sha256_file(path)}
             self.put_file(join_key(prefix, name), path)
         return entries
 
