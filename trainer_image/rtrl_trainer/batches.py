@@ -152,7 +152,8 @@ def _read_table(name: str, path: Path) -> pa.Table:
     if separate:
         missing.remove(ADVANTAGE)
     if missing:
-        raise DataError(f"{name}: missing column(s) {', '.join(missing)}")
+        nor = f" (and no {advantage_name(name)})" if ADVANTAGE in missing else ""
+        raise DataError(f"{name}: missing column(s) {', '.join(missing)}{nor}")
     columns = [c for c in REQUIRED_COLUMNS if c in schema.names]
     try:
         table = pq.read_table(path, columns=columns)

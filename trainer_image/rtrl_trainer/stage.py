@@ -34,12 +34,12 @@ behaved, and writes the training set split for the trainer's data-parallel ranks
    Rewards (:mod:`rtrl_trainer.reward`) and behaviour monitors
    (:mod:`rtrl_trainer.monitors`) are computed per batch, and the selected rows, with
    their rewards, are dealt round-robin to ``train/rank-RRRRR-of-NNNNN.parquet`` as they
-   come, each rank file encoded by a worker thread (:mod:`rtrl_trainer.stage_write`; hashed
-   and flushed to disk as it grows, since its bytes are final once written; the
-   advantages, in a file of their own per rank, come in step 3). Only when previous-checkpoint rows
-   are admissible do the selected rows wait in a local scratch file instead (Arrow IPC
-   with zstd-compressed buffers, not re-encoded on the way in or out): which of those rows
-   enter the set is known only once all are read.
+   come, each rank file encoded by a worker thread (:mod:`rtrl_trainer.stage_write`;
+   hashed and flushed to disk as it grows, since its bytes are final once written; the
+   advantages, in a file of their own per rank, come in step 3). Only when
+   previous-checkpoint rows are admissible do the selected rows wait in a local scratch
+   file instead (Arrow IPC with zstd-compressed buffers, not re-encoded on the way in or
+   out): which of those rows enter the set is known only once all are read.
 
 2. **Decide.** If more than ``data.maxBadFraction`` of the rows read were bad, fail (exit
    1) and commit only ``stage.json`` with ``ok: false``. Admit previous-checkpoint rows up
