@@ -57,7 +57,7 @@ from rtrl.shards import (
 )
 from rtrl.store.local import LocalStore
 from rtrl_trainer.reward import rewards
-from rtrl_trainer.stage import CARRIED_COLUMNS, TRAIN_SCHEMA
+from rtrl_trainer.stage import CARRIED_COLUMNS, token_id_type, train_schema
 from rtrl_trainer.stage_write import ADVANTAGE_SCHEMA, ADVANTAGE_SUFFIX, train_writer
 
 MB = 1_000_000
@@ -225,14 +225,18 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
     values = np.array([row["reward"] for row in selected])
     mean, std = float(values.mean()), float(values.std())
     p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))]
-    with train_writer(out, TRAIN_SCHEMA) as writer:
+    # Token ids as stage stores them: two bytes when the footers vouch that they fit
+    # (struct.pack refuses one that does not), else four.
+    narrow = token_id_type(LocalStore(root)) == "<u2"
+    schema = train_schema("<u2" if narrow else "<i4")
+    with train_writer(out, schema) as writer:
         for first in range(0, len(selected), BATCH):
             records = [
-                {name: _packed(name, row[name]) for name in CARRIED_COLUMNS}
+                {name: _packed(name, row[name], narrow) for name in CARRIED_COLUMNS}
                 | {"reward": row["reward"], "sample_weight": 1.0, "on_policy": True}
                 for row in selected[first : first + BATCH]
             ]
-            writer.write_table(pa.Table.from_pylist(records, schema=TRAIN_SCHEMA))
+            writer.write_table(pa.Table.from_pylist(records, schema=schema))
     advantages = [(row["reward"] - mean) / std for row in selected]  # the batch baseline
     pq.write_table(
         pa.Table.from_arrays([pa.array(advantages, pa.float32())], schema=ADVANTAGE_SCHEMA),
@@ -253,10 +257,13 @@ def _row_by_row(root: Path, limit: int, out: Path) -> dict[str, Any]:
 _PACK_FORMATS = {"prompt_ids": "i", "completion_ids": "i", "completion_logprobs": "f"}
 
 
-def _packed(name: str, value: Any) -> Any:
-    """A per-token list as the training set stores it (little-endian fixed-width bytes)."""
+def _packed(name: str, value: Any, narrow: bool) -> Any:
+    """A per-token list as the training set stores it (little-endian fixed-width bytes;
+    token ids in two bytes when ``narrow``)."""
     if name == "completion_mask":
         return bytes(value)
+    if narrow and name in {"prompt_ids", "completion_ids"}:
+        return struct.pack(f"<{len(value)}H", *value)
     kind = _PACK_FORMATS.get(name)
     return value if kind is None else struct.pack(f"<{len(value)}{kind}", *value)
 

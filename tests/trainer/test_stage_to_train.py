@@ -43,6 +43,7 @@ def test_train_consumes_what_stage_commits(tmp_path: Path) -> None:
     assert staged.returncode == 0, staged.stderr
     summary = json.loads(open_store(stage_out).get_bytes("stage.json"))
     assert summary["sufficient"] and summary["interactions_used"] > 48  # a few lack feedback
+    assert summary["token_ids"] == "uint16"  # a small vocabulary: the trainer reads narrow ids
 
     train_out = (root / "models" / "ckpt-2").as_uri() + "/"
     trained = _job(

@@ -176,6 +176,14 @@ def _flat(table: pa.Table, column: str, name: str) -> tuple[NDArray[np.int64], n
         raise DataError(f"{name} row {row}: {column} is null")
     dtype = PACKED_COLUMNS[column]
     if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        # The file says how its elements are stored (token ids: int32, or uint16 when the
+        # whole set fits); a packed column without that metadata has the wide type.
+        field = table.schema.field(column)
+        if field.metadata and packed.METADATA_KEY in field.metadata:
+            try:
+                dtype = packed.element_type(field)
+            except packed.PackedError as exc:
+                raise DataError(f"{name}: {exc}") from None
         try:
             return packed.flat(array, dtype)
         except packed.PackedError as exc:

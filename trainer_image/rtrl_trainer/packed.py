@@ -10,13 +10,18 @@ offsets derived from its offsets), except for the mask, whose bits become bytes.
 
 | column | element |
 |---|---|
-| ``prompt_ids``, ``completion_ids`` | ``<i4`` (int32 token ids) |
+| ``prompt_ids``, ``completion_ids`` | ``<u2`` (uint16) if all ids fit, else ``<i4`` (int32) |
 | ``completion_logprobs`` | ``<f4`` (float32) |
 | ``completion_mask`` | ``u1`` (0 or 1) |
 
+Token ids are narrowed to two bytes when they fit, as Megatron-LM's indexed datasets do for
+vocabularies below 65,536: half the bytes to compress, hash, write, upload and read. Which
+width a set gets is the stage step's decision, made before the first row is written
+(:mod:`rtrl_trainer.stage`); narrowing checks every id and refuses one that does not fit.
+
 Each packed field carries its element type in the field metadata (``rtrl.packed``), so a
-file describes itself; readers (:func:`flat`) also accept the plain list columns of a set
-staged before the format changed.
+file describes itself (:func:`element_type`); readers (:func:`flat`) also accept the plain
+list columns of a set staged before the format changed.
 """
 
 from __future__ import annotations
@@ -36,8 +41,16 @@ PACKED_COLUMNS: dict[str, str] = {
     "completion_logprobs": "<f4",
     "completion_mask": "u1",
 }
+# Token ids may also be stored narrow (see the module docstring).
+NARROW_TOKEN_IDS = "<u2"
+TOKEN_COLUMNS = ("prompt_ids", "completion_ids")
+ELEMENT_TYPES: dict[str, tuple[str, ...]] = {
+    name: (dtype, NARROW_TOKEN_IDS) if name in TOKEN_COLUMNS else (dtype,)
+    for name, dtype in PACKED_COLUMNS.items()
+}
 _LIST_TYPES = {
     "<i4": pa.list_(pa.int32()),
+    "<u2": pa.list_(pa.int32()),  # unpacked token ids are int32 whatever their storage
     "<f4": pa.list_(pa.float32()),
     "u1": pa.list_(pa.bool_()),
 }
@@ -54,19 +67,66 @@ class PackedError(ValueError):
         self.detail = message
 
 
-def packed_field(name: str, nullable: bool = True) -> pa.Field:
-    """The field of a packed column."""
-    return pa.field(
-        name, pa.binary(), nullable=nullable, metadata={METADATA_KEY: PACKED_COLUMNS[name]}
-    )
+def packed_field(name: str, nullable: bool = True, dtype: str | None = None) -> pa.Field:
+    """The field of a packed column, its elements ``dtype`` (default: the column's wide
+    type, :data:`PACKED_COLUMNS`)."""
+    dtype = PACKED_COLUMNS[name] if dtype is None else dtype
+    if dtype not in ELEMENT_TYPES[name]:
+        raise ValueError(f"{name} cannot be packed as {dtype}")
+    return pa.field(name, pa.binary(), nullable=nullable, metadata={METADATA_KEY: dtype})
+
+
+def element_type(field: pa.Field) -> str:
+    """The element type a packed field declares (:class:`PackedError` when it declares
+    none, or one its column cannot have)."""
+    declared = (field.metadata or {}).get(METADATA_KEY)
+    if declared is None:
+        raise PackedError(f"{field.name}: binary without the {METADATA_KEY.decode()} metadata")
+    dtype = str(declared.decode(errors="replace"))
+    if dtype not in ELEMENT_TYPES.get(field.name, tuple(_LIST_TYPES)):
+        raise PackedError(f"{field.name}: unknown packed element type {dtype!r}")
+    return dtype
+
+
+def fits_narrow(array: pa.Array) -> bool:
+    """Whether every element of an int32 list array lies in 0-65535 (the range of narrow
+    token ids): one pass, OR-ing the elements (a negative one sets the sign bit)."""
+    values = _span(array)
+    return not (int(np.bitwise_or.reduce(values)) >> 16) if values.size else True
+
+
+def rows_not_narrow(array: pa.Array) -> npt.NDArray[np.bool_]:
+    """Which rows of an int32 list array hold an element outside 0-65535."""
+    values = _span(array)
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    outside = np.flatnonzero((values < 0) | (values > 0xFFFF))
+    rows = np.zeros(len(array), dtype=np.bool_)
+    rows[np.searchsorted(offsets, outside + offsets[0], side="right") - 1] = True
+    return rows
+
+
+def _span(array: pa.Array) -> npt.NDArray[np.int32]:
+    """The elements of an int32 list array's rows, as numpy (zero-copy)."""
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    values = array.values
+    start, stop = int(offsets[0]), int(offsets[-1])
+    data = values.buffers()[1]
+    if data is None or stop == start:
+        return np.zeros(0, dtype=np.int32)
+    span: npt.NDArray[np.int32] = np.frombuffer(data, dtype=np.int32)[
+        values.offset + start : values.offset + stop
+    ]
+    return span
 
 
 def pack(array: pa.Array, dtype: str) -> pa.BinaryArray:
     """A list array as a binary array, each row's elements as ``dtype`` bytes.
 
     Zero-copy for numbers: the result shares the list's values buffer (honouring the
-    offsets of a sliced list and of a sliced values array). Booleans become one byte each.
-    Null lists and null elements are not representable: :class:`ValueError`.
+    offsets of a sliced list and of a sliced values array). Booleans become one byte each;
+    int32 narrowed to ``<u2`` is one conversion, refused (:class:`ValueError`) when an
+    element does not fit. Null lists and null elements are not representable:
+    :class:`ValueError`.
     """
     if array.null_count:
         raise ValueError("a null list cannot be packed")
@@ -84,6 +144,11 @@ def pack(array: pa.Array, dtype: str) -> pa.BinaryArray:
         unpacked = np.unpackbits(bits[first // 8 : (first + count + 7) // 8 + 1], bitorder="little")
         data = pa.py_buffer(unpacked[first % 8 : first % 8 + count])
         byte_offsets = offsets - start
+    elif dtype == NARROW_TOKEN_IDS and pa.types.is_int32(values.type):
+        if not fits_narrow(array):
+            raise ValueError(f"an element outside 0-65535 cannot be packed as {dtype}")
+        data = pa.py_buffer(_span(array).astype(dtype))
+        byte_offsets = (offsets - start) * width
     else:
         if np.dtype(dtype) != values.type.to_pandas_dtype() or sys.byteorder != "little":
             raise TypeError(f"cannot pack {array.type} as {dtype}")
@@ -138,7 +203,11 @@ def unpack(array: pa.Array, dtype: str) -> pa.Array:
         # A null's offsets may span bytes in general; empty ones do not.
         array = pc.fill_null(array, pa.scalar(b"", array.type))
     offsets, values = flat(array, dtype)
-    elements = pa.array(values.astype(np.bool_) if dtype == "u1" else values)
+    if dtype == "u1":
+        values = values.astype(np.bool_)
+    elif dtype == NARROW_TOKEN_IDS:
+        values = values.astype(np.int32)
+    elements = pa.array(values)
     return pa.ListArray.from_arrays(
         pa.array(offsets.astype(np.int32)), elements, type=_LIST_TYPES[dtype], mask=mask
     )
@@ -150,10 +219,7 @@ def to_lists(table: pa.Table) -> pa.Table:
     for index, field in enumerate(table.schema):
         if not is_packed(field):
             continue
-        assert field.metadata is not None
-        dtype = field.metadata[METADATA_KEY].decode(errors="replace")
-        if dtype not in _LIST_TYPES:
-            raise PackedError(f"{field.name}: unknown packed element type {dtype!r}")
+        dtype = element_type(field)
         column = pa.chunked_array(
             [unpack(chunk, dtype) for chunk in table.column(index).chunks],
             type=_LIST_TYPES[dtype],

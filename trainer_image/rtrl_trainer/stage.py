@@ -91,15 +91,25 @@ import pyarrow.compute as pc
 
 from rtrl.api.common import parse_duration
 from rtrl.cliargs import fraction, non_negative_int, positive_int
-from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader
+from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader, list_files
 from rtrl.shards.dedup import hash_strings
-from rtrl.shards.layout import parse_partitions
+from rtrl.shards.layout import PartitionFilter, parse_partitions
 from rtrl.shards.report import FileReport, ValidationReport
+from rtrl.shards.statistics import TOKEN_ID_COLUMNS, declared_range
 from rtrl.store import ObjectStore, StoreError, open_store
 from rtrl.store.local import LocalStore
 from rtrl_trainer.config import StageConfig, build_config, format_time, time_arg
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
-from rtrl_trainer.packed import PACKED_COLUMNS, pack, packed_field, packed_lengths
+from rtrl_trainer.packed import (
+    NARROW_TOKEN_IDS,
+    PACKED_COLUMNS,
+    element_type,
+    fits_narrow,
+    pack,
+    packed_field,
+    packed_lengths,
+    rows_not_narrow,
+)
 from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
 from rtrl_trainer.spec_file import ConfigError
 from rtrl_trainer.stage_write import (
@@ -118,6 +128,10 @@ RESULT_NAME = "stage.json"
 HELDOUT_NAME = f"{HELDOUT_DIR}/part-00000.parquet"
 DEFAULT_HELDOUT_FRACTION = 0.05
 CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+# A row holding a token id outside the range its file's footer declares, when the set's
+# token ids were narrowed on the strength of those declarations.
+STATISTICS_MISMATCH = "statistics_mismatch"
+WIDE_TOKEN_IDS = PACKED_COLUMNS["prompt_ids"]
 # Bad files listed in stage.json; the counts cover all of them.
 MAX_BAD_FILES = 100
 
@@ -133,45 +147,67 @@ CARRIED_COLUMNS = (
     "completion_logprobs",
     "completion_mask",
 )
-# The selected rows as pass 1 hands them on (per-token columns packed).
-SCRATCH_SCHEMA = pa.schema(
-    [
-        *(
-            packed_field(name, nullable=False) if name in PACKED_COLUMNS else _CANON[name]
-            for name in CARRIED_COLUMNS
-        ),
-        pa.field("reward", pa.float32()),
-        pa.field("stratum", pa.int32()),
-        pa.field("on_policy", pa.bool_()),
-    ]
-)
-# The training set: what the trainer reads, one file per data-parallel rank, and next to
-# each its advantage file (``advantage``, float32, same rows in the same order; see
-# rtrl_trainer.stage_write). Its per-token columns are packed (:mod:`rtrl_trainer.packed`):
-# cheaper to encode than lists.
-TRAIN_SCHEMA = pa.schema(
-    [
-        *(
-            packed_field(name, nullable=False) if name in PACKED_COLUMNS else _CANON[name]
-            for name in CARRIED_COLUMNS
-        ),
-        pa.field("reward", pa.float32()),
-        # 1.0 for every row: the trainer importance-weights per token from the logged
-        # log-probs (off-policy rows included); this column is where a per-row weight
-        # (e.g. rebalancing orgs) would go without changing the trainer's reader.
-        pa.field("sample_weight", pa.float32()),
-        pa.field("on_policy", pa.bool_()),
-    ]
-)
 # The held-out split: what the eval step's replay and behaviour suites read (the
 # interaction as logged, with its signals), never trained on.
 HELDOUT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((*CARRIED_COLUMNS, *MONITOR_COLUMNS)))
-HELDOUT_SCHEMA = pa.schema(
-    [
-        packed_field(name, nullable=False) if name in PACKED_COLUMNS else _CANON[name]
-        for name in HELDOUT_COLUMNS
+
+
+def _fields(names: tuple[str, ...], tokens: str) -> list[pa.Field]:
+    """Canonical fields of ``names``, the per-token ones packed (token ids as ``tokens``)."""
+    return [
+        packed_field(name, nullable=False, dtype=tokens if name in TOKEN_ID_COLUMNS else None)
+        if name in PACKED_COLUMNS
+        else _CANON[name]
+        for name in names
     ]
-)
+
+
+def scratch_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
+    """The selected rows as pass 1 hands them on (per-token columns packed)."""
+    return pa.schema(
+        [
+            *_fields(CARRIED_COLUMNS, tokens),
+            pa.field("reward", pa.float32()),
+            pa.field("stratum", pa.int32()),
+            pa.field("on_policy", pa.bool_()),
+        ]
+    )
+
+
+def train_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
+    """The training set: what the trainer reads, one file per data-parallel rank, and next
+    to each its advantage file (``advantage``, float32, same rows in the same order; see
+    rtrl_trainer.stage_write). Its per-token columns are packed
+    (:mod:`rtrl_trainer.packed`): cheaper to encode than lists."""
+    return pa.schema(
+        [
+            *_fields(CARRIED_COLUMNS, tokens),
+            pa.field("reward", pa.float32()),
+            # 1.0 for every row: the trainer importance-weights per token from the logged
+            # log-probs (off-policy rows included); this column is where a per-row weight
+            # (e.g. rebalancing orgs) would go without changing the trainer's reader.
+            pa.field("sample_weight", pa.float32()),
+            pa.field("on_policy", pa.bool_()),
+        ]
+    )
+
+
+def heldout_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
+    """The held-out file: the interaction as logged, with its signals."""
+    return pa.schema(_fields(HELDOUT_COLUMNS, tokens))
+
+
+def token_id_type(store: ObjectStore, partitions: PartitionFilter | None = None) -> str:
+    """How the set stores token ids: two bytes when every file of the set declares (in
+    its footer's statistics) ids within 0-65535, else four. Decided before the first row
+    is written, since a file's schema cannot change; the rows are checked as they are
+    packed (:data:`STATISTICS_MISMATCH`)."""
+    declared = declared_range(store, list_files(store, partitions=partitions))
+    if declared is not None and declared.low >= 0 and declared.high <= 0xFFFF:
+        return NARROW_TOKEN_IDS
+    return WIDE_TOKEN_IDS
+
+
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -191,6 +227,7 @@ class Selection:
     strata: Strata
     monitors: Monitors = field(default_factory=Monitors)
     mismatched: Counter[str] = field(default_factory=Counter)  # file url -> rows
+    undeclared: Counter[str] = field(default_factory=Counter)  # file url -> rows
     excluded: Counter[str] = field(default_factory=Counter)
     immature: int = 0
     too_recent: int = 0
@@ -300,6 +337,23 @@ def _quarantine_mismatched(
     return batch.filter(pa.array(~mismatch))
 
 
+def _quarantine_undeclared(
+    batch: pa.RecordBatch, file: FileReport, selection: Selection
+) -> pa.RecordBatch:
+    """``batch`` without the rows whose token ids do not fit the narrow type that the
+    footers' statistics promised (:data:`STATISTICS_MISMATCH`); one pass when all fit."""
+    outside: npt.NDArray[np.bool_] | None = None
+    for name in TOKEN_ID_COLUMNS:
+        column = batch.column(name)
+        if not fits_narrow(column):
+            rows = rows_not_narrow(column)
+            outside = rows if outside is None else outside | rows
+    if outside is None:
+        return batch
+    selection.undeclared[file.url] += int(np.count_nonzero(outside))
+    return batch.filter(pa.array(~outside))
+
+
 def _rows(mask: npt.NDArray[np.bool_]) -> pa.Array:
     """Row indices of ``mask``, for ``take``."""
     return pa.array(np.flatnonzero(mask).astype(np.int64))
@@ -315,29 +369,38 @@ def _held_out(ids: pa.Array, fraction: float) -> npt.NDArray[np.bool_]:
     return held
 
 
+def shard_partitions(config: StageConfig) -> dict[str, set[str]]:
+    """The Hive partitions the step reads: the serving checkpoint's, and the previous
+    one's when its rows are admissible."""
+    wanted = {config.checkpoint}
+    if config.admits_previous:
+        assert config.previous_checkpoint is not None
+        wanted.add(config.previous_checkpoint)
+    return {config.data.checkpoint_partition: wanted}
+
+
 def select(
     config: StageConfig,
     store: ObjectStore,
     sink: Callable[[pa.RecordBatch], None],
     heldout: Path | None = None,
+    tokens: str = WIDE_TOKEN_IDS,
 ) -> Selection:
     """Pass 1: stream the shards, pass the selected rows (with rewards, as scratch-schema
-    batches) to ``sink``, and write the held-out on-policy rows
+    batches, token ids as ``tokens``) to ``sink``, and write the held-out on-policy rows
     (``config.heldout_fraction``) to ``heldout``."""
     key = config.data.checkpoint_partition
-    wanted = {config.checkpoint}
-    if config.admits_previous:
-        assert config.previous_checkpoint is not None
-        wanted.add(config.previous_checkpoint)
-    reader = ValidatingReader(store, partitions={key: wanted})
+    reader = ValidatingReader(store, partitions=shard_partitions(config))
     strata = Strata(by_org=config.reward.baseline == "org")
     selection = Selection(report=reader.report, strata=strata)
     path_checkpoints: dict[str, str | None] = {}
+    schema = scratch_schema(tokens)
     with contextlib.ExitStack() as stack:
         heldout_writer = None
         if heldout is not None:
             # Written on a worker thread, overlapping the reading (both release the GIL).
-            heldout_writer = stack.enter_context(parquet_writer(heldout, HELDOUT_SCHEMA))
+            held_schema = heldout_schema(tokens)
+            heldout_writer = stack.enter_context(parquet_writer(heldout, held_schema))
             # Leaving the stack waits for the worker before the writer writes its footer.
             background = stack.enter_context(Worker("stage-heldout"))
         for good in reader:
@@ -346,43 +409,57 @@ def select(
             if file.key not in path_checkpoints:
                 path_checkpoints[file.key] = parse_partitions(file.key).get(key)
             batch = _quarantine_mismatched(good, path_checkpoints[file.key], file, selection)
+            if tokens == NARROW_TOKEN_IDS:
+                batch = _quarantine_undeclared(batch, file, selection)
             keep, on = _select_batch(batch, config, selection)
+            if not keep.any():
+                continue
+            packed = _packed(batch, tokens)
             if heldout_writer is not None:
                 held = (
                     keep & on & _held_out(batch.column("interaction_id"), config.heldout_fraction)
                 )
                 if held.any():
                     rows = _rows(held)
-                    columns = [a.take(rows) for a in _packed_columns(batch, HELDOUT_COLUMNS)]
-                    table = pa.Table.from_arrays(columns, schema=HELDOUT_SCHEMA)
+                    columns = [a.take(rows) for a in _columns(batch, packed, HELDOUT_COLUMNS)]
+                    table = pa.Table.from_arrays(columns, schema=held_schema)
                     background.submit(heldout_writer.write_table, table)
                     selection.heldout += int(np.count_nonzero(held))
                     keep &= ~held
-            if not keep.any():
-                continue
-            sink(_reward_batch(batch, keep, on, config, selection))
+                    if not keep.any():
+                        continue
+            sink(_reward_batch(batch, packed, keep, on, config, selection, schema))
     return selection
 
 
-def _packed_columns(batch: pa.RecordBatch, names: tuple[str, ...]) -> list[pa.Array]:
-    """The columns ``names`` of a canonical batch, the per-token lists packed."""
-    return [
-        pack(batch.column(name), PACKED_COLUMNS[name])
-        if name in PACKED_COLUMNS
-        else batch.column(name)
-        for name in names
-    ]
+def _packed(batch: pa.RecordBatch, tokens: str) -> dict[str, pa.Array]:
+    """The per-token columns of a canonical batch, packed (token ids as ``tokens``), once
+    for both the held-out and the training rows."""
+    return {
+        name: pack(batch.column(name), tokens if name in TOKEN_ID_COLUMNS else dtype)
+        for name, dtype in PACKED_COLUMNS.items()
+    }
 
 
-def _reward_batch(
+def _columns(
+    batch: pa.RecordBatch, packed: dict[str, pa.Array], names: tuple[str, ...]
+) -> list[pa.Array]:
+    """The columns ``names`` of a batch, the per-token ones from ``packed``."""
+    return [packed[name] if name in packed else batch.column(name) for name in names]
+
+
+def _reward_batch(  # noqa: PLR0917 (one batch's parts, named at the one call)
     batch: pa.RecordBatch,
+    packed: dict[str, pa.Array],
     keep: npt.NDArray[np.bool_],
     on: npt.NDArray[np.bool_],
     config: StageConfig,
     selection: Selection,
+    schema: pa.Schema,
 ) -> pa.RecordBatch:
     """Rewards, strata and monitors of the rows ``keep`` of one good batch (``on``: which
-    rows are on-policy); the scratch batch of those rows, per-token columns packed.
+    rows are on-policy); the scratch batch (``schema``) of those rows, per-token columns
+    from ``packed``.
 
     Rewards, strata and lengths are computed for the whole batch with numpy and indexed;
     only the carried columns are copied, packed first: gathering a packed row is one
@@ -390,7 +467,7 @@ def _reward_batch(
     reward = rewards(batch, config.reward)
     codes = selection.strata.encode(batch.column("org"))
     lengths = filled(pc.list_value_length(batch.column("completion_ids")), 0)
-    arrays = _packed_columns(batch, CARRIED_COLUMNS)
+    arrays = _columns(batch, packed, CARRIED_COLUMNS)
     # The monitors describe the serving checkpoint's behaviour: its own rows only.
     monitored = keep & on
     signals = batch.select(MONITOR_COLUMNS)
@@ -414,7 +491,7 @@ def _reward_batch(
     selection.on_stats.update(reward[on])
     selection.strata.add(codes[on], reward[on])
     arrays += [pa.array(reward), pa.array(codes), pa.array(on)]
-    return pa.RecordBatch.from_arrays(arrays, schema=SCRATCH_SCHEMA)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # --- decide: quarantine verdict, off-policy admission, sufficiency ---------------------------
@@ -439,32 +516,35 @@ class Quarantine:
 
 
 def quarantine(selection: Selection) -> Quarantine:
+    """The reader's quarantine plus the rows this step itself quarantined (rows that
+    contradict their file's path or footer), per reason and per file."""
     report = selection.report
     by_reason = dict(report.rows_by_reason)
-    mismatched = sum(selection.mismatched.values())
     files_by_reason = dict(report.files_by_reason)
-    if mismatched:
-        by_reason[CHECKPOINT_MISMATCH] = mismatched
-        files_by_reason[CHECKPOINT_MISMATCH] = len(selection.mismatched)
+    own = {CHECKPOINT_MISMATCH: selection.mismatched, STATISTICS_MISMATCH: selection.undeclared}
+    for reason, per_file in own.items():
+        if per_file:
+            by_reason[reason] = sum(per_file.values())
+            files_by_reason[reason] = len(per_file)
     bad_files: list[dict[str, Any]] = []
     files_bad = 0
     for file in report.files:
-        lost = selection.mismatched.get(file.url, 0)
+        lost = {reason: n for reason, per_file in own.items() if (n := per_file.get(file.url))}
         if file.status == "ok" and not lost:
             continue
         files_bad += 1
         if len(bad_files) < MAX_BAD_FILES:
             entry = file.to_dict()
-            if lost:
-                entry["rows_bad"] += lost
-                entry["rows_by_reason"][CHECKPOINT_MISMATCH] = lost
-                entry["reasons"].append(CHECKPOINT_MISMATCH)
+            for reason, n in lost.items():
+                entry["rows_bad"] += n
+                entry["rows_by_reason"][reason] = n
+                entry["reasons"].append(reason)
                 if entry["status"] == "ok":
                     entry["status"] = "bad"
             bad_files.append(entry)
     return Quarantine(
         rows_read=report.rows_total,
-        rows_bad=report.rows_bad + mismatched,
+        rows_bad=report.rows_bad + sum(sum(per_file.values()) for per_file in own.values()),
         files_total=report.files_total,
         files_bad=files_bad,
         by_reason=by_reason,
@@ -534,22 +614,24 @@ def admit_previous(selection: Selection, fraction: float) -> Admission:
 # --- pass 2: advantages, rank files --------------------------------------------------------
 
 
-def train_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A scratch-schema batch (selected rows with rewards) as a batch of a rank file."""
+def train_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A scratch-schema batch (selected rows with rewards) as a batch of a rank file
+    (``schema``: :func:`train_schema`)."""
     arrays = [batch.column(name) for name in CARRIED_COLUMNS]
     arrays += [
         batch.column("reward"),
         pa.repeat(pa.scalar(1.0, pa.float32()), batch.num_rows),
         batch.column("on_policy"),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=TRAIN_SCHEMA)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def deal(ranks: Ranks, batch: pa.RecordBatch, rows: npt.NDArray[np.int64] | None = None) -> None:
     """Deal ``rows`` of a scratch-schema batch (None: all) to the rank files."""
     strata = batch.column("stratum").to_numpy()
-    lengths = packed_lengths(batch.column("completion_ids"), PACKED_COLUMNS["completion_ids"])
-    ranks.deal(train_batch(batch), strata, lengths, rows)
+    tokens = element_type(batch.schema.field("completion_ids"))
+    lengths = packed_lengths(batch.column("completion_ids"), tokens)
+    ranks.deal(train_batch(batch, ranks.schema), strata, lengths, rows)
 
 
 def write_ranks(ranks: Ranks, *, scratch: Path, admission: Admission) -> None:
@@ -617,7 +699,8 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
     ):
         tmp_dir = Path(tmp)
         heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
-        ranks = Ranks(config.ranks, staging, tmp_dir, TRAIN_SCHEMA)
+        token_ids = token_id_type(shards, shard_partitions(config))
+        ranks = Ranks(config.ranks, staging, tmp_dir, train_schema(token_ids))
         scratch: Path | None = None
         with ranks:
             if config.admits_previous:
@@ -628,15 +711,19 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                 options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
                 with (
                     pa.OSFile(os.fspath(scratch), "wb") as sink,
-                    pa.ipc.new_stream(sink, SCRATCH_SCHEMA, options=options) as writer,
+                    pa.ipc.new_stream(sink, scratch_schema(token_ids), options=options) as writer,
                     Worker("stage-scratch") as background,
                 ):
                     selection = select(
-                        config, shards, lambda b: background.submit(writer.write_batch, b), heldout
+                        config,
+                        shards,
+                        lambda b: background.submit(writer.write_batch, b),
+                        heldout,
+                        token_ids,
                     )
             else:
                 # Every selected row enters the set: straight to the rank files.
-                selection = select(config, shards, lambda b: deal(ranks, b), heldout)
+                selection = select(config, shards, lambda b: deal(ranks, b), heldout, token_ids)
                 ranks.close()
             select_seconds = time.perf_counter() - clock
             q = quarantine(selection)
@@ -653,6 +740,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
                     "files_by_reason": q.files_by_reason,
                     "immature": selection.immature,
                     "too_recent": selection.too_recent,
+                    "token_ids": np.dtype(token_ids).name,
                 }
             )
             admission = admit_previous(selection, config.data.max_off_policy_fraction)
