@@ -110,6 +110,7 @@ from rtrl_trainer.packed import (
     packed_lengths,
     rows_not_narrow,
 )
+from rtrl_trainer.read_ahead import read_ahead
 from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
 from rtrl_trainer.spec_file import ConfigError
 from rtrl_trainer.stage_write import (
@@ -403,18 +404,15 @@ def select(
             heldout_writer = stack.enter_context(parquet_writer(heldout, held_schema))
             # Leaving the stack waits for the worker before the writer writes its footer.
             background = stack.enter_context(Worker("stage-heldout"))
-        for good in reader:
-            # The reader appends a file's report before yielding its rows.
-            file = reader.report.files[-1]
+        # The next batch is decoded and checked while this one is selected and packed.
+        for file, good in read_ahead(reader.batches_by_file(), "stage-read"):
             if file.key not in path_checkpoints:
                 path_checkpoints[file.key] = parse_partitions(file.key).get(key)
             batch = _quarantine_mismatched(good, path_checkpoints[file.key], file, selection)
-            if tokens == NARROW_TOKEN_IDS:
-                batch = _quarantine_undeclared(batch, file, selection)
+            batch, packed = _packed_checked(batch, tokens, file, selection)
             keep, on = _select_batch(batch, config, selection)
             if not keep.any():
                 continue
-            packed = _packed(batch, tokens)
             if heldout_writer is not None:
                 held = (
                     keep & on & _held_out(batch.column("interaction_id"), config.heldout_fraction)
@@ -430,6 +428,21 @@ def select(
                         continue
             sink(_reward_batch(batch, packed, keep, on, config, selection, schema))
     return selection
+
+
+def _packed_checked(
+    batch: pa.RecordBatch, tokens: str, file: FileReport, selection: Selection
+) -> tuple[pa.RecordBatch, dict[str, pa.Array]]:
+    """The batch and its per-token columns packed (:func:`_packed`), less the rows whose
+    token ids do not fit the narrow type their file's footer promised (packing checks
+    every id; only a batch that fails is looked at row by row)."""
+    try:
+        return batch, _packed(batch, tokens)
+    except ValueError:
+        if tokens != NARROW_TOKEN_IDS:
+            raise
+    batch = _quarantine_undeclared(batch, file, selection)
+    return batch, _packed(batch, tokens)
 
 
 def _packed(batch: pa.RecordBatch, tokens: str) -> dict[str, pa.Array]:

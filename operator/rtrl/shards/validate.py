@@ -67,8 +67,16 @@ class ValidatingReader:
         self._seen = SeenIds()
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for _, batch in self.batches_by_file():
+            yield batch
+
+    def batches_by_file(self) -> Iterator[tuple[FileReport, pa.RecordBatch]]:
+        """The good batches, each with the report of the file it came from: for a consumer
+        that runs behind the reader (on another thread), for which the report's last file
+        is not necessarily the batch's."""
         for shard in list_files(self.store, prefix=self.prefix, partitions=self.partitions):
-            yield from self._read_file(shard)
+            for batch in self._read_file(shard):
+                yield self.report.files[-1], batch
 
     def _read_file(self, shard: ShardFile) -> Iterator[pa.RecordBatch]:
         file = FileReport(key=shard.key, url=shard.url)
