@@ -31,6 +31,12 @@ behaved, and writes the training set split for the trainer's data-parallel ranks
    became ready, however late its feedback arrived. Immature and too-recent rows are
    therefore not lost: a later cycle picks them up.
 
+   The reader runs a batch ahead on a thread of its own (:mod:`rtrl_trainer.read_ahead`).
+   Token ids are stored in two bytes when every file's footer declares them within
+   0-65535 (:func:`token_id_type`, decided before the first row; each id is checked as it
+   is packed, and a row that contradicts its footer is quarantined as
+   ``statistics_mismatch``), else in four.
+
    Rewards (:mod:`rtrl_trainer.reward`) and behaviour monitors
    (:mod:`rtrl_trainer.monitors`) are computed per batch, and the selected rows, with
    their rewards, are dealt round-robin to ``train/rank-RRRRR-of-NNNNN.parquet`` as they

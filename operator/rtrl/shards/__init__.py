@@ -4,6 +4,8 @@ the only doorway through which the rest of rtrl reads them.
 - :mod:`~rtrl.shards.schema`: the canonical schema and which foreign types are accepted.
 - :mod:`~rtrl.shards.reader`: streaming canonical reads (trusting the data).
 - :mod:`~rtrl.shards.validate`: the validating reader pipeline steps use, and its report.
+- :mod:`~rtrl.shards.statistics`: what the files' footers declare about their values
+  (the token id range), read before any row.
 - :mod:`~rtrl.shards.writer` / :mod:`~rtrl.shards.synthetic`: writing shards, and
   realistic synthetic ones for tests, benchmarks and the demo.
 """
