@@ -33,6 +33,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rtrl.shards.statistics import TOKEN_ID_COLUMNS
+
 METADATA_KEY = b"rtrl.packed"
 # Column -> numpy dtype of its elements, as stored.
 PACKED_COLUMNS: dict[str, str] = {
@@ -43,9 +45,8 @@ PACKED_COLUMNS: dict[str, str] = {
 }
 # Token ids may also be stored narrow (see the module docstring).
 NARROW_TOKEN_IDS = "<u2"
-TOKEN_COLUMNS = ("prompt_ids", "completion_ids")
 ELEMENT_TYPES: dict[str, tuple[str, ...]] = {
-    name: (dtype, NARROW_TOKEN_IDS) if name in TOKEN_COLUMNS else (dtype,)
+    name: (dtype, NARROW_TOKEN_IDS) if name in TOKEN_ID_COLUMNS else (dtype,)
     for name, dtype in PACKED_COLUMNS.items()
 }
 _LIST_TYPES = {
