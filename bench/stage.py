@@ -55,6 +55,7 @@ from rtrl.shards import (
     synthetic_interactions,
     write_shards,
 )
+from rtrl.shards.statistics import TOKEN_ID_COLUMNS
 from rtrl.store.local import LocalStore
 from rtrl_trainer.reward import rewards
 from rtrl_trainer.stage import CARRIED_COLUMNS, token_id_type, train_schema
@@ -262,7 +263,7 @@ def _packed(name: str, value: Any, narrow: bool) -> Any:
     token ids in two bytes when ``narrow``)."""
     if name == "completion_mask":
         return bytes(value)
-    if narrow and name in {"prompt_ids", "completion_ids"}:
+    if narrow and name in TOKEN_ID_COLUMNS:
         return struct.pack(f"<{len(value)}H", *value)
     kind = _PACK_FORMATS.get(name)
     return value if kind is None else struct.pack(f"<{len(value)}{kind}", *value)

@@ -18,10 +18,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
-
-from rtrl.shards.reader import ShardFile
-from rtrl.store.base import ObjectNotFound, ObjectStore, StoreError
+from rtrl.shards.reader import ShardError, ShardFile, open_parquet
+from rtrl.store.base import ObjectStore
 
 TOKEN_ID_COLUMNS = ("prompt_ids", "completion_ids")
 # Footers read at once from a remote store (each is one or two small range requests).
@@ -74,14 +72,11 @@ def _file_range(
     """(min, max) over one file's chunks of ``columns``; None when it holds no values or
     its footer cannot be read; :class:`_UndeclaredError` when it holds values of unknown range."""
     try:
-        with store.open_input(shard.key) as handle:
-            metadata = pq.read_metadata(handle)
-    except ObjectNotFound:
-        return None
-    except StoreError:
-        raise
-    except Exception:
-        return None  # unreadable: rejected whole by the validating reader
+        # The reader's own opening: the same files count as unreadable, store errors raise.
+        with open_parquet(store, shard) as parquet:
+            metadata = parquet.metadata
+    except ShardError:
+        return None  # rejected whole by the validating reader
     leaves = [
         index
         for index in range(metadata.num_columns)
