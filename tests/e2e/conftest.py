@@ -1,0 +1,144 @@
+"""Fixtures of the suites that run against the real control plane (``tests/cluster``).
+
+One control plane and one kubelet serve the whole session (starting them takes ~10 s); each
+test gets a namespace of its own, deleted afterwards by the real namespace controller. The
+chart is installed once per session, as a user would (``helm install``), and the operator
+runs as a local process with a token of the chart's ServiceAccount (``rtrl_operator``), so
+the RBAC under test is the chart's.
+
+Without the control plane's binaries (``make controlplane``; ``make test`` builds them) these
+suites are skipped, and under ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+from kubernetes.dynamic import DynamicClient
+
+from tests.cluster.api import KubeAPI
+from tests.cluster.controlplane import ControlPlane, binaries_dir
+from tests.cluster.kubelet import Kubelet
+from tests.cluster.tools import Cli, OperatorProcess
+
+RELEASE = "rtrl"
+RELEASE_NAMESPACE = "rtrl-system"
+# The chart's image is not published anywhere this machine can reach: its pod waits in
+# ErrImagePull, and the operator runs as a local process instead (``rtrl_operator``).
+OPERATOR_IMAGE = "*rtrl-operator*"
+
+
+@pytest.fixture(scope="session")
+def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    binaries = binaries_dir()
+    if binaries is None:
+        message = "the test control plane is not built: run `make controlplane` or `make test`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with ControlPlane(tmp_path_factory.mktemp("controlplane"), binaries) as cp:
+        admin = Cli(cp.admin_kubeconfig)
+        # The Gateway API's standard channel, so the server validates the operator's routes.
+        admin.kubectl("apply", "--server-side", "-f", os.fspath(binaries / "gateway-api"))
+        admin.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kubelet(
+    controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kubelet]:
+    env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    with Kubelet(
+        controlplane,
+        tmp_path_factory.mktemp("kubelet"),
+        extra_env=env,
+        unavailable_images=(OPERATOR_IMAGE,),
+    ) as node:
+        yield node
+
+
+@pytest.fixture
+def node(kubelet: Kubelet) -> Iterator[Kubelet]:
+    """The session's kubelet, with this test's scripts removed afterwards."""
+    env = dict(kubelet.extra_env)
+    try:
+        yield kubelet
+    finally:
+        kubelet.reset(env)
+
+
+@pytest.fixture
+def admin(controlplane: ControlPlane) -> Cli:
+    return Cli(controlplane.admin_kubeconfig)
+
+
+@pytest.fixture
+def namespace(admin: Cli, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of this test's own; deleted (not waited for) when it ends."""
+    stem = request.node.name.split("[")[0].removeprefix("test_").replace("_", "-")[:40]
+    name = f"{stem.strip('-')}-{secrets.token_hex(3)}"
+    admin.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        admin.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def kube(controlplane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[KubeAPI]:
+    """The generic test client (``tests/cluster/api.py``) on the real server, as the admin."""
+    kubeconfig = controlplane.kubeconfig(tmp_path / "admin.kubeconfig", namespace=namespace)
+    api_client = kubernetes.config.new_client_from_config(config_file=os.fspath(kubeconfig))
+    try:
+        dynamic = DynamicClient(api_client, cache_file=os.fspath(tmp_path / "discovery.json"))
+        yield KubeAPI(controlplane.url, kubeconfig, namespace, api_client, dynamic)
+    finally:
+        api_client.close()
+
+
+@pytest.fixture(scope="session")
+def release(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The chart installed cluster-wide by ``helm install``, for the session: the operator's
+    ServiceAccount name."""
+    cli = Cli(controlplane.kubeconfig(tmp_path_factory.mktemp("helm") / "admin.kubeconfig"))
+    cli.helm(
+        "install", RELEASE, "charts/rtrl-operator", "-n", RELEASE_NAMESPACE, "--create-namespace"
+    )
+    cli.kubectl("wait", "--for=condition=Established", "crd/rlcycles.rtrl.io",
+                "crd/checkpoints.rtrl.io", "--timeout=60s")  # fmt: skip
+    accounts = cli.get("serviceaccounts", "-n", RELEASE_NAMESPACE, "-l",
+                       f"app.kubernetes.io/instance={RELEASE}")["items"]  # fmt: skip
+    assert len(accounts) == 1, accounts
+    return str(accounts[0]["metadata"]["name"])
+
+
+@pytest.fixture
+def rtrl_operator(
+    controlplane: ControlPlane, release: str, namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start ``rtrl operator`` for this test's namespace with the chart's ServiceAccount
+    token (call it, optionally with other arguments); stopped (SIGTERM) at the end."""
+    started: list[OperatorProcess] = []
+
+    def start(*args: str) -> OperatorProcess:
+        argv = list(args) or ["--namespace", namespace, "--standalone"]
+        process = OperatorProcess(
+            controlplane,
+            tmp_path / f"operator-{len(started)}",
+            service_account=(RELEASE_NAMESPACE, release),
+            args=argv,
+        )
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()

@@ -1,0 +1,180 @@
+"""The kubelet stand-in under the real controllers: what the other real-server suites build
+on. Each test checks one thing a kubelet does, through what the real Job and Deployment
+controllers make of it."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from tests.cluster.api import KubeAPI
+from tests.cluster.kubelet import Fail, Kubelet
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def job(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    container = {
+        "name": "main",
+        "image": "python:3.11",
+        "command": ["python", "-c", script],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    container.update(spec.pop("container", {}))
+    pod_spec = {"restartPolicy": "Never", "containers": [container], **spec.pop("pod", {})}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"spec": pod_spec}, **spec},
+    }
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind and cond["status"] == "True":
+            return dict(cond)
+    return None
+
+
+def test_a_job_runs_with_its_volumes_env_and_token(kube: KubeAPI, node: Kubelet) -> None:
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "conf"},
+                 "data": {"step.json": '{"step": "stage"}'}})  # fmt: skip
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+                 "data": {"KEY": base64.b64encode(b"s3cr3t").decode()}})  # fmt: skip
+    script = (
+        "import os, sys, pathlib; "
+        "print(os.environ['KEY'], pathlib.Path(sys.argv[1]).read_text(), os.environ['POD']); "
+        "t = pathlib.Path('/var/run/secrets/kubernetes.io/serviceaccount/token'); "
+        "print('token', len(pathlib.Path(os.environ['TOKEN_DIR'], 'token').read_text()) > 100)"
+    )
+    body = job(
+        "run",
+        script,
+        container={
+            "args": ["/etc/conf/step.json"],
+            "env": [
+                {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "KEY"}}},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "TOKEN_DIR", "value": "/var/run/secrets/kubernetes.io/serviceaccount"},
+            ],
+            "volumeMounts": [{"name": "conf", "mountPath": "/etc/conf"}],
+        },
+        pod={"volumes": [{"name": "conf", "configMap": {"name": "conf"}}]},
+    )
+    kube.create(body)
+    done = kube.wait_for(
+        lambda: (
+            condition(kube.get("batch/v1", "Job", "run"), "Complete")
+            or condition(kube.get("batch/v1", "Job", "run"), "Failed")
+        ),
+        timeout=60,
+        message=lambda: node.logs("run", kube.namespace),
+    )
+    assert done["type"] == "Complete", node.logs("run", kube.namespace)
+    pods = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "run"})
+    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Succeeded"
+    # the real ServiceAccount admission mounted a projected token volume; the kubelet filled it
+    mounts = pods[0]["spec"]["containers"][0]["volumeMounts"]
+    assert any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" for m in mounts)
+    logs = node.logs("run", kube.namespace)
+    assert f's3cr3t {{"step": "stage"}} {pods[0]["metadata"]["name"]}' in logs
+    assert "token True" in logs
+
+
+def test_a_failing_pod_fails_the_job_with_its_termination_message(
+    kube: KubeAPI, node: Kubelet
+) -> None:
+    kube.create(job("boom", "import sys; print('the parent checkpoint is corrupt'); sys.exit(3)"))
+    failed = kube.wait_for(
+        lambda: condition(kube.get("batch/v1", "Job", "boom"), "Failed"), timeout=60
+    )
+    assert failed["reason"] == "BackoffLimitExceeded"
+    (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "boom"})
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert "the parent checkpoint is corrupt" in terminated["message"]
+
+
+def test_an_indexed_job_gets_completion_indexes_and_hostnames(kube: KubeAPI, node: Kubelet) -> None:
+    selector = {"batch.kubernetes.io/job-name": "idx"}
+    kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "idx-svc"},
+                 "spec": {"clusterIP": "None", "selector": selector}})  # fmt: skip
+    body = job(
+        "idx",
+        "import os; print('index', os.environ['JOB_COMPLETION_INDEX'], os.environ['MASTER'])",
+        completionMode="Indexed",
+        completions=2,
+        parallelism=2,
+        container={"env": [{"name": "MASTER", "value": "idx-0.idx-svc"}]},
+        pod={"subdomain": "idx-svc"},
+    )
+    kube.create(body)
+    kube.wait_for(lambda: condition(kube.get("batch/v1", "Job", "idx"), "Complete"), timeout=60)
+    logs = node.logs("idx", kube.namespace)
+    assert "index 0 127.0.0.1" in logs and "index 1 127.0.0.1" in logs
+    assert kube.get("batch/v1", "Job", "idx")["status"]["completedIndexes"] == "0,1"
+
+
+def test_scripted_failure_and_deletion_stop_pods(kube: KubeAPI, node: Kubelet) -> None:
+    node.script("scripted", Fail(reason="Error", message="OOMKilled-ish", exit_code=137))
+    kube.create(job("scripted", "print('never runs')"))
+    kube.wait_for(lambda: condition(kube.get("batch/v1", "Job", "scripted"), "Failed"), timeout=60)
+    kube.create(job("sleeper", "import time; time.sleep(600)"))
+    kube.wait_for(
+        lambda: any(
+            (p.get("status") or {}).get("phase") == "Running"
+            for p in kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "sleeper"})
+        ),
+        timeout=60,
+    )
+    kube.delete("batch/v1", "Job", "sleeper", propagation_policy="Foreground")
+    # the garbage collector deletes the pod; the kubelet stops it and confirms the deletion
+    kube.wait_for(lambda: kube.get("batch/v1", "Job", "sleeper") is None, timeout=60)
+    assert kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "sleeper"}) == []
+
+
+def test_a_deployment_becomes_available(kube: KubeAPI, node: Kubelet) -> None:
+    labels = {"app": "srv"}
+    container = {"name": "srv", "image": "srv:1", "command": ["sleep", "600"]}
+    kube.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "srv"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [container]},
+                },
+            },
+        }
+    )
+    kube.wait_for(
+        lambda: (
+            ((kube.get("apps/v1", "Deployment", "srv") or {}).get("status") or {}).get(
+                "availableReplicas"
+            )
+            == 2
+        ),
+        timeout=60,
+    )
+
+
+def test_a_pod_asking_for_gpus_stays_pending(kube: KubeAPI, node: Kubelet) -> None:
+    body = job("gpu", "print(1)", container={"resources": {"limits": {"nvidia.com/gpu": 8}}})
+    kube.create(body)
+
+    def unschedulable() -> dict[str, Any] | None:
+        for pod in kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "gpu"}):
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                    return dict(cond)
+        return None
+
+    cond = kube.wait_for(unschedulable, timeout=60)
+    assert cond["reason"] == "Unschedulable" and "nvidia.com/gpu" in cond["message"]
