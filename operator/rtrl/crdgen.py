@@ -95,6 +95,21 @@ def _ordered(node: Schema) -> Schema:
     return {k: node[k] for k in head + tail}
 
 
+# What a CRD may say about metadata: only name (and generateName), and only as a string.
+_NAME_KEYWORDS = ("description", "pattern", "maxLength")
+
+
+def _metadata_schema(resource: Resource) -> Schema:
+    """``metadata`` with the model's rules on ``name`` (an RLCycle's name is a short DNS
+    label, since child names derive from it); the API server checks everything else of
+    metadata itself."""
+    model = resource.model.model_json_schema(by_alias=True, mode="validation")
+    meta = _resolve(model["properties"]["metadata"], model.get("$defs", {}))
+    name = _resolve(meta["properties"]["name"], model.get("$defs", {}))
+    rules = {key: name[key] for key in _NAME_KEYWORDS if key in name}
+    return {"type": "object", "properties": {"name": _ordered({"type": "string", **rules})}}
+
+
 def openapi_schema(resource: Resource) -> Schema:
     """The structural ``openAPIV3Schema`` of one kind."""
     spec = resource.spec.model_json_schema(by_alias=True, mode="validation")
@@ -109,13 +124,11 @@ def openapi_schema(resource: Resource) -> Schema:
                 "type": "string",
             },
             "kind": {"description": "Kind is the type of this object.", "type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": _metadata_schema(resource),
             "spec": _structural(spec, spec.get("$defs", {})),
             "status": _structural(status, status.get("$defs", {})),
         },
     }
-    if resource.root_rules:
-        root[CEL_KEY] = [dict(rule) for rule in resource.root_rules]
     return root
 
 

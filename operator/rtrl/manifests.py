@@ -1,8 +1,9 @@
 """Offline validation of rtrl manifests, the two ways the cluster will judge them.
 
 1. The pydantic models (what the operator enforces; the better messages). Validation is
-   strict JSON-mode, so types follow the API server: ``1.0`` is not an integer, ``"true"``
-   is not a boolean.
+   strict JSON-mode on the object as the API server stores it, so types follow the API
+   server: ``8.0`` is the integer 8 (the server stores 8), ``8.5`` is not an integer,
+   ``"true"`` is not a boolean.
 2. The generated CRD schema, as the API server applies it: unknown fields rejected (strict
    field validation), scalar defaults filled in, the OpenAPI schema checked, then every
    ``x-kubernetes-validations`` CEL rule evaluated (with cel-python).
@@ -160,7 +161,10 @@ def _walk(
 
 def _prune_nulls_and_default(value: Json, schema: Json) -> Json:
     """What the API server stores: nulls of non-nullable fields dropped, scalar defaults
-    filled in on every object that is present."""
+    filled in on every object that is present, and a whole number written as a float
+    (``8.0``) stored as the integer it is where the schema wants an integer."""
+    if schema.get("type") == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, dict) and "properties" in schema:
         out = {k: v for k, v in value.items() if v is not None or k not in schema["properties"]}
         for key, sub in schema["properties"].items():

@@ -7,11 +7,11 @@ columns), the way kubebuilder markers sit next to Go types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .checkpoint import Checkpoint, CheckpointPhase, CheckpointSpec, CheckpointStatus
-from .common import API_VERSION, GROUP, VERSION, ApiModel, Condition, cel
-from .rlcycle import MAX_RLCYCLE_NAME, RLCycle, RLCyclePhase, RLCycleSpec, RLCycleStatus
+from .common import API_VERSION, GROUP, VERSION, ApiModel, Condition
+from .rlcycle import RLCycle, RLCyclePhase, RLCycleSpec, RLCycleStatus
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,6 @@ class Resource:
     status: type[ApiModel]
     columns: tuple[PrinterColumn, ...]
     categories: tuple[str, ...] = ("rtrl",)
-    # CEL rules on the whole object (only metadata.name is reachable there).
-    root_rules: tuple[dict[str, str], ...] = field(default=())
 
     @property
     def crd_name(self) -> str:
@@ -63,19 +61,13 @@ RLCYCLE = Resource(
         PrinterColumn("Candidate", "string", ".status.candidate", "Checkpoint of this cycle."),
         PrinterColumn("Canary", "integer", ".status.canaryWeight", "Canary traffic percent."),
         PrinterColumn("Cycle", "integer", ".status.cycle", "Current cycle number."),
-        PrinterColumn("Next Run", "date", ".status.nextRun", "When the next cycle is due."),
+        # A string, not a date: kubectl prints a date as an age, and a future one as
+        # "<invalid>".
+        PrinterColumn("Next Run", "string", ".status.nextRun", "When the next cycle is due."),
         PrinterColumn(
             "Message", "string", ".status.message", "What the operator is doing.", priority=1
         ),
         _AGE,
-    ),
-    root_rules=(
-        cel(
-            f"size(self.metadata.name) <= {MAX_RLCYCLE_NAME}",
-            f"metadata.name must be at most {MAX_RLCYCLE_NAME} characters "
-            "(child Job and Service names derive from it)",
-            field_path=".metadata.name",
-        ),
     ),
 )
 

@@ -1,0 +1,168 @@
+"""Mutations of the examples: wrong types, missing fields, out-of-range values, unknown
+fields, and hand-picked cases, each a manifest that some validator must judge. Shared by the
+offline agreement test (tests/contract/test_validate.py: the models against the CRD schema)
+and the real-server one (tests/e2e/test_manifests.py: ``rtrl validate`` against the API
+server)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from tests.conftest import REPO
+
+Json = Any
+_DELETE = object()
+
+
+def _leaves(node: Json, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Json]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, (*path, index))
+
+
+def set_at(body: Json, path: tuple[Any, ...], value: Json) -> Json:
+    body = copy.deepcopy(body)
+    node = body
+    for part in path[:-1]:
+        node = node[part]
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return body
+
+
+def _wrong_values(value: Json) -> list[Json]:
+    """Values of the wrong type or out of any plausible range for ``value``'s field."""
+    if isinstance(value, bool):
+        return ["yes", 1, None]
+    if isinstance(value, int):
+        return ["7", 1.5, -1, 10**9, True]
+    if isinstance(value, float):
+        return ["0.5", -1.0, 1e9, False]
+    if isinstance(value, str):
+        return [123, "", "UPPER case!", "x" * 2000, ["a"]]
+    if isinstance(value, list):
+        return [{}, "a", [], value * 20]
+    if isinstance(value, dict):
+        return [[], "a", {}, {**value, "unexpectedField": 1}]
+    return []
+
+
+def _mutations() -> Iterator[tuple[str, Json]]:
+    for example in ("rlcycle.yaml", "checkpoint-base.yaml"):
+        body = yaml.safe_load((REPO / "examples" / example).read_text())
+        for path, value in _leaves(body["spec"], ("spec",)):
+            label = ".".join(map(str, path))
+            if len(path) > 1:
+                yield f"{example}:{label}=<deleted>", set_at(body, path, _DELETE)
+            for i, wrong in enumerate(_wrong_values(value)):
+                yield f"{example}:{label}=wrong{i}", set_at(body, path, wrong)
+
+
+def _handpicked() -> Iterator[tuple[str, Json]]:
+    body = yaml.safe_load((REPO / "examples" / "rlcycle.yaml").read_text())
+    cases = {
+        "cron": (("spec", "schedule"), {"cron": "0 */5 * * *"}),
+        "cron-and-interval": (("spec", "schedule"), {"cron": "@daily", "interval": "1h"}),
+        "no-schedule": (("spec", "schedule"), {}),
+        "cron-6-fields": (("spec", "schedule"), {"cron": "0 0 * * * *"}),
+        "cron-names": (("spec", "schedule"), {"cron": "0 9 * jan-mar MON-FRI"}),
+        "cron-step-0": (("spec", "schedule"), {"cron": "*/0 * * * *"}),
+        "interval-0": (("spec", "schedule"), {"interval": "0s"}),
+        "interval-compound": (("spec", "schedule"), {"interval": "1h30m"}),
+        "steps-equal": (
+            ("spec", "rollout", "steps"),
+            [{"weight": 5, "minDuration": "1m"}, {"weight": 5, "minDuration": "1m"}],
+        ),
+        "steps-11": (
+            ("spec", "rollout", "steps"),
+            [{"weight": w, "minDuration": "1m"} for w in range(1, 12)],
+        ),
+        "steps-100": (("spec", "rollout", "steps"), [{"weight": 100, "minDuration": "1m"}]),
+        "gatewayapi": (
+            ("spec", "rollout", "router"),
+            "gatewayapi",
+        ),
+        "gate-other-suite": (
+            ("spec", "eval", "gates"),
+            [{"metric": "behaviour.edit_rate", "maxRegression": 0.1}],
+        ),
+        "suites-duplicate": (("spec", "eval", "suites"), ["tasks", "tasks"]),
+        "reward-zero": (
+            ("spec", "reward"),
+            {"editPersisted": 0, "dissatisfiedFollowup": 0, "latency": 0, "invalidToolCall": 0},
+        ),
+        "reward-only-clarification": (
+            ("spec", "reward"),
+            {
+                "editPersisted": 0,
+                "dissatisfiedFollowup": 0,
+                "latency": 0.0,
+                "invalidToolCall": 0,
+                "askedClarification": -1,
+            },
+        ),
+        "band-empty": (("spec", "rollout", "guardrails", "editRate"), {}),
+        "sa-and-secret": (("spec", "storage", "serviceAccountName"), "rtrl-jobs"),
+        "sa-only": (
+            ("spec", "storage"),
+            {"artifacts": "s3://rtrl-artifacts/x/", "serviceAccountName": "rtrl-jobs"},
+        ),
+        "file-uri": (("spec", "data", "shards"), "file:///var/lib/rtrl/shards/"),
+        "s3-bucket-upper": (("spec", "data", "shards"), "s3://Interactions/x/"),
+        "name-41": (("metadata", "name"), "a" * 41),
+        "name-40": (("metadata", "name"), "a" * 40),
+        "integer-as-float": (("spec", "training", "nodes"), 2.0),
+        "integer-as-fraction": (("spec", "training", "nodes"), 2.5),
+        "float-as-integer": (("spec", "training", "learningRate"), 1),
+        "status-ok": (("status",), {"phase": "Canary", "cycle": 3, "canaryWeight": 25}),
+        "status-bad-phase": (("status",), {"phase": "Exploding"}),
+        "status-condition": (
+            ("status",),
+            {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Serving",
+                        "lastTransitionTime": "2026-11-29T10:00:00Z",
+                    }
+                ]
+            },
+        ),
+        "status-condition-bad-time": (
+            ("status",),
+            {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Serving",
+                        "lastTransitionTime": "yesterday",
+                    }
+                ]
+            },
+        ),
+    }
+    for label, (path, value) in cases.items():
+        yield label, set_at(body, path, value)
+
+
+MUTATIONS = list(_mutations()) + list(_handpicked())
+
+
+# Rules the CRD cannot express (docs/validation.md lists them); the operator reports them
+# with the InvalidSpec condition.
+MODEL_ONLY = {
+    "cron-reversed-range": (("spec", "schedule"), {"cron": "30-10 * * * *"}),
+    "steps-longer-than-max-duration": (("spec", "rollout", "analysis", "maxDuration"), "1h"),
+}
