@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ class Cli:
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = os.fspath(self.kubeconfig)
-        env["PATH"] = f"{TOOLS_BIN}{os.pathsep}{env.get('PATH', '')}"
+        # kubectl finds the `kubectl rtrl` plugin (kubectl-rtrl) next to this Python
+        path = [os.fspath(TOOLS_BIN), os.fspath(Path(sys.executable).parent), env.get("PATH", "")]
+        env["PATH"] = os.pathsep.join(path)
         env["HELM_CACHE_HOME"] = os.fspath(self.kubeconfig.parent / "helm-cache")
         env["HELM_CONFIG_HOME"] = os.fspath(self.kubeconfig.parent / "helm-config")
         env["HELM_DATA_HOME"] = os.fspath(self.kubeconfig.parent / "helm-data")
@@ -97,11 +100,7 @@ class OperatorProcess:
             "RTRL_ERROR_BACKOFF_SECONDS": "0.5",
         }
         environment |= dict(env or {})
-        rtrl = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "rtrl"
-        if not rtrl.exists():
-            import sys
-
-            rtrl = Path(sys.executable).parent / "rtrl"
+        rtrl = Path(sys.executable).parent / "rtrl"
         argv = [os.fspath(rtrl), "operator", *args, "--log-format", "text"]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(

@@ -82,6 +82,11 @@ the grants differ in either direction. No wildcards.
 - apiGroups: [rtrl.io]
   resources: [checkpoints/status]
   verbs: [get, patch]
+# Children's ownerReferences set blockOwnerDeletion: OwnerReferencesPermissionEnforcement
+# admission (OpenShift's default) requires update on the owner's finalizers for that.
+- apiGroups: [rtrl.io]
+  resources: [rlcycles/finalizers, checkpoints/finalizers]
+  verbs: [update]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]

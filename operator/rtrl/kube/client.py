@@ -46,6 +46,11 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "events"): ("create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "delete", "patch"),
     ("gateway.networking.k8s.io", "httproutes"): ("get", "patch"),
+    # Not a call: children carry ownerReferences with blockOwnerDeletion, which the API
+    # server's OwnerReferencesPermissionEnforcement admission (on by default in OpenShift)
+    # allows only to whom may update the owner's finalizers.
+    ("rtrl.io", "rlcycles/finalizers"): ("update",),
+    ("rtrl.io", "checkpoints/finalizers"): ("update",),
 }
 
 

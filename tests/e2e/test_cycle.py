@@ -1,0 +1,97 @@
+"""Whole cycles on the real control plane, as a platform team runs them: the chart installed
+with ``helm install``, the operator running with the chart's ServiceAccount token, the real
+``rtrl-job`` steps in the pods the real Job controller creates (CPU DeepSpeed, a tiny GPT-2,
+a ``file://`` store), the canary and the promotion rolled out by the real Deployment
+controller, and ``kubectl`` (with the ``kubectl rtrl`` plugin) to watch and steer.
+
+Cycle 1 is promoted (its canary's users keep more edits), cycle 2 is rolled back by the
+analysis (fewer), and ``kubectl rtrl rollback`` then serves the base model again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rtrl.planning.timeutil import parse_time
+from tests.cluster.api import KubeAPI
+from tests.cluster.kubelet import Kubelet
+from tests.cluster.tools import Cli, OperatorProcess
+from tests.e2e.world import serve_arms, set_up
+from tests.integration.cycle_world import NAME, RTRL
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def checkpoint(kube: KubeAPI, name: str) -> dict[str, Any]:
+    return kube.get(RTRL, "Checkpoint", name) or {}
+
+
+def phase(kube: KubeAPI, name: str) -> str | None:
+    return (checkpoint(kube, name).get("status") or {}).get("phase")
+
+
+def canary_started(kube: KubeAPI, name: str) -> Any:
+    records = (checkpoint(kube, name).get("status") or {}).get("rollout") or []
+    return parse_time(records[0]["startedAt"]) if records else None
+
+
+def serving_uri(kube: KubeAPI) -> str:
+    target = kube.get("apps/v1", "Deployment", "composer-vllm") or {}
+    container = target["spec"]["template"]["spec"]["containers"][0]
+    return next(e["value"] for e in container["env"] if e["name"] == "MODEL_URI")
+
+
+def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    set_up(kube, root, tmp_path)
+    operator = rtrl_operator()
+    ns = kube.namespace
+
+    def why() -> str:
+        jobs = "\n".join(f"=== {job}\n{node.logs(job, ns)[-3000:]}" for job in node.jobs_seen)
+        rlc = (kube.get(RTRL, "RLCycle", NAME) or {}).get("status")
+        return f"RLCycle status: {rlc}\n--- operator\n{operator.output()[-5000:]}\n{jobs}"
+
+    def reaches(name: str, *phases: str, timeout: float = 240) -> str:
+        return kube.wait_for(
+            lambda: phase(kube, name) if phase(kube, name) in phases else None,
+            timeout=timeout,
+            interval=0.2,
+            message=lambda: f"{name} never reached {phases} (is {phase(kube, name)})\n{why()}",
+        )
+
+    # Cycle 1: the canary's users keep more of its edits: promoted.
+    reaches("composer-1", "Canary")
+    since = kube.wait_for(lambda: canary_started(kube, "composer-1"), timeout=30)
+    serve_arms(root, "composer-0", "composer-1", since=since, canary_edit_persistence=0.8)
+    reaches("composer-1", "Promoted", timeout=120)
+    assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
+    kube.wait_for(lambda: kube.get("apps/v1", "Deployment", "composer-vllm-canary") is None,
+                  timeout=60, message=why)  # fmt: skip
+
+    # Cycle 2, started with `kubectl rtrl trigger`: its canary's users keep fewer edits.
+    admin.kubectl("rtrl", "trigger", NAME, "-n", ns)
+    reaches("composer-2", "Canary")
+    since = kube.wait_for(lambda: canary_started(kube, "composer-2"), timeout=30)
+    serve_arms(root, "composer-1", "composer-2", since=since, canary_edit_persistence=0.2)
+    reaches("composer-2", "RolledBack", timeout=120)
+    assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
+
+    # `kubectl rtrl rollback` with no cycle running: the base model serves again.
+    admin.kubectl("rtrl", "rollback", NAME, "-n", ns)
+    reaches("composer-1", "RolledBack", timeout=60)
+    kube.wait_for(lambda: serving_uri(kube) == checkpoint(kube, "composer-0")["spec"]["uri"],
+                  timeout=60, message=why)  # fmt: skip
+
+    table = admin.kubectl("get", "rlc,ckpt", "-n", ns).stdout
+    print(table)
+    assert operator.stop() == 0, operator.output()

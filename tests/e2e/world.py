@@ -1,0 +1,126 @@
+"""A namespace in which an RLCycle can run for real on the real control plane: a base model and
+the interactions it served in a ``file://`` store, the inference Deployment (its container a
+local process: no model server is under test here), the base Checkpoint and the RLCycle of
+examples/rlcycle.yaml made small enough for one CPU.
+
+Users are the one stand-in: :func:`serve_arms` writes the interactions each arm of a canary
+would have logged, with the canary's edit persistence shifted, as new shard files next to
+the old ones (the way a logging pipeline appends them).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rtrl.shards import synthetic_interactions, write_shards
+from rtrl.shards.schema import TIMESTAMP
+from rtrl.store import open_store
+from tests.cluster.api import KubeAPI
+from tests.integration.cycle_world import base_checkpoint, deployment, rlcycle
+from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
+
+# A serving container that stays up until the kubelet stops it (python -c ignores the
+# vLLM arguments the example passes).
+SERVER_COMMAND = ["python", "-c", "import time; time.sleep(3600)"]
+
+
+def add_interactions(root: Path, batches: Any) -> None:
+    """Write ``batches`` as shard files with fresh names into the shard root ``root``."""
+    scratch = root.parent / f"incoming-{uuid.uuid4().hex[:8]}"
+    keys = write_shards(batches, scratch)
+    for key in keys:
+        target = root / key
+        target = target.with_name(f"part-{uuid.uuid4().hex[:12]}.parquet")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(scratch / key, target)
+    shutil.rmtree(scratch)
+
+
+def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[str, Any]:
+    """The base model, 240 matured interactions it served, the Deployment, the base
+    Checkpoint and the RLCycle (created last); returns the RLCycle as created."""
+    interactions = root / "interactions"
+    add_interactions(
+        interactions,
+        synthetic_interactions(
+            240, seed=3, checkpoint_id="composer-0", tokens=12, prompt_tokens=(4, 12),
+            vocab_size=VOCAB, start=datetime.now(UTC) - timedelta(hours=4),
+            duration=timedelta(hours=2),
+        ),
+    )  # fmt: skip
+    save_parent(open_store(root.as_uri() + "/"), "models/base", tiny_gpt2(seed=1), tmp,
+                tokenizer_size=250)  # fmt: skip
+    target = deployment(root)
+    server = target["spec"]["template"]["spec"]["containers"][0]
+    server["command"] = SERVER_COMMAND
+    del server["resources"]  # 8 GPUs: this node has none, the pod would stay Pending
+    kube.create(target)
+    kube.create(base_checkpoint(root))
+    spec = rlcycle(root)["spec"]
+    spec["data"].update(
+        shards=interactions.as_uri() + "/", maturity="1s", window="24h", minInteractions=50,
+        minTokens=100, maxBadFraction=0.05,
+    )  # fmt: skip
+    spec["training"].update(
+        precision="fp32", zeroStage=0, learningRate=1e-3, batchTokens=512, microBatchSize=8,
+        maxSequenceLength=64, activationCheckpointing=False,
+    )  # fmt: skip
+    spec["eval"] = {"suites": ["replay"], "gates": [{"metric": "replay.kl", "maxRegression": 5}]}
+    spec["rollout"]["steps"] = [{"weight": 25, "minDuration": "2s"},
+                                {"weight": 50, "minDuration": "2s"}]  # fmt: skip
+    spec["rollout"]["analysis"].update(interval="2s")
+    spec.update(spec_changes)
+    return kube.create(rlcycle(root, **spec))
+
+
+def serve_arms(
+    root: Path,
+    baseline: str,
+    canary: str,
+    *,
+    since: datetime,
+    n: int = 3000,
+    canary_edit_persistence: float,
+) -> None:
+    """``n`` interactions of each arm created in the second after ``since``, their feedback
+    arrived at once; the canary's edits persist with probability ``canary_edit_persistence``
+    (the baseline's: about 0.5)."""
+    for seed, checkpoint in enumerate((baseline, canary)):
+        batch = pa.Table.from_batches(
+            list(
+                synthetic_interactions(
+                    n, seed=100 + seed, checkpoint_id=checkpoint, tokens=12,
+                    prompt_tokens=(4, 12), vocab_size=VOCAB, start=since,
+                    duration=timedelta(seconds=1),
+                )
+            )
+        )  # fmt: skip
+        created = batch.column("created_at")
+        feedback = pc.add(created, pa.scalar(100_000, pa.duration("us"))).cast(TIMESTAMP)
+        batch = batch.set_column(batch.schema.get_field_index("feedback_at"), "feedback_at",
+                                 feedback)  # fmt: skip
+        if checkpoint == canary:
+            rng = np.random.default_rng(7)
+            persisted = (rng.random(n) < canary_edit_persistence).astype(np.float64)
+            batch = batch.set_column(
+                batch.schema.get_field_index("edit_persisted"),
+                "edit_persisted",
+                pa.array(persisted, pa.float64()),
+            )
+        else:
+            rng = np.random.default_rng(8)
+            persisted = (rng.random(n) < 0.5).astype(np.float64)
+            batch = batch.set_column(
+                batch.schema.get_field_index("edit_persisted"),
+                "edit_persisted",
+                pa.array(persisted, pa.float64()),
+            )
+        add_interactions(root / "interactions", batch.to_batches())
