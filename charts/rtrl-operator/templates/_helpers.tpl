@@ -113,9 +113,14 @@ the grants differ in either direction. No wildcards.
   verbs: [get, patch]
 {{- end }}
 
-{{/* kopf: CRD observation (always cluster-scoped). */}}
+{{/* kopf: CRD and Namespace observation (always cluster-scoped). Namespaces matter only
+when the operator watches a list of them, which `rtrl operator --namespace` also does under
+the cluster-wide ClusterRole. */}}
 {{- define "rtrl-operator.scanningRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [namespaces]
   verbs: [list, watch]
 {{- end }}

@@ -5,8 +5,11 @@ this, no more (``tests/contract/test_chart.py`` renders the chart and compares).
 - :data:`KOPF_PERMISSIONS`: what kopf itself does in the watched namespaces.
 - :data:`KOPF_CLUSTER_PERMISSIONS`: kopf's cluster-scoped reads: it watches CRDs to notice
   resources appearing or going away.
-- :data:`KOPF_NAMESPACE_PERMISSIONS`: only when watching a list of namespaces: kopf lists
-  and watches Namespaces to notice one being created or deleted (clusterwide it does not).
+- :data:`KOPF_NAMESPACE_PERMISSIONS`: when watching a list of namespaces, kopf lists and
+  watches Namespaces to notice one being created or deleted (clusterwide it does not). The
+  cluster-wide grants include them too, so that ``rtrl operator --namespace NS`` runs under
+  them (without, kopf retries the list for a minute at start, then goes on blind to
+  namespace changes).
 - :data:`KOPF_PEERING_PERMISSIONS` / :data:`KOPF_CLUSTER_PEERING_PERMISSIONS`: only with
   more than one replica (``--peering``): the KopfPeering in each watched namespace, or the
   ClusterKopfPeering when watching all namespaces. One replica runs ``--standalone``.
@@ -51,14 +54,12 @@ def required(
     clusterwide, what the ClusterRole allows on namespaced resources), and what a
     ClusterRole must allow on cluster-scoped resources."""
     namespaced: list[Permissions] = [PERMISSIONS, KOPF_PERMISSIONS]
-    cluster: list[Permissions] = [KOPF_CLUSTER_PERMISSIONS]
+    cluster: list[Permissions] = [KOPF_CLUSTER_PERMISSIONS, KOPF_NAMESPACE_PERMISSIONS]
     if clusterwide:
         if peering:
             cluster.append(KOPF_CLUSTER_PEERING_PERMISSIONS)
-    else:
-        cluster.append(KOPF_NAMESPACE_PERMISSIONS)
-        if peering:
-            namespaced.append(KOPF_PEERING_PERMISSIONS)
+    elif peering:
+        namespaced.append(KOPF_PEERING_PERMISSIONS)
     return merge(*namespaced), merge(*cluster)
 
 
