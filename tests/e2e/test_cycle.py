@@ -38,6 +38,11 @@ def canary_started(kube: KubeAPI, name: str) -> Any:
     return parse_time(records[0]["startedAt"]) if records else None
 
 
+def analyses(kube: KubeAPI, name: str) -> int:
+    records = (checkpoint(kube, name).get("status") or {}).get("rollout") or []
+    return sum(int(r.get("analyses") or 0) for r in records)
+
+
 def serving_uri(kube: KubeAPI) -> str:
     target = kube.get("apps/v1", "Deployment", "composer-vllm") or {}
     container = target["spec"]["template"]["spec"]["containers"][0]
@@ -69,11 +74,22 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
             message=lambda: f"{name} never reached {phases} (is {phase(kube, name)})\n{why()}",
         )
 
-    # Cycle 1: the canary's users keep more of its edits: promoted.
+    # Cycle 1: nobody uses the canary for its first analyses (each says continue), then its
+    # users keep more of its edits: promoted.
     reaches("composer-1", "Canary")
     since = kube.wait_for(lambda: canary_started(kube, "composer-1"), timeout=30)
+    kube.wait_for(lambda: analyses(kube, "composer-1") >= 4, timeout=120, message=why)
     serve_arms(root, "composer-0", "composer-1", since=since, canary_edit_persistence=0.8)
     reaches("composer-1", "Promoted", timeout=120)
+    # The judged analyses' Jobs (and their pods) do not pile up: the last one is kept.
+    jobs = kube.list("batch/v1", "Job", labels={"rtrl.io/checkpoint": "composer-1"})
+    analysis_jobs = [j["metadata"]["name"] for j in jobs if "-analyze-" in j["metadata"]["name"]]
+    assert 1 <= len(analysis_jobs) <= 2, analysis_jobs
+    # Step pods carry no API token: they talk to the object store only.
+    for pod in kube.list("v1", "Pod", labels={"rtrl.io/checkpoint": "composer-1"}):
+        if "rtrl.io/step" in pod["metadata"]["labels"]:
+            assert pod["spec"]["automountServiceAccountToken"] is False
+            assert not any("projected" in v for v in pod["spec"].get("volumes") or []), pod
     assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
     kube.wait_for(lambda: kube.get("apps/v1", "Deployment", "composer-vllm-canary") is None,
                   timeout=60, message=why)  # fmt: skip

@@ -30,7 +30,7 @@ PLURALS = {"RLCycle": "rlcycles", "Checkpoint": "checkpoints"}
 
 
 def server_verdict(cp: ControlPlane, namespace: str, body: dict[str, Any]) -> str:
-    """"" when the API server accepts ``body`` (created with dry run, strict field
+    """Empty when the API server accepts ``body`` (created with dry run, strict field
     validation, as kubectl does), else its message. A status is judged as the operator
     writes it, through the status subresource (a create ignores it)."""
     body = json.loads(json.dumps(body))

@@ -775,6 +775,9 @@ def test_inconclusive_until_max_duration_asks_for_the_policy() -> None:
     assert "--max-duration-reached" in args  # 12h after the canary began
     records = world.checkpoint("composer-1")["status"]["rollout"]
     assert len(records) == 1 and records[0]["analyses"] >= 11  # minSamples never met
+    # a Job per analysis would pile up over the hours: only the last judged one is kept
+    # (the verdicts are in status.rollout)
+    assert [j for j in world.jobs if "-analyze-" in j] == ["composer-1-analyze-11-0"]
 
 
 def test_a_restarted_operator_carries_out_a_recorded_decision() -> None:

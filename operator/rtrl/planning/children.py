@@ -292,7 +292,9 @@ def job_manifest(
     if gpus:
         resources.setdefault("limits", {})[training.gpu_resource] = gpus
     job_spec: dict[str, Any] = {"backoffLimit": 0}
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+    # Steps read and write the object store only; the API server's token is not theirs
+    # (a cloud role through storage.serviceAccountName comes from its own webhook volume).
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False}
     if step == "train":
         service = service_name(ck["name"])
         env += [

@@ -163,6 +163,7 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
         p.out.soon(READY_POLL_SECONDS)
         return p.finish("Canary", f"{name}: waiting for the canary to be ready")
     judged = sum(int(r.get("analyses") or 0) for r in records)
+    forget_analyses(p, ck, judged)
     analysis = f"analyze-{judged}"
     jobs = [j for j in step_jobs(p.obs, ck, analysis) if fresh(j, ck)]
     if not jobs:
@@ -200,6 +201,19 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
         p.out.soon(10)
         return p.finish("Canary", f"cannot read the analysis: {doc}")
     return judge(p, ck, records, dict(doc))
+
+
+def forget_analyses(p: _Planner, ck: dict[str, Any], judged: int) -> None:
+    """Delete the Jobs of analyses judged before the last one: an analysis runs every few
+    minutes for hours, its verdict is in ``status.rollout`` and its analysis.json in the
+    store. The last judged one stays (its logs, and its end time schedules the next)."""
+    for job in p.obs.jobs:
+        step = job.step or ""
+        if job.checkpoint != meta(ck)["name"] or job.deleting or not job.finished:
+            continue
+        index = step.removeprefix("analyze-")
+        if step.startswith("analyze-") and index.isdigit() and int(index) < judged - 1:
+            p.act(Delete("batch/v1", "Job", job.name))
 
 
 def analysis_due(
