@@ -37,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
+import ipaddress
+import itertools
 import os
 import threading
 import time
@@ -57,6 +59,10 @@ RENEW_SECONDS = 10.0
 # terminationGracePeriodSeconds, if shorter), so that tests do not wait 30 s per pod.
 MAX_GRACE_SECONDS = 3.0
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+# Each pod gets an address of this node's pod CIDR, as with a CNI plugin: the API rejects
+# loopback addresses in EndpointSlices. Nothing listens on them (every pod shares the host's
+# network namespace and is reached as 127.0.0.1, see tests/cluster/pods.py).
+POD_CIDR = ipaddress.ip_network("10.244.0.0/16")
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class Kubelet:
         self._scripts: list[tuple[str, Outcome]] = []
         self._workers: dict[str, _Worker] = {}
         self._scheduled: set[str] = set()
+        self._addresses = (str(ip) for ip in itertools.islice(POD_CIDR.hosts(), 1, None))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -395,7 +402,8 @@ class Kubelet:
         if worker is None:
             self._start_worker(pod, started=True)
         else:
-            worker.pod = pod
+            worker.pod = {**pod, "status": {**(pod.get("status") or {}),
+                                            "podIP": worker.pod["status"]["podIP"]}}  # fmt: skip
 
     def _schedule(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -433,6 +441,8 @@ class Kubelet:
     def _start_worker(self, pod: dict[str, Any], *, started: bool) -> _Worker:
         worker = _Worker(pod=pod)
         with self._lock:
+            status = pod.setdefault("status", {})
+            status.setdefault("podIP", next(self._addresses))
             self._workers[pod["metadata"]["uid"]] = worker
             self.pods_seen.append(pod["metadata"]["name"])
             job = job_of(pod)
@@ -532,8 +542,8 @@ class _PodLife:
             "phase": phase,
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": self.pod["status"]["podIP"],
+            "podIPs": [{"ip": self.pod["status"]["podIP"]}],
             "startTime": self.started,
             "qosClass": "BestEffort",
             "conditions": [

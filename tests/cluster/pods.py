@@ -26,7 +26,8 @@ How a pod spec maps onto this machine:
   path it did not receive this way are not rewritten.
 - Networking: one network namespace for all pods. Hostnames ``<job>-<i>.<subdomain>[...]``
   (an Indexed Job's pods behind a headless Service, e.g. ``MASTER_ADDR``) in env values and
-  args become ``127.0.0.1``.
+  args become ``127.0.0.1``. ``status.podIP`` is the address the pod's status reports (the
+  kubelet's, from a pod CIDR), which nothing listens on.
 - Output: stdout and stderr go to one log file per container; with
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's termination message
   is the last 20 lines / 4096 bytes of that output.
@@ -143,7 +144,7 @@ class PodRunner:
             "metadata.uid": meta.get("uid", ""),
             "spec.nodeName": (pod.get("spec") or {}).get("nodeName") or self.node_name,
             "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", ""),
-            "status.podIP": self.pod_ip,
+            "status.podIP": (pod.get("status") or {}).get("podIP") or self.pod_ip,
             "status.hostIP": self.pod_ip,
         }
         if path not in simple:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.tools import OperatorProcess

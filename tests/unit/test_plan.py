@@ -86,6 +86,8 @@ class World:
         self.settle()
         # A test may replace what the kube layer reports about the target.
         self.deployment: DeploymentState | None = None
+        # With the gatewayapi router: the stable Service the route's backendRef names.
+        self.stable_service: dict[str, Any] | None = None
         self.secret: SecretState | None = SecretState(True)
         self.events: list[Emit] = []
         self.patches: list[Patch] = []
@@ -105,6 +107,7 @@ class World:
             target=copy.deepcopy(self.deployments.get("composer-vllm")),
             canary=copy.deepcopy(self.deployments.get("composer-vllm-canary")),
             http_route=copy.deepcopy(self.deployments.get("composer")),
+            stable_service=copy.deepcopy(self.stable_service),
         )
         results = {uri: self.results.get(uri) for uri in results_to_read(obs)}
         return Observed(**{**obs.__dict__, "results": results})
@@ -171,6 +174,8 @@ class World:
                     self.config_maps.add(meta["name"])
                 elif action.kind == "Service":
                     self.services.add(meta["name"])
+                    self.manifests = getattr(self, "manifests", {})
+                    self.manifests[meta["name"]] = manifest
             elif isinstance(action, Patch):
                 dep = self.deployments[action.name]
                 before = copy.deepcopy(dep["spec"])
@@ -811,20 +816,49 @@ def test_gateway_api_router_weights_the_http_route() -> None:
         "spec": {"rules": rules},
     }
     world.deployments["composer"] = route  # the World keeps patchable objects by name
+    ports = [{"name": "http", "port": 8000, "targetPort": "http", "nodePort": 30080}]
+    world.stable_service = {"metadata": {"name": "composer"}, "spec": {"ports": ports}}
     to_canary(world)
     refs = world.deployments["composer"]["spec"]["rules"][0]["backendRefs"]
     assert refs == [
         {"name": "composer", "port": 8000, "weight": 90},
         {"name": "composer-canary", "port": 8000, "weight": 10},
     ]
+    # the canary Service serves the port the route names, on the pods' same target port
+    canary_ports = world.manifests["composer-canary"]["spec"]["ports"]
+    assert canary_ports == [{"name": "http", "port": 8000, "targetPort": "http"}]
+    # a route already at the weight (as the server stores it, with defaults) is left alone
+    for ref in refs:
+        ref.update(group="", kind="Service")
+    patches = len(world.patches)
+    world.reconcile()
+    assert len(world.patches) == patches
     labels = world.deployments["composer-vllm-canary"]["spec"]["template"]["metadata"]["labels"]
     assert "app" not in labels  # only the canary Service reaches these pods
     assert "composer-canary" in world.services
     world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "r1"}
     world.reconcile()
     refs = world.deployments["composer"]["spec"]["rules"][0]["backendRefs"]
-    assert refs == [{"name": "composer", "port": 8000, "weight": 100}]
+    assert refs == [{"name": "composer", "port": 8000, "weight": 100, "group": "",
+                     "kind": "Service"}]  # fmt: skip
     assert "composer-canary" not in world.services
+
+
+def test_gateway_api_router_without_its_service_rolls_the_canary_back() -> None:
+    world = World(
+        rollout={
+            "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+            "steps": [{"weight": 10, "minDuration": "10m"}], "analysis": {"maxDuration": "1h"},
+        }
+    )  # fmt: skip
+    world.deployments["composer"] = {
+        "metadata": {"name": "composer", "generation": 1},
+        "spec": {"rules": [{"backendRefs": [{"name": "composer", "port": 8000}]}]},
+    }
+    to_canary(world)
+    status = world.checkpoint("composer-1")["status"]
+    assert status["phase"] == "RolledBack"
+    assert "spec.rollout.service: Service composer not found" in status["message"]
 
 
 def test_manual_rollback_without_a_canary_serves_the_previous_checkpoint_once() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
 from rtrl.planning import children as ch
+from rtrl.planning.canary import canary_service_name
 from rtrl.planning.timeutil import parse_time
 from rtrl.store import read_committed_json
 
@@ -122,6 +123,25 @@ def _concurrently(
     return {**got, **{name: future.result() for name, future in futures.items()}}
 
 
+def _needs_stable_service(
+    rollout: dict[str, Any],
+    services: frozenset[str],
+    checkpoints: list[dict[str, Any]],
+    rlcycle: str,
+) -> bool:
+    """With the gatewayapi router, while a canary is about to start (or runs) without its
+    canary Service: the plan copies the stable Service's ports into it."""
+    if rollout.get("router") != "gatewayapi" or not rollout.get("service"):
+        return False
+    if canary_service_name(str(rollout["service"])) in services:
+        return False
+    return any(
+        (c.get("spec") or {}).get("rlCycle") == rlcycle
+        and (c.get("status") or {}).get("phase") in ("Evaluated", "Canary")
+        for c in checkpoints
+    )
+
+
 def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     meta = rlcycle["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -176,6 +196,10 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
                 None,
             )
         deployment = DeploymentState(True, container is not None, value)
+    stable_service = None
+    if _needs_stable_service(rollout, services, checkpoints, name):
+        # Not a child: the cache does not keep it. Read once per canary, before its Service.
+        stable_service = KubeClient.get(client, "Service", namespace, str(rollout["service"]))
     observed = Observed(
         rlcycle=rlcycle,
         checkpoints=checkpoints,
@@ -187,6 +211,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         target=dep,
         canary=canary,
         http_route=route,
+        stable_service=stable_service,
     )
     wanted = results_to_read(observed)
     if not wanted:

@@ -152,7 +152,9 @@ def canary_deployment(
 def canary_service(
     spec: RLCycleSpec, rlcycle: dict[str, Any], checkpoint: dict[str, Any], stable: dict[str, Any]
 ) -> dict[str, Any]:
-    """For the gatewayapi router: the stable Service's ports, selecting the canary pods."""
+    """For the gatewayapi router: the stable Service's ports (what the HTTPRoute's backendRef
+    names and the pods serve on, since the canary's pod template is the target's),
+    selecting the canary pods."""
     meta = checkpoint["metadata"]
     rlc = rlcycle["metadata"]["name"]
     assert spec.rollout.service is not None
@@ -167,7 +169,10 @@ def canary_service(
         },
         "spec": {
             "selector": canary_labels(rlc, meta["name"]),
-            "ports": copy.deepcopy((stable.get("spec") or {}).get("ports") or [{"port": 80}]),
+            "ports": [
+                {k: v for k, v in port.items() if k != "nodePort"}
+                for port in (stable.get("spec") or {}).get("ports") or []
+            ],
         },
     }
 
@@ -186,11 +191,12 @@ def route_rules(
         mine = [r for r in refs if r.get("name") == stable]
         if not mine:
             continue
-        port = mine[0].get("port")
         others = [r for r in refs if r.get("name") not in (stable, canary)]
         new = [{**mine[0], "weight": 100 - weight}]
         if weight > 0:
-            new.append({"name": canary, **({"port": port} if port else {}), "weight": weight})
+            # the stable ref's shape (port, and the group and kind the server defaults), so
+            # that a route already at this weight compares equal and is not patched again
+            new.append({**mine[0], "name": canary, "weight": weight})
         rule["backendRefs"] = [*others, *new]
     return None if rules == ((route.get("spec") or {}).get("rules") or []) else rules
 

@@ -110,6 +110,11 @@ def canary_weight(p: _Planner, weight: int) -> tuple[int, float]:
 def ensure_canary(p: _Planner, ck: dict[str, Any], weight: int) -> float:
     """Create or resize the canary workload and route ``weight``; the share reached."""
     spec, target = p.spec, dict(p.obs.target or {})
+    if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
+        if cn.canary_service_name(spec.rollout.service) not in p.obs.services:
+            if p.obs.stable_service is None:
+                raise MissingStableService(spec.rollout.service)
+            p.act(Create(cn.canary_service(spec, p.rlc, ck, dict(p.obs.stable_service))))
     replicas, share = canary_weight(p, weight)
     canary = p.obs.canary
     if canary is None:
@@ -124,9 +129,6 @@ def ensure_canary(p: _Planner, ck: dict[str, Any], weight: int) -> float:
         ops = cn.set_env_patch(target, container, {cn.CHECKPOINT_ID_ENV: parent})
         p.act(Patch("apps/v1", "Deployment", spec.target.deployment, ops))
     if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
-        if cn.canary_service_name(spec.rollout.service) not in p.obs.services:
-            stable = {"spec": {"ports": [{"port": 80}]}}
-            p.act(Create(cn.canary_service(spec, p.rlc, ck, stable)))
         route_to(p, weight)
     return share
 
@@ -140,13 +142,22 @@ def route_to(p: _Planner, weight: int) -> None:
         p.act(Patch("gateway.networking.k8s.io/v1", "HTTPRoute", name, {"spec": {"rules": rules}}))
 
 
+class MissingStableService(Exception):
+    """The gatewayapi router's ``rollout.service`` does not exist: no canary can be routed."""
+
+
 def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
     name = meta(ck)["name"]
     index = len(records) - 1
     steps = p.spec.rollout.steps
     step = steps[min(index, len(steps) - 1)]
     record = records[-1]
-    share = ensure_canary(p, ck, step.weight)
+    try:
+        share = ensure_canary(p, ck, step.weight)
+    except MissingStableService as missing:
+        namespace = p.meta.get("namespace")
+        reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
+        return decide(p, ck, records, "rollback", reason)
     p.status["canaryWeight"] = round(share)
     p.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
     canary_start = parse_time(records[0].get("startedAt")) or p.now
