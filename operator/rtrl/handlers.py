@@ -34,11 +34,11 @@ from typing import Any
 import kopf
 
 from .kube import KubeClient, KubeError, apply, observe
-from .kube.apply import EVENTS, write_status
+from .kube.apply import EVENTS, RejectedError, write_status
 from .kube.cache import CHILD_KINDS, CHILD_LABEL, CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
 from .planning import children as ch
-from .planning import plan, plan_deletion
+from .planning import plan, plan_deletion, plan_rejected
 
 GROUP, VERSION = "rtrl.io", "v1alpha1"
 # rtrl's handlers live in their own registry, so that other kopf handlers imported into the
@@ -205,9 +205,18 @@ def reconcile_once(
             return None
         observed = observe(kube, rlcycle)
         marks["observed"] = time.perf_counter()
-        decided = plan(observed, datetime.now(UTC))
+        now = datetime.now(UTC)
+        decided = plan(observed, now)
         marks["planned"] = time.perf_counter()
-        apply(kube, rlcycle, decided.actions)
+        try:
+            apply(kube, rlcycle, decided.actions)
+        except RejectedError as exc:
+            # Not transient: say so in the status, and look again at the resync (or when the
+            # spec changes), not after the error back-off. The refused write changed nothing.
+            log.warning("reconcile %s/%s: %s", namespace, name, exc)
+            decided = plan_rejected(observed, now, str(exc))
+            apply(kube, rlcycle, decided.actions)
+            kube.write_failed = False
         marks["applied"] = time.perf_counter()
         write_status(kube, rlcycle, decided.status)
         observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)

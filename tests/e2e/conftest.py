@@ -126,13 +126,14 @@ def rtrl_operator(
     token (call it, optionally with other arguments); stopped (SIGTERM) at the end."""
     started: list[OperatorProcess] = []
 
-    def start(*args: str) -> OperatorProcess:
+    def start(*args: str, env: dict[str, str] | None = None) -> OperatorProcess:
         argv = list(args) or ["--namespace", namespace, "--standalone"]
         process = OperatorProcess(
             controlplane,
             tmp_path / f"operator-{len(started)}",
             service_account=(RELEASE_NAMESPACE, release),
             args=argv,
+            env=env,
         )
         started.append(process)
         return process

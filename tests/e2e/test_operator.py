@@ -3,6 +3,7 @@ what it creates and what it refuses, beyond the whole cycles of test_cycle.py.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,3 +39,52 @@ def test_one_namespace_under_the_clusterwide_chart(
         if "403" in line or "Forbidden" in line or "permission" in line.lower()
     ]  # fmt: skip
     assert forbidden == [], "\n".join(forbidden)
+
+
+def condition(kube: KubeAPI, kind: str) -> dict[str, Any]:
+    conditions = rlcycle_status(kube).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def test_a_child_the_server_rejects_is_invalid_spec_until_fixed(
+    kube: KubeAPI,
+    node: Kubelet,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """A spec the CRD and the models accept, from which the operator derives a child the
+    API server rejects (here a node label value with a space, in the training Job's pod
+    template): the RLCycle says InvalidSpec with the server's words, the operator does not
+    hammer the server, and the cycle resumes once the spec is fixed."""
+    training = {
+        "image": "rtrl-trainer:test", "nodes": 1, "gpusPerNode": 0, "precision": "fp32",
+        "zeroStage": 0, "learningRate": 1e-3, "batchTokens": 512, "microBatchSize": 8,
+        "maxSequenceLength": 64, "nodeSelector": {"pool": "gpu nodes"},
+    }  # fmt: skip
+    set_up(kube, tmp_path / "store", tmp_path, training=training)
+    operator = rtrl_operator(env={"RTRL_RESYNC_SECONDS": "30"})
+    invalid = kube.wait_for(
+        lambda: (
+            condition(kube, "InvalidSpec").get("status") == "True"
+            and condition(kube, "InvalidSpec")
+        ),
+        timeout=120,
+        message=operator.output,
+    )
+    assert invalid["reason"] == "RejectedByAPIServer", invalid
+    assert "Job composer-1-train-0" in invalid["message"], invalid
+    assert "nodeSelector" in invalid["message"] and "gpu nodes" in invalid["message"], invalid
+    assert rlcycle_status(kube)["phase"] == "Invalid"
+    assert rlcycle_status(kube)["message"] == invalid["message"]
+    rejected = operator.output().count("rejected Job composer-1-train-0")
+    time.sleep(6)  # at the error back-off (0.5 s here) a dozen more tries would follow; the
+    # next one is due at the resync (30 s)
+    assert operator.output().count("rejected Job composer-1-train-0") <= rejected + 1
+    kube.patch(RTRL, "RLCycle", NAME, {"spec": {"training": {"nodeSelector": {"pool": "gpu"}}}})
+    kube.wait_for(
+        lambda: condition(kube, "InvalidSpec").get("status") == "False",
+        timeout=60,
+        message=operator.output,
+    )
+    kube.wait_for(lambda: kube.get("batch/v1", "Job", "composer-1-train-0"), timeout=60)
+    assert "InvalidSpec" not in rlcycle_status(kube)["message"]

@@ -513,6 +513,20 @@ def test_a_spec_the_crd_accepts_but_the_models_reject_is_invalid_spec() -> None:
     assert world.reasons() == ["SpecInvalid"]
 
 
+def test_a_name_children_cannot_carry_is_invalid_spec() -> None:
+    """Stored before the CRD checked names: ``composer.v2`` would make Checkpoint and Job
+    names the API server refuses, on every round."""
+    world = World()
+    world.rlcycle["metadata"]["name"] = "composer.v2"
+    world.reconcile()
+    status = world.rlcycle["status"]
+    assert status["phase"] == "Invalid"
+    invalid = world.condition("InvalidSpec")
+    assert invalid["status"] == "True" and invalid["reason"] == "NameInvalid"
+    assert invalid["message"].startswith("metadata.name: ")
+    assert world.created == [] and world.jobs == {}
+
+
 def test_invalid_spec_keeps_last_transition_time() -> None:
     world = World(schedule={"interval": "5h", "cron": "0 * * * *"})
     world.reconcile()

@@ -94,7 +94,21 @@ class EventPoster:
 EVENTS = EventPoster()
 
 
+class RejectedError(KubeError):
+    """The API server refused, as invalid (422), an object the operator derived from the
+    RLCycle's spec: no retry can succeed until the spec (or the cluster) changes."""
+
+
+def _rejected(exc: KubeError, kind: str, name: str) -> KubeError:
+    if exc.status != 422:
+        return exc
+    detail = exc.detail or str(exc)
+    return RejectedError(f"the API server rejected {kind} {name}: {detail}", 422, exc.reason)
+
+
 def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) -> None:
+    """Carry out ``actions`` in order (Events last). A create or merge patch the server
+    refuses as invalid raises :class:`RejectedError`; other failures raise KubeError."""
     meta = rlcycle["metadata"]
     namespace = meta["namespace"]
     uids: dict[tuple[str, str], str] = {("RLCycle", meta["name"]): meta.get("uid", "")}
@@ -110,7 +124,10 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
                 **action.manifest,
                 "metadata": {**action.manifest["metadata"], "namespace": namespace},
             }
-            created = client.create(manifest)
+            try:
+                created = client.create(manifest)
+            except KubeError as exc:
+                raise _rejected(exc, action.kind, action.name) from None
             if created is not None:
                 uids[(action.kind, action.name)] = created["metadata"].get("uid", "")
                 log.info("created %s %s", action.kind, action.name)
@@ -125,7 +142,7 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
                 )
             except KubeError as exc:
                 if not (json_patch and exc.status == 422):
-                    raise
+                    raise _rejected(exc, action.kind, action.name) from None
                 log.info("patch of %s %s no longer applies; replanning", action.kind, action.name)
             else:
                 log.info("patched %s %s", action.kind, action.name)
@@ -152,4 +169,12 @@ def write_status(client: KubeClient, rlcycle: dict[str, Any], status: dict[str, 
     return True
 
 
-__all__ = ["EVENTS", "EventPoster", "api_version", "apply", "post_event", "write_status"]
+__all__ = [
+    "EVENTS",
+    "EventPoster",
+    "RejectedError",
+    "api_version",
+    "apply",
+    "post_event",
+    "write_status",
+]

@@ -61,12 +61,14 @@ REQUEST_TIMEOUT = (10.0, 60.0)
 
 
 class KubeError(Exception):
-    """An API call failed; ``status`` is the HTTP status (0 when there was no answer)."""
+    """An API call failed; ``status`` is the HTTP status (0 when there was no answer),
+    ``reason`` the Status object's reason and ``detail`` its message."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = ""):
+    def __init__(self, message: str, status: int = 0, reason: str = "", detail: str = ""):
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.detail = detail
 
 
 def path(kind: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
@@ -176,6 +178,7 @@ class KubeClient:
                 f"{where}: HTTP {response.status} {reason}: {message[:300]}".rstrip(": "),
                 response.status,
                 reason,
+                message[:1000],
             )
         data = response.data
         return json.loads(data) if data else None

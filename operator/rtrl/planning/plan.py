@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rtrl.api.checkpoint import DataSummary, EvalSummary, GateResult, TrainingSummary
 from rtrl.api.common import parse_duration
 from rtrl.api.errors import error_message, format_loc
-from rtrl.api.rlcycle import RLCycleSpec
+from rtrl.api.rlcycle import RLCycleMeta, RLCycleSpec
 
 from . import children as ch
 from .actions import Action, Create, Delete, Emit, PatchStatus
@@ -107,6 +107,17 @@ def _validate_spec_json(text: str) -> tuple[RLCycleSpec | None, str]:
         return None, problems[0] + more
 
 
+@functools.lru_cache(maxsize=512)
+def validate_name(name: str) -> str:
+    """The problem with an RLCycle's name ("" if none): its children's names derive from it. The
+    CRD refuses such names; an RLCycle stored before it did still reaches the operator."""
+    try:
+        RLCycleMeta.model_validate({"name": name}, strict=True)
+    except ValidationError as exc:
+        return f"metadata.name: {error_message(exc.errors()[0])}"
+    return ""
+
+
 # --- the plan ------------------------------------------------------------------------------
 
 
@@ -177,6 +188,9 @@ class _Planner:
 
     # the decision
     def run(self) -> Plan:
+        problem = validate_name(self.name)
+        if problem:
+            return self.invalid("NameInvalid", problem)
         spec, problem = validate_spec(self.rlc.get("spec"))
         if spec is None:
             return self.invalid("SpecInvalid", problem)
@@ -719,6 +733,13 @@ class _Planner:
 def plan(observed: Observed, now: datetime) -> Plan:
     """Decide the next actions for one RLCycle and its new status."""
     return _Planner(observed, now).run()
+
+
+def plan_rejected(observed: Observed, now: datetime, message: str) -> Plan:
+    """The status (and Event) for a round whose plan the API server refused as invalid:
+    ``InvalidSpec`` with the server's words. The next round plans afresh (and meets the
+    same refusal until the spec or the cluster changes)."""
+    return _Planner(observed, now).invalid("RejectedByAPIServer", message)
 
 
 def plan_deletion(observed: Observed) -> tuple[list[Action], bool]:

@@ -110,11 +110,11 @@ def canary_weight(p: _Planner, weight: int) -> tuple[int, float]:
 def ensure_canary(p: _Planner, ck: dict[str, Any], weight: int) -> float:
     """Create or resize the canary workload and route ``weight``; the share reached."""
     spec, target = p.spec, dict(p.obs.target or {})
-    if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
-        if cn.canary_service_name(spec.rollout.service) not in p.obs.services:
-            if p.obs.stable_service is None:
-                raise MissingStableService(spec.rollout.service)
-            p.act(Create(cn.canary_service(spec, p.rlc, ck, dict(p.obs.stable_service))))
+    service = spec.rollout.service if spec.rollout.router == Router.GATEWAY_API else None
+    if service and cn.canary_service_name(service) not in p.obs.services:
+        if p.obs.stable_service is None:
+            raise StableServiceMissingError(service)
+        p.act(Create(cn.canary_service(spec, p.rlc, ck, dict(p.obs.stable_service))))
     replicas, share = canary_weight(p, weight)
     canary = p.obs.canary
     if canary is None:
@@ -142,7 +142,7 @@ def route_to(p: _Planner, weight: int) -> None:
         p.act(Patch("gateway.networking.k8s.io/v1", "HTTPRoute", name, {"spec": {"rules": rules}}))
 
 
-class MissingStableService(Exception):
+class StableServiceMissingError(Exception):
     """The gatewayapi router's ``rollout.service`` does not exist: no canary can be routed."""
 
 
@@ -154,7 +154,7 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
     record = records[-1]
     try:
         share = ensure_canary(p, ck, step.weight)
-    except MissingStableService as missing:
+    except StableServiceMissingError as missing:
         namespace = p.meta.get("namespace")
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(p, ck, records, "rollback", reason)
