@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -33,12 +34,15 @@ from typing import Any
 
 import kopf
 
+from .api.rlcycle import Router
 from .kube import KubeClient, KubeError, apply, observe
 from .kube.apply import EVENTS, RejectedError, write_status
 from .kube.cache import CHILD_KINDS, CHILD_LABEL, CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
 from .planning import children as ch
-from .planning import plan, plan_deletion, plan_rejected
+from .planning import plan, plan_rejected
+from .planning.canary import route_rules
+from .planning.plan import validate_spec
 
 GROUP, VERSION = "rtrl.io", "v1alpha1"
 # rtrl's handlers live in their own registry, so that other kopf handlers imported into the
@@ -167,6 +171,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         _Process.trace = None
     if os.environ.get("RTRL_ROUND_TRACE"):
         _Process.trace = open(os.environ["RTRL_ROUND_TRACE"], "a", buffering=1)  # noqa: SIM115
+    # No handler requires it any more (see _without_finalizer); named so that kopf removes
+    # it from RLCycles an earlier rtrl put it on.
     settings.persistence.finalizer = ch.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -186,6 +192,10 @@ async def flush_events(**_: Any) -> None:
     await asyncio.to_thread(EVENTS.flush, 5.0)
 
 
+class RLCycleGoneError(Exception):
+    """The RLCycle was deleted (or is being deleted): its reconciler ends."""
+
+
 def reconcile_once(
     namespace: str, name: str, *, live: bool = True, woken: float | None = None
 ) -> float | None:
@@ -194,7 +204,7 @@ def reconcile_once(
     ``live``: read the cluster rather than the cache; ``woken``: when an event woke the
     reconciler for this round (``time.perf_counter``, for the trace). Raises
     :class:`KubeError` after a write that failed or met a conflict (so that the next round
-    reads live)."""
+    reads live), :class:`RLCycleGoneError` when there is nothing left to reconcile."""
     kube = CachingClient(client(), _Process.cache, live=live)
     marks = {"t0": time.perf_counter()}
     if woken is not None:
@@ -202,7 +212,7 @@ def reconcile_once(
     try:
         rlcycle = kube.get("RLCycle", namespace, name)
         if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
-            return None
+            raise RLCycleGoneError(f"{namespace}/{name}")
         observed = observe(kube, rlcycle)
         marks["observed"] = time.perf_counter()
         now = datetime.now(UTC)
@@ -241,6 +251,22 @@ def _trace_round(namespace: str, name: str, marks: dict[str, float], kube: Cachi
         _Process.trace.write(json.dumps(record) + "\n")
 
 
+def _without_finalizer(handler_id: str) -> None:
+    """kopf puts a finalizer on every object that has a daemon, so that it can stop the
+    daemon before the object goes. rtrl's reconciler needs none: it ends by itself once its
+    RLCycle is gone, and the API server's garbage collector removes the children (owned
+    through ownerReferences). A finalizer would only make every RLCycle undeletable, and
+    its CRD too, whenever no operator runs, as after ``helm uninstall``. Objects that
+    still carry it from an earlier rtrl lose it: kopf removes a finalizer that no handler
+    requires."""
+    spawning = registry._spawning  # kopf 1.45 (pinned) keeps the daemons here
+    for index, handler in enumerate(spawning._handlers):
+        if handler.id == handler_id:
+            spawning._handlers[index] = dataclasses.replace(handler, requires_finalizer=False)
+            return
+    raise RuntimeError(f"kopf registered no daemon {handler_id!r}")
+
+
 @kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10, registry=registry)
 async def reconciler(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
@@ -261,6 +287,10 @@ async def reconciler(
                 )
                 if live:
                     last_live = started
+            except RLCycleGoneError:
+                log.info("%s/%s is gone; its children go with it (garbage collection), its "
+                         "stored artifacts stay", namespace, name)  # fmt: skip
+                return
             except KubeError as exc:
                 last_live = None
                 delay = _Process.error_backoff_seconds
@@ -282,6 +312,9 @@ async def reconciler(
         flag.close()
         if _Process.wakeups.get((namespace, name)) is flag:
             del _Process.wakeups[(namespace, name)]
+
+
+_without_finalizer("reconciler")  # kopf names a handler after its function
 
 
 def changed_beyond_status(body: kopf.Body, type_: str | None) -> bool:
@@ -379,8 +412,31 @@ async def rlcycle_changed(
 ) -> None:
     if type == "DELETED":
         _feed("RLCycle", body, type)
+        if namespace:
+            forget(namespace, name)
+            await asyncio.to_thread(release_route, namespace, body)
     if changed_beyond_status(body, type):
-        wake(namespace, name)
+        wake(namespace, name)  # a deleted RLCycle's reconciler ends
+
+
+def release_route(namespace: str, rlcycle: Mapping[str, Any]) -> None:
+    """An RLCycle deleted mid-canary with the gatewayapi router: its canary Service goes
+    with the garbage collector, so the HTTPRoute's weight on it is given back to the stable
+    Service. Best effort, as the operator sees the deletion only while it runs."""
+    spec, _problem = validate_spec(rlcycle.get("spec"))
+    route_name = spec.rollout.http_route if spec is not None else None
+    if spec is None or spec.rollout.router != Router.GATEWAY_API or not route_name:
+        return
+    try:
+        route = client().get("HTTPRoute", namespace, route_name)
+        rules = route_rules(spec, route, 0) if route is not None else None
+        if rules is not None:
+            client().patch("HTTPRoute", namespace, route_name, {"spec": {"rules": rules}})
+            log.info("%s/%s deleted: HTTPRoute %s back to the stable Service", namespace,
+                     rlcycle.get("metadata", {}).get("name"), route_name)  # fmt: skip
+    except KubeError as exc:
+        log.warning("could not give HTTPRoute %s/%s back to stable: %s", namespace, route_name,
+                    exc)  # fmt: skip
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
@@ -417,18 +473,3 @@ async def checkpoint_changed(
         _feed("Checkpoint", body, type)
     if changed_beyond_status(body, type):
         wake(namespace, spec.get("rlCycle"))
-
-
-@kopf.on.delete(GROUP, VERSION, "rlcycles", registry=registry)
-def rlcycle_deleted(body: kopf.Body, name: str, namespace: str | None, **_: Any) -> None:
-    """Stop the RLCycle's Jobs and remove the children it created; stored artifacts stay."""
-    kube = CachingClient(client(), _Process.cache, live=True)  # rare: read it all live
-    rlcycle = dict(body)
-    actions, _done = plan_deletion(observe(kube, rlcycle))
-    apply(kube, rlcycle, actions)
-    _actions, done = plan_deletion(observe(kube, rlcycle))
-    if not done:
-        raise kopf.TemporaryError("waiting for children to be deleted", delay=1)
-    if namespace:
-        forget(namespace, name)
-    log.info("%s/%s deleted with its children; stored artifacts are kept", namespace, name)

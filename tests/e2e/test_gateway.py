@@ -91,3 +91,15 @@ def test_canary_route_backends_resolve(
     stable_pods = resolve(kube, refs[0])
     assert all(name.startswith("composer-vllm-canary-") for name in canary_pods), canary_pods
     assert stable_pods and not set(stable_pods) & set(canary_pods), (stable_pods, canary_pods)
+
+    # Deleted mid-canary: the canary Service goes with the garbage collector, and the route
+    # gives its weight back to the stable Service.
+    kube.delete(RTRL, "RLCycle", "composer")
+
+    def released() -> bool:
+        route = kube.get(GATEWAY, "HTTPRoute", "composer") or {}
+        refs = route["spec"]["rules"][0]["backendRefs"]
+        return [(r["name"], r.get("weight")) for r in refs] == [("composer", 100)]
+
+    kube.wait_for(released, timeout=30, message=operator.output)
+    kube.wait_for(lambda: kube.get("v1", "Service", "composer-canary") is None, timeout=30)

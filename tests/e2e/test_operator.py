@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Kubelet
-from tests.cluster.tools import OperatorProcess
+from tests.cluster.kubelet import Hang, Kubelet
+from tests.cluster.tools import Cli, OperatorProcess
 from tests.e2e.world import set_up
 from tests.integration.cycle_world import NAME, RTRL
 
@@ -88,3 +88,44 @@ def test_a_child_the_server_rejects_is_invalid_spec_until_fixed(
     )
     kube.wait_for(lambda: kube.get("batch/v1", "Job", "composer-1-train-0"), timeout=60)
     assert "InvalidSpec" not in rlcycle_status(kube)["message"]
+
+
+def test_deleting_an_rlcycle_mid_training_removes_its_children_not_its_artifacts(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """No finalizer holds the RLCycle: ``kubectl delete`` returns at once, even with no
+    operator running, and the real garbage collector removes the Checkpoints it made and
+    their Jobs, pods, Services and ConfigMaps. The base Checkpoint (made by hand) and the
+    stored artifacts stay."""
+    root = tmp_path / "store"
+    node.script("composer-1-train-*", Hang())
+    set_up(kube, root, tmp_path)
+    operator = rtrl_operator()
+    kube.wait_for(
+        lambda: any(
+            (p.get("status") or {}).get("phase") == "Running"
+            for p in kube.list("v1", "Pod", labels={"rtrl.io/step": "train"})
+        ),
+        timeout=120,
+        message=operator.output,
+    )
+    rlcycle = kube.get(RTRL, "RLCycle", NAME) or {}
+    assert not rlcycle["metadata"].get("finalizers"), rlcycle["metadata"]
+    assert operator.stop() == 0, operator.output()  # not even an operator is needed
+    admin.kubectl("delete", "rlc", NAME, "-n", kube.namespace, "--timeout=20s")
+    mine = {"rtrl.io/rlcycle": NAME}
+
+    def children() -> list[str]:
+        kinds = [("batch/v1", "Job"), ("v1", "Pod"), ("v1", "Service"), ("v1", "ConfigMap")]
+        left = [f"{kind}/{o['metadata']['name']}" for api, kind in kinds
+                for o in kube.list(api, kind, labels=mine)]  # fmt: skip
+        return left + [f"Checkpoint/{c['metadata']['name']}" for c in kube.list(RTRL, "Checkpoint")
+                       if c["metadata"]["name"] != "composer-0"]  # fmt: skip
+
+    kube.wait_for(lambda: not children(), timeout=60, message=lambda: str(children()))
+    assert kube.get(RTRL, "Checkpoint", "composer-0") is not None
+    assert list((root / "artifacts" / "cycles").glob("composer-1-*/stage/stage.json"))

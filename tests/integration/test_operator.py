@@ -1,7 +1,7 @@
 """The real operator (kopf, ``rtrl.handlers``) against the emulated API server, its Jobs
 played by the job runner with scripted outcomes: a whole cycle, insufficient data, each
-step failing, invalid input and its recovery, suspend / trigger / cron, the history limit
-and deletion with the finalizer."""
+step failing, invalid input and its recovery, suspend / trigger / cron, the history limit.
+(Deletion is the garbage collector's work: tests/e2e/test_operator.py, on the real server.)"""
 
 from __future__ import annotations
 
@@ -251,21 +251,3 @@ def test_history_limit_deletes_old_checkpoints(
     names = {c["metadata"]["name"] for c in kube_api.list(RTRL, "Checkpoint")}
     # the base (registered by hand, never pruned), the serving one and its parent
     assert names == {"composer-0", "composer-3", "composer-4"}
-
-
-def test_deletion_stops_jobs_and_removes_children_but_not_the_base(
-    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
-) -> None:
-    from tests.integration.job_runner import Hang
-
-    script_all(job_runner, tmp_path, train=Hang())
-    setup_namespace(kube_api, tmp_path)
-    kube_api.wait_for(lambda: kube_api.get("batch/v1", "Job", "composer-1-train-0"))
-    rlc = kube_api.get(RTRL, "RLCycle", NAME)
-    assert rlc is not None and "rtrl.io/finalizer" in rlc["metadata"]["finalizers"]
-    kube_api.delete(RTRL, "RLCycle", NAME)
-    kube_api.wait_for(lambda: kube_api.get(RTRL, "RLCycle", NAME) is None, timeout=20)
-    assert kube_api.list("batch/v1", "Job") == []
-    assert [c["metadata"]["name"] for c in kube_api.list(RTRL, "Checkpoint")] == ["composer-0"]
-    assert kube_api.list("v1", "ConfigMap", {"rtrl.io/rlcycle": NAME}) == []
-    assert (tmp_path / "results").exists()  # stored artifacts are never deleted

@@ -28,7 +28,6 @@ from rtrl.planning import (
     PatchStatus,
     SecretState,
     plan,
-    plan_deletion,
     results_to_read,
 )
 from rtrl.planning import children as ch
@@ -671,17 +670,6 @@ def test_step_jobs_follow_the_contract() -> None:
     assert "--checkpoint=composer-0" in stage["args"]
     assert "--now=" + ck["metadata"]["annotations"][ch.ANNOTATION_STARTED] in stage["args"]
     assert "--ranks=16" in stage["args"]
-
-
-def test_deletion_removes_children_but_not_the_serving_base() -> None:
-    world = World()
-    world.reconcile()
-    actions, done = plan_deletion(world.observed())
-    assert not done
-    world.apply(actions)
-    assert world.jobs == {} and list(world.checkpoints) == ["composer-0"]
-    _, done = plan_deletion(world.observed())
-    assert done
 
 
 def to_canary(world: World) -> None:

@@ -8,7 +8,7 @@ demo runner, so both make the same decisions.
 
 from .actions import Action, Create, Delete, Emit, Patch, PatchStatus
 from .observed import DeploymentState, JobState, Observed, SecretState
-from .plan import Plan, plan, plan_deletion, plan_rejected, results_to_read
+from .plan import Plan, plan, plan_rejected, results_to_read
 
 __all__ = [
     "Action",
@@ -23,7 +23,6 @@ __all__ = [
     "Plan",
     "SecretState",
     "plan",
-    "plan_deletion",
     "plan_rejected",
     "results_to_read",
 ]

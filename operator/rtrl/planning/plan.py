@@ -740,22 +740,3 @@ def plan_rejected(observed: Observed, now: datetime, message: str) -> Plan:
     ``InvalidSpec`` with the server's words. The next round plans afresh (and meets the
     same refusal until the spec or the cluster changes)."""
     return _Planner(observed, now).invalid("RejectedByAPIServer", message)
-
-
-def plan_deletion(observed: Observed) -> tuple[list[Action], bool]:
-    """What deleting the RLCycle takes: stop its Jobs, remove the children it created
-    (stored artifacts stay). Returns the actions and whether nothing is left to wait for."""
-    name = str(_meta(observed.rlcycle)["name"])
-    actions: list[Action] = []
-    for job in observed.jobs:
-        if not job.deleting:
-            actions.append(Delete("batch/v1", "Job", job.name))
-    for svc in sorted(observed.services):
-        actions.append(Delete("v1", "Service", svc))
-    for cm in sorted(observed.config_maps):
-        actions.append(Delete("v1", "ConfigMap", cm))
-    for ck in _owned(observed, name):
-        actions.append(Delete(CHECKPOINT_API, "Checkpoint", _meta(ck)["name"]))
-    done = not observed.jobs and not observed.services and not observed.config_maps
-    done = done and not _owned(observed, name)
-    return actions, done
