@@ -25,7 +25,7 @@ Tests script what a pod does with :meth:`Kubelet.script` (an fnmatch pattern on 
 name, or its pod name): ``Run()`` (the default) executes the containers; ``Succeed(before=fn)``
 calls ``fn(job)`` and exits 0; ``Fail(...)`` exits with that termination; ``Hang()`` runs until
 the pod is deleted. ``never_ready`` lists pod-name patterns whose containers run but never
-pass readiness (a model that never loads).
+pass readiness (a model that never loads); a pattern may name the Deployment.
 
 Not done, on purpose: readiness and liveness probes (a running container is ready), init
 containers, resource limits, ``runAsUser`` (processes run as this user), port conflicts
@@ -170,10 +170,13 @@ class Kubelet:
         return self
 
     def reset(self, extra_env: dict[str, str]) -> None:
-        """Forget the scripts and readiness overrides of a test; restore ``extra_env``."""
+        """Forget a test's scripts, readiness overrides and the pods and Jobs it saw;
+        restore ``extra_env``."""
         with self._lock:
             self._scripts.clear()
-        self.never_ready.clear()
+            self.pods_seen.clear()
+            self.jobs_seen.clear()
+        self.never_ready = []
         self.runner.extra_env = dict(extra_env)
 
     def logs(self, job_or_pod: str, namespace: str | None = None) -> str:
@@ -499,6 +502,17 @@ class Kubelet:
             )  # fmt: skip
 
 
+def workload_names(pod: dict[str, Any]) -> list[str]:
+    """The pod's name, its Job's, and its Deployment's (its ReplicaSet's name without the
+    template hash): what ``never_ready`` patterns match."""
+    meta = pod["metadata"]
+    names = [meta["name"], job_of(pod)]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "ReplicaSet":
+            names.append(str(ref["name"]).rsplit("-", 1)[0])
+    return [n for n in names if n]
+
+
 class _PodLife:
     """One pod on the node: its containers' processes and the status the kubelet reports."""
 
@@ -513,8 +527,8 @@ class _PodLife:
         }
         self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
         self.lock = threading.Lock()
-        name = self.pod["metadata"]["name"]
-        self.never_ready = any(fnmatch.fnmatch(name, p) for p in kubelet.never_ready)
+        names = workload_names(self.pod)
+        self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
 
     def report(self, phase: str) -> None:
         with self.lock:

@@ -143,3 +143,34 @@ def rtrl_operator(
     finally:
         for process in started:
             process.stop()
+
+
+# --- the names the scripted-step suites use (they ran on the emulator first) -----------------
+
+
+@pytest.fixture
+def kube_api(kube: KubeAPI) -> KubeAPI:
+    return kube
+
+
+@pytest.fixture
+def job_runner(node: Kubelet) -> Kubelet:
+    """The kubelet: it runs (or scripts, ``.script(pattern, outcome)``) the pods the real Job
+    controller makes of the operator's Jobs."""
+    return node
+
+
+@pytest.fixture
+def deployment_controller(node: Kubelet) -> Kubelet:
+    """The real Deployment controller does the work; ``.never_ready`` (Deployment name
+    patterns) keeps a workload's pods unready, through the kubelet."""
+    return node
+
+
+@pytest.fixture
+def operator(rtrl_operator: Callable[..., OperatorProcess]) -> Iterator[OperatorProcess]:
+    """``rtrl operator`` for the test's namespace, as a process with the chart's
+    ServiceAccount token; it must stop cleanly (exit 0 on SIGTERM)."""
+    process = rtrl_operator()
+    yield process
+    assert process.stop() == 0, process.output()[-5000:]

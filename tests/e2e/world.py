@@ -1,7 +1,7 @@
 """A namespace in which an RLCycle can run for real on the real control plane: a base model and
-the interactions it served in a ``file://`` store, the inference Deployment (its container a
-local process: no model server is under test here), the base Checkpoint and the RLCycle of
-examples/rlcycle.yaml made small enough for one CPU.
+the interactions it served in a ``file://`` store, the inference Deployment, the base
+Checkpoint and the RLCycle of examples/rlcycle.yaml made small enough for one CPU (the
+namespace of tests/integration/cycle_world.py, with real data and a real model).
 
 Users are the one stand-in: :func:`serve_arms` writes the interactions each arm of a canary
 would have logged, with the canary's edit persistence shifted, as new shard files next to
@@ -26,10 +26,6 @@ from rtrl.store import open_store
 from tests.cluster.api import KubeAPI
 from tests.integration.cycle_world import base_checkpoint, deployment, rlcycle
 from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
-
-# A serving container that stays up until the kubelet stops it (python -c ignores the
-# vLLM arguments the example passes).
-SERVER_COMMAND = ["python", "-c", "import time; time.sleep(3600)"]
 
 
 def add_interactions(root: Path, batches: Any) -> None:
@@ -58,11 +54,7 @@ def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[st
     )  # fmt: skip
     save_parent(open_store(root.as_uri() + "/"), "models/base", tiny_gpt2(seed=1), tmp,
                 tokenizer_size=250)  # fmt: skip
-    target = deployment(root)
-    server = target["spec"]["template"]["spec"]["containers"][0]
-    server["command"] = SERVER_COMMAND
-    del server["resources"]  # 8 GPUs: this node has none, the pod would stay Pending
-    kube.create(target)
+    kube.create(deployment(root))
     kube.create(base_checkpoint(root))
     spec = rlcycle(root)["spec"]
     spec["data"].update(

@@ -1,6 +1,7 @@
-"""The namespace an RLCycle lives in, for the operator's integration tests: the inference
-Deployment, the base Checkpoint it serves, the RLCycle (from examples/rlcycle.yaml, made
-small and pointed at a ``file://`` store), and scripted step results that Jobs "produce".
+"""The namespace an RLCycle lives in, for the operator's tests (on the real control plane
+and the emulated one alike): the inference Deployment, the base Checkpoint it serves, the
+RLCycle (from examples/rlcycle.yaml, made small and pointed at a ``file://`` store),
+scripted step results that Jobs "produce", and reading back what the operator wrote.
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from tests.cluster.api import KubeAPI
+from tests.cluster.kubelet import Outcome, Succeed
 from tests.conftest import REPO
 
 from rtrl.api.yamlfile import load
@@ -71,7 +74,14 @@ def base_uri(root: Path) -> str:
     return (root / "models" / "base").as_uri() + "/"
 
 
+# A serving container a kubelet stand-in can run: it stays up until stopped (python -c
+# ignores the vLLM arguments the example passes). No model server is under test here.
+SERVER_COMMAND = ["python", "-c", "import time; time.sleep(3600)"]
+
+
 def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
+    """The example's inference Deployment with one replica, no GPUs (nothing here has one:
+    its pods would stay Pending) and a container that runs on this machine."""
     doc = load((REPO / "examples" / "inference-deployment.yaml").read_text())
     doc["metadata"].pop("namespace", None)
     doc["spec"]["replicas"] = 1
@@ -80,6 +90,8 @@ def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
         {"name": "MODEL_URI", "value": serving_uri or base_uri(root)},
         {"name": "RTRL_CHECKPOINT_ID", "value": "composer-0"},
     ]
+    container["command"] = SERVER_COMMAND
+    del container["resources"]
     return doc
 
 
@@ -134,3 +146,49 @@ def commit_result(
         open_store(out).commit("", {name: path}, {"step": step})
 
     return write
+
+
+class Scripted(Protocol):
+    """A kubelet stand-in or the emulator's Job runner: both take scripts."""
+
+    def script(self, pattern: str, outcome: Outcome) -> Any: ...
+
+
+def script_all(runner: Scripted, scratch: Path, **overrides: Any) -> None:
+    """Every step succeeds with its canned result unless ``overrides`` says otherwise
+    (a result dict, or an Outcome such as Fail())."""
+    for step in ("stage", "train", "eval", "analyze"):
+        outcome = overrides.get(step, RESULTS[step])
+        if isinstance(outcome, dict):
+            outcome = Succeed(before=commit_result(step, outcome, scratch / "results"))
+        runner.script(f"*-{step}-*", outcome)
+
+
+def status(kube_api: KubeAPI, kind: str, name: str) -> dict[str, Any]:
+    return (kube_api.get(RTRL, kind, name) or {}).get("status") or {}
+
+
+def condition(kube_api: KubeAPI, type_: str) -> dict[str, Any]:
+    conditions = status(kube_api, "RLCycle", NAME).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def events(kube_api: KubeAPI) -> list[tuple[str, str, str]]:
+    return [
+        (e["involvedObject"]["name"], e["reason"], e.get("message") or "")
+        for e in kube_api.list("v1", "Event")
+    ]
+
+
+def setup_namespace(kube_api: KubeAPI, root: Path, **spec: Any) -> None:
+    kube_api.create(deployment(root))
+    kube_api.create(base_checkpoint(root))
+    kube_api.create(rlcycle(root, **spec))
+
+
+def wait_phase(kube_api: KubeAPI, kind: str, name: str, phase: str, timeout: float = 30) -> None:
+    kube_api.wait_for(
+        lambda: status(kube_api, kind, name).get("phase") == phase,
+        timeout=timeout,
+        message=lambda: f"{kind}/{name} phase {phase}; status: {status(kube_api, kind, name)}",
+    )

@@ -12,9 +12,15 @@ from typing import Any
 
 import pytest
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import NAME
+from tests.integration.cycle_world import (
+    NAME,
+    events,
+    script_all,
+    setup_namespace,
+    status,
+    wait_phase,
+)
 from tests.integration.job_runner import JobRunner
-from tests.integration.test_operator import events, script_all, setup_namespace, status, wait_phase
 
 pytestmark = pytest.mark.timeout(90)
 

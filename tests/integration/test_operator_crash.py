@@ -24,9 +24,17 @@ from typing import Any
 
 import pytest
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import NAME, RTRL, STAGE_OK, TRAIN_OK, commit_result
+from tests.integration.cycle_world import (
+    NAME,
+    RTRL,
+    STAGE_OK,
+    TRAIN_OK,
+    commit_result,
+    script_all,
+    setup_namespace,
+    status,
+)
 from tests.integration.job_runner import JobRunner, Succeed
-from tests.integration.test_operator import script_all, setup_namespace, status
 
 pytestmark = pytest.mark.timeout(60)
 

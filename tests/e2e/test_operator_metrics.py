@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.cluster.controlplane import free_port
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import NAME, base_checkpoint, deployment, rlcycle
+from tests.integration.cycle_world import NAME, base_checkpoint, deployment, rlcycle, script_all
 from tests.integration.job_runner import JobRunner
-from tests.integration.test_operator import script_all
-from tests.integration.test_operator_process import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

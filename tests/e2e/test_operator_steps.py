@@ -1,7 +1,7 @@
-"""The real operator (kopf, ``rtrl.handlers``) against the emulated API server, its Jobs
-played by the job runner with scripted outcomes: a whole cycle, insufficient data, each
-step failing, invalid input and its recovery, suspend / trigger / cron, the history limit.
-(Deletion is the garbage collector's work: tests/e2e/test_operator.py, on the real server.)"""
+"""The real operator (kopf, ``rtrl.handlers``, with the chart's ServiceAccount) on the real
+control plane, each step's pod scripted by the kubelet (it writes the step's canned result
+document, or fails): a whole cycle, insufficient data, each step failing, invalid input and
+its recovery, suspend / trigger / cron, the history limit. Deletion: test_operator.py."""
 
 from __future__ import annotations
 
@@ -9,64 +9,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rtrl.api.checkpoint import Checkpoint
+from rtrl.api.rlcycle import RLCycle
 from tests.integration.conftest import KubeAPI
 from tests.integration.cycle_world import (
     EVAL_FAIL,
     NAME,
-    RESULTS,
     RTRL,
     STAGE_INSUFFICIENT,
     base_checkpoint,
-    commit_result,
+    condition,
     deployment,
+    events,
     rlcycle,
+    script_all,
+    setup_namespace,
+    status,
+    wait_phase,
 )
-from tests.integration.job_runner import Fail, JobRunner, Succeed
-
-from rtrl.api.checkpoint import Checkpoint
-from rtrl.api.rlcycle import RLCycle
+from tests.integration.job_runner import Fail, JobRunner
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def script_all(runner: JobRunner, scratch: Path, **overrides: Any) -> None:
-    """Every step succeeds with its canned result unless ``overrides`` says otherwise
-    (a result dict, or an Outcome such as Fail())."""
-    for step in ("stage", "train", "eval", "analyze"):
-        outcome = overrides.get(step, RESULTS[step])
-        if isinstance(outcome, dict):
-            outcome = Succeed(before=commit_result(step, outcome, scratch / "results"))
-        runner.script(f"*-{step}-*", outcome)
-
-
-def status(kube_api: KubeAPI, kind: str, name: str) -> dict[str, Any]:
-    return (kube_api.get(RTRL, kind, name) or {}).get("status") or {}
-
-
-def condition(kube_api: KubeAPI, type_: str) -> dict[str, Any]:
-    conditions = status(kube_api, "RLCycle", NAME).get("conditions") or []
-    return next((c for c in conditions if c["type"] == type_), {})
-
-
-def events(kube_api: KubeAPI) -> list[tuple[str, str, str]]:
-    return [
-        (e["involvedObject"]["name"], e["reason"], e.get("message") or "")
-        for e in kube_api.list("v1", "Event")
-    ]
-
-
-def setup_namespace(kube_api: KubeAPI, root: Path, **spec: Any) -> None:
-    kube_api.create(deployment(root))
-    kube_api.create(base_checkpoint(root))
-    kube_api.create(rlcycle(root, **spec))
-
-
-def wait_phase(kube_api: KubeAPI, kind: str, name: str, phase: str, timeout: float = 30) -> None:
-    kube_api.wait_for(
-        lambda: status(kube_api, kind, name).get("phase") == phase,
-        timeout=timeout,
-        message=lambda: f"{kind}/{name} phase {phase}; status: {status(kube_api, kind, name)}",
-    )
 
 
 def test_a_cycle_ends_promoted_with_every_status_field_and_condition(

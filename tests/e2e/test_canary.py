@@ -12,21 +12,25 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+
+from rtrl.planning.timeutil import parse_time
+from rtrl.shards import write_shards
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import ANALYSIS_ROLLBACK, NAME, RTRL, base_uri, rlcycle
-from tests.integration.job_runner import Hang, JobRunner, Run
-from tests.integration.test_operator import (
+from tests.integration.cycle_world import (
+    ANALYSIS_ROLLBACK,
+    NAME,
+    RTRL,
+    base_uri,
     condition,
     events,
+    rlcycle,
     script_all,
     setup_namespace,
     status,
     wait_phase,
 )
+from tests.integration.job_runner import Hang, JobRunner, Run
 from tests.trainer.helpers import rows
-
-from rtrl.planning.timeutil import parse_time
-from rtrl.shards import write_shards
 
 pytestmark = pytest.mark.timeout(120)
 CKPT = "composer-1"

@@ -1,6 +1,6 @@
-"""``rtrl operator`` as the process a Deployment runs: its liveness endpoint, and two
-replicas sharing a KopfPeering, of which exactly one acts while the other stands by and
-takes over when the active one dies."""
+"""``rtrl operator`` as the process a Deployment runs, on the real control plane: its
+liveness endpoint, and two replicas sharing a KopfPeering, of which exactly one acts while
+the other stands by and takes over when the active one dies."""
 
 from __future__ import annotations
 
@@ -14,11 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.cluster.tools import Cli
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import NAME, RTRL, base_checkpoint, deployment, rlcycle
+from tests.integration.cycle_world import (
+    NAME,
+    RTRL,
+    base_checkpoint,
+    deployment,
+    rlcycle,
+    script_all,
+    status,
+)
 from tests.integration.job_runner import JobRunner
-from tests.integration.test_operator import script_all, status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +76,10 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(kube_api: KubeAPI, tmp_path: Path) -> Iterator[list[Replica]]:
+def replicas(kube_api: KubeAPI, admin: Cli, tmp_path: Path) -> Iterator[list[Replica]]:
+    # kopf's peering CRDs, as the chart installs them for more than one replica
+    admin.kubectl("apply", "-f", "charts/rtrl-operator/files/kopf-peering-crds.yaml")
+    admin.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
     kube_api.create(
         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rtrl"}}
     )
