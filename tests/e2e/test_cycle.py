@@ -108,6 +108,32 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     kube.wait_for(lambda: serving_uri(kube) == checkpoint(kube, "composer-0")["spec"]["uri"],
                   timeout=60, message=why)  # fmt: skip
 
-    table = admin.kubectl("get", "rlc,ckpt", "-n", ns).stdout
-    print(table)
+    # What a platform engineer reads: kubectl get (the printer columns) and kubectl rtrl.
+    rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
+    assert rows[0] == ["NAME", "PHASE", "CYCLE", "PARENT", "EVAL", "AGE"]
+    assert rows[1][:2] == ["composer-0", "Superseded"], rows  # registered by hand: no cycle
+    assert [row[:5] for row in rows[2:]] == [
+        ["composer-1", "RolledBack", "1", "composer-0", "Passed"],
+        ["composer-2", "RolledBack", "2", "composer-1", "Passed"],
+    ], rows
+    kube.wait_for(lambda: (kube.get(RTRL, "RLCycle", NAME) or {})["status"]["phase"] == "Idle",
+                  timeout=60, message=why)  # fmt: skip
+    _, row = admin.kubectl("get", "rlc", "-n", ns).stdout.splitlines()
+    assert row.split()[:3] == [NAME, "Idle", "composer-0"], row
+    history = admin.kubectl("rtrl", "history", NAME, "-n", ns).stdout
+    assert history.index("composer-2") < history.index("composer-1") < history.index("composer-0")
+    assert "Serving:        composer-0" in admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
+
+    # Pin a checkpoint by hand (the GitOps way, through the plugin), then leave the pin.
+    admin.kubectl("rtrl", "rollback", NAME, "--to", "composer-1", "-n", ns)
+    kube.wait_for(lambda: serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"],
+                  timeout=60, message=why)  # fmt: skip
+    kube.wait_for(lambda: (kube.get(RTRL, "RLCycle", NAME) or {})["status"]["phase"] == "Pinned",
+                  timeout=30, message=why)  # fmt: skip
+    admin.kubectl("rtrl", "pause", NAME, "-n", ns)
+    admin.kubectl("rtrl", "resume", NAME, "--unpin", "-n", ns)
+    spec = (kube.get(RTRL, "RLCycle", NAME) or {})["spec"]
+    assert "pin" not in spec and spec["suspend"] is False
+    refused = admin.kubectl("rtrl", "promote", NAME, "-n", ns, check=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: ")
     assert operator.stop() == 0, operator.output()
