@@ -7,6 +7,7 @@ for a developer to poke with kubectl, helm or ``rtrl operator`` until Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import tempfile
@@ -28,10 +29,8 @@ def main(argv: list[str]) -> int:
     with ControlPlane(root, binaries) as cp, Kubelet(cp, root / "kubelet"):
         print(f"kube-apiserver {cp.version} at {cp.url}, ready in {cp.startup_seconds:.1f}s")
         print(f"export KUBECONFIG={cp.admin_kubeconfig}", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-        except KeyboardInterrupt:
-            pass
     return 0
 
 
