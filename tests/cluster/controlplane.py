@@ -16,7 +16,8 @@ account (``--use-service-account-credentials``), so they run under the API serve
 bootstrap RBAC.
 
 :meth:`ControlPlane.stop` ends the processes by pid (SIGTERM, then SIGKILL), and so does an
-``atexit`` hook when a test run dies before the fixture's teardown.
+``atexit`` hook when a test run dies before the fixture's teardown; a run killed outright
+takes them along (each is started with a parent-death signal).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import http.client
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -52,6 +54,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 # Controllers the tests rely on are in kube-controller-manager's default set ("*"); the ones
 # that need a cloud or node CIDRs skip themselves.
 CONTROLLERS = "*"
+DIE_WITH_PARENT = shutil.which("setpriv")  # util-linux
 
 
 class ControlPlaneError(RuntimeError):
@@ -72,6 +75,14 @@ def binaries_dir() -> Path | None:
         key=lambda p: p.stat().st_mtime,
     )
     return builds[-1] if builds else None
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that it is killed when the thread that starts it dies: a test run
+    killed outright reaches neither its teardown nor its atexit hook. SIGKILL: with etcd
+    gone, the API server's graceful shutdown would wait for ever. (util-linux's setpriv, not
+    ``preexec_fn``, which is unsafe where threads run.)"""
+    return [DIE_WITH_PARENT, "--pdeathsig", "KILL", "--", *argv] if DIE_WITH_PARENT else argv
 
 
 def free_port() -> int:
@@ -366,6 +377,7 @@ class ControlPlane:
         return path
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        argv = die_with_parent(argv)
         log = self.root / "logs" / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(

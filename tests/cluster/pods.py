@@ -52,6 +52,7 @@ from typing import Any
 
 from rtrl.local.jobs import expand_vars
 from rtrl.local.jobs import rewrite as rewrite_for_local
+from tests.cluster.controlplane import die_with_parent
 
 BIN = Path(sys.executable).parent
 TERMINATION_TAIL_LINES = 20
@@ -345,7 +346,7 @@ class PodRunner:
             log.flush()
             try:
                 proc = subprocess.Popen(
-                    argv,
+                    die_with_parent(argv),
                     env=env,
                     cwd=workdir,
                     stdin=subprocess.DEVNULL,

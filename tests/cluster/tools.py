@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.cluster.controlplane import REPO, ControlPlane
+from tests.cluster.controlplane import REPO, ControlPlane, die_with_parent
 
 TOOLS_BIN = REPO / ".tools" / "bin"
 
@@ -104,8 +104,9 @@ class OperatorProcess:
         argv = [os.fspath(rtrl), "operator", *args, "--log-format", "text"]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=work
-            )
+                die_with_parent(argv), stdout=out, stderr=subprocess.STDOUT, env=environment,
+                cwd=work,
+            )  # fmt: skip
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
