@@ -27,7 +27,7 @@ def run_demo(out: Path, scenario: str) -> dict[str, Any]:
     subprocess.run(
         [str(rtrl), "demo", *SHORT, "--scenario", scenario, "--quiet", "--out", str(out)],
         check=True,
-        timeout=900,  # ~1 minute on 2 idle cores; generous for a loaded machine
+        timeout=900,  # ~1.5 minutes on 2 idle cores; generous for a loaded machine
     )
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     assert summary["scenario"] == scenario and len(summary["cycles"]) == 1

@@ -9,19 +9,28 @@ serving log-probs, exactly as the logging pipeline would (``checkpoint=<id>/date
 ``--base-out URI`` instead builds the demo's base model: a tiny GPT-2 pre-trained on the
 task format (plausible actions, ignorant of the users' preferences), committed like a
 checkpoint.
+
+``--requests`` keeps one process up for many of those runs, as a serving fleet stays up
+between the demo's ticks: each line on stdin is a JSON request ``{"argv": [...], "log":
+PATH}`` (``argv``: this command's arguments), run with its output in ``log``, answered by a
+line ``{"exit": N}`` on stdout. torch and transformers are imported once instead of for every
+tick, most of what a tick of a tiny model costs; the answers are the same as a process per
+run would give, since every run seeds its own generators.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
 import tempfile
+import traceback
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rtrl.api.common import parse_duration
 from rtrl.store import open_store
@@ -45,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--population-seed", type=int, help="users (default: --seed)")
     parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument(
+        "--requests",
+        action="store_true",
+        help='run the JSON requests on stdin, one per line: {"argv": [...], "log": PATH}',
+    )
 
 
 def _parse_arm(text: str) -> tuple[str, str]:
@@ -250,7 +264,51 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_requests(requests: IO[str]) -> int:
+    """``--requests``: run each request's ``argv`` as this command would, in this process,
+    its stdout and stderr (the file descriptors, so native libraries' output too) sent to
+    its ``log``; answer each on the original stdout, which nothing else writes to."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    parser = argparse.ArgumentParser(prog="rtrl-job serve")
+    add_arguments(parser)
+    for line in requests:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        code = _run_request(parser, [str(a) for a in request["argv"]], Path(request["log"]))
+        replies.write(json.dumps({"exit": code}) + "\n")
+    return 0
+
+
+def _run_request(parser: argparse.ArgumentParser, argv: list[str], log: Path) -> int:
+    saved = os.dup(1), os.dup(2)
+    with log.open("ab") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            args = parser.parse_args(argv)
+            if args.requests:
+                print("rtrl-job serve: a request cannot hold --requests", file=sys.stderr)
+                return 2
+            return run(args)
+        except SystemExit as exc:  # argparse's usage errors
+            return exc.code if isinstance(exc.code, int) else 2
+        except Exception:
+            traceback.print_exc()
+            return 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.requests:
+        return serve_requests(sys.stdin)
     if args.base_out:
         build_base(args.base_out, args.seed, args.pretrain_steps)
         return 0

@@ -27,6 +27,7 @@ from rtrl.planning.timeutil import iso
 from rtrl.store import read_committed_json
 
 from .cluster import LocalCluster
+from .fleet import ServingFleet
 from .jobs import BIN, run_pod
 
 NAME = "demo"
@@ -215,24 +216,29 @@ class Demo:
             "OMP_NUM_THREADS": str(min(2, os.cpu_count() or 1)),
         }
         self.serve_calls = 0
+        self.fleet = ServingFleet(self.env, self.work)
         self.tick = timedelta(minutes=args.tick_minutes)
         self.reported: set[str] = set()
 
     # Steps run as subprocesses ----------------------------------------------------------
 
     def job(self, argv: list[str], label: str, kind: str) -> None:
+        name = f"{kind}-{self.serve_calls}"
         manifest = {
-            "metadata": {"name": f"{kind}-{self.serve_calls}"},
+            "metadata": {"name": name},
             "spec": {"template": {"spec": {"containers": [{"command": argv}]}}},
         }
         self.serve_calls += 1
-        result = run_pod(
-            manifest,
-            lambda _: None,
-            self.work / "logs",
-            extra_env=self.env,
-            on_tick=lambda s: self.progress.tick(label, kind, s),
-        )
+
+        def tick(seconds: float) -> None:
+            self.progress.tick(label, kind, seconds)
+
+        if argv[:2] == ["rtrl-job", "serve"]:
+            log = self.work / "logs" / f"{name}-0.log"
+            result = self.fleet.run(argv[2:], log, on_tick=tick)
+        else:
+            result = run_pod(manifest, lambda _: None, self.work / "logs", extra_env=self.env,
+                             on_tick=tick)  # fmt: skip
         self.progress.done(label, kind, result.seconds, result.exit_code == 0)
         self.timings[kind] = self.timings.get(kind, 0.0) + result.seconds
         if result.exit_code:
@@ -387,6 +393,12 @@ class Demo:
             f"rtrl demo: scenario {self.args.scenario}: {SCENARIOS[self.args.scenario]}",
             file=sys.stderr,
         )
+        try:
+            return self._run(started)
+        finally:
+            self.fleet.close()
+
+    def _run(self, started: float) -> dict[str, Any]:
         self.setup()
         deadline = T0 + timedelta(hours=8 * self.args.cycles)
         while len(self.finished_cycles()) < self.args.cycles and self.cluster.now < deadline:

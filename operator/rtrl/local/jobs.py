@@ -72,6 +72,12 @@ def tail(path: Path, lines: int = 20, limit: int = 4096) -> str:
     return b"".join(data.splitlines(keepends=True)[-lines:])[-limit:].decode(errors="replace")
 
 
+def pod_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a pod's process inherits from this one, plus ``extra_env``."""
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "TORCH_EXTENSIONS_DIR") if k in os.environ}
+    return env | dict(extra_env or {})
+
+
 def run_pod(
     job: dict[str, Any],
     config_maps: Callable[[str], dict[str, str] | None],
@@ -117,10 +123,7 @@ def run_pod(
             key=lambda m: len(m[0]),
             reverse=True,
         )
-        env = {
-            k: os.environ[k] for k in ("PATH", "HOME", "TORCH_EXTENSIONS_DIR") if k in os.environ
-        }
-        env |= dict(extra_env or {})
+        env = pod_env(extra_env)
         if job["spec"].get("completionMode") == "Indexed":
             env["JOB_COMPLETION_INDEX"] = str(index)
         for var in container.get("env") or []:

@@ -1,0 +1,75 @@
+"""The demo's serving fleet (``rtrl-job serve --requests`` behind
+:class:`rtrl.local.fleet.ServingFleet`): one process answers many ticks, each as a process of
+its own would, and a bad or crashed request fails that request only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from rtrl.local.fleet import ServingFleet
+
+ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+RTRL_JOB = Path(sys.executable).parent / "rtrl-job"
+
+
+def rows(root: Path) -> list[dict[str, object]]:
+    files = sorted(root.rglob("*.parquet"))
+    assert files, f"no shards under {root}"
+    return [row for path in files for row in pq.read_table(path).to_pylist()]
+
+
+def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> None:
+    fleet = ServingFleet(ENV, tmp_path / "fleet")
+    base = (tmp_path / "store" / "base").as_uri() + "/"
+    try:
+        built = fleet.run([f"--base-out={base}", "--pretrain-steps=3"], tmp_path / "base.log")
+        assert built.exit_code == 0, built.message
+        tick = [f"--serving=demo-0={base}", "--users=40", "--start=2026-01-05T06:00:00Z",
+                "--duration=3600s", "--seed=5"]  # fmt: skip
+        first = fleet.run([f"--shards={(tmp_path / 'a').as_uri()}/", *tick], tmp_path / "a.log")
+        again = fleet.run([f"--shards={(tmp_path / 'b').as_uri()}/", *tick], tmp_path / "b.log")
+        assert first.exit_code == again.exit_code == 0, (first.message, again.message)
+        assert "served" in (tmp_path / "a.log").read_text()
+    finally:
+        fleet.close()
+    alone = subprocess.run(
+        [str(RTRL_JOB), "serve", f"--shards={(tmp_path / 'c').as_uri()}/", *tick],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert rows(tmp_path / "a") == rows(tmp_path / "b") == rows(tmp_path / "c")
+
+
+def test_a_bad_request_fails_alone_and_a_dead_fleet_is_restarted(tmp_path: Path) -> None:
+    fleet = ServingFleet(ENV, tmp_path / "fleet")
+    try:
+        missing = fleet.run(["--users=3"], tmp_path / "missing.log")
+        assert missing.exit_code == 2
+        assert "--shards, --serving and --start are required" in missing.message
+        unknown = fleet.run(["--no-such-flag"], tmp_path / "unknown.log")
+        assert unknown.exit_code == 2 and "unrecognized arguments" in unknown.message
+        nested = fleet.run(["--requests"], tmp_path / "nested.log")
+        assert nested.exit_code == 2 and "cannot hold --requests" in nested.message
+        first = fleet.proc
+        assert first is not None and first.poll() is None, "still the same process"
+
+        # Killed mid-request (an OOM kill, say): that request fails, naming the fleet.
+        slow = ["--base-out=" + (tmp_path / "slow").as_uri() + "/", "--pretrain-steps=100000"]
+        threading.Timer(3.0, lambda: os.kill(first.pid, signal.SIGKILL)).start()
+        killed = fleet.run(slow, tmp_path / "slow.log")
+        assert killed.exit_code == 1 and "the serving fleet exited -9" in killed.message
+        again = fleet.run(["--users=3"], tmp_path / "again.log")
+        assert again.exit_code == 2 and fleet.proc is not first
+    finally:
+        fleet.close()
+    assert fleet.proc is None
