@@ -62,7 +62,7 @@ def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[st
         minTokens=100, maxBadFraction=0.05,
     )  # fmt: skip
     spec["training"].update(
-        precision="fp32", zeroStage=0, learningRate=1e-3, batchTokens=512, microBatchSize=8,
+        precision="fp32", zeroStage=0, learningRate=1e-3, batchTokens=2048, microBatchSize=32,
         maxSequenceLength=64, activationCheckpointing=False,
     )  # fmt: skip
     spec["eval"] = {"suites": ["replay"], "gates": [{"metric": "replay.kl", "maxRegression": 5}]}
