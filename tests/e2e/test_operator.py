@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from rtrl.api.yamlfile import load
 from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Hang, Kubelet
 from tests.cluster.tools import Cli, OperatorProcess
+from tests.conftest import REPO
+from tests.contract.mutants import MODEL_ONLY, set_at
 from tests.e2e.world import set_up
 from tests.integration.cycle_world import NAME, RTRL
 
@@ -88,6 +91,31 @@ def test_a_child_the_server_rejects_is_invalid_spec_until_fixed(
     )
     kube.wait_for(lambda: kube.get("batch/v1", "Job", "composer-1-train-0"), timeout=60)
     assert "InvalidSpec" not in rlcycle_status(kube)["message"]
+
+
+@pytest.mark.parametrize("label", sorted(MODEL_ONLY))
+def test_what_only_the_models_reject_is_invalid_spec(
+    label: str, kube: KubeAPI, node: Kubelet, rtrl_operator: Callable[..., OperatorProcess]
+) -> None:
+    """The rules the CRD cannot express (docs/validation.md): the server stores such an
+    RLCycle, the operator marks it InvalidSpec naming the field, and starts nothing."""
+    path, value = MODEL_ONLY[label]
+    body = set_at(load((REPO / "examples" / "rlcycle.yaml").read_text()), path, value)
+    body["metadata"].pop("namespace", None)
+    kube.create(body)
+    operator = rtrl_operator()
+    invalid = kube.wait_for(
+        lambda: (
+            condition(kube, "InvalidSpec").get("status") == "True"
+            and condition(kube, "InvalidSpec")
+        ),
+        timeout=60,
+        message=operator.output,
+    )
+    assert invalid["reason"] == "SpecInvalid", invalid
+    assert ".".join(path[1:]) in invalid["message"], invalid
+    assert rlcycle_status(kube)["phase"] == "Invalid"
+    assert not kube.list("batch/v1", "Job") and not kube.list(RTRL, "Checkpoint")
 
 
 def test_deleting_an_rlcycle_mid_training_removes_its_children_not_its_artifacts(
