@@ -49,6 +49,18 @@ def condition(kube: KubeAPI, kind: str) -> dict[str, Any]:
     return next((c for c in conditions if c["type"] == kind), {})
 
 
+def invalid_spec(kube: KubeAPI, operator: OperatorProcess, timeout: float) -> dict[str, Any]:
+    """The RLCycle's InvalidSpec condition, once it is True."""
+    return kube.wait_for(
+        lambda: (
+            condition(kube, "InvalidSpec").get("status") == "True"
+            and condition(kube, "InvalidSpec")
+        ),
+        timeout=timeout,
+        message=operator.output,
+    )
+
+
 def test_a_child_the_server_rejects_is_invalid_spec_until_fixed(
     kube: KubeAPI,
     node: Kubelet,
@@ -66,14 +78,7 @@ def test_a_child_the_server_rejects_is_invalid_spec_until_fixed(
     }  # fmt: skip
     set_up(kube, tmp_path / "store", tmp_path, training=training)
     operator = rtrl_operator(env={"RTRL_RESYNC_SECONDS": "30"})
-    invalid = kube.wait_for(
-        lambda: (
-            condition(kube, "InvalidSpec").get("status") == "True"
-            and condition(kube, "InvalidSpec")
-        ),
-        timeout=120,
-        message=operator.output,
-    )
+    invalid = invalid_spec(kube, operator, timeout=120)
     assert invalid["reason"] == "RejectedByAPIServer", invalid
     assert "Job composer-1-train-0" in invalid["message"], invalid
     assert "nodeSelector" in invalid["message"] and "gpu nodes" in invalid["message"], invalid
@@ -104,14 +109,7 @@ def test_what_only_the_models_reject_is_invalid_spec(
     body["metadata"].pop("namespace", None)
     kube.create(body)
     operator = rtrl_operator()
-    invalid = kube.wait_for(
-        lambda: (
-            condition(kube, "InvalidSpec").get("status") == "True"
-            and condition(kube, "InvalidSpec")
-        ),
-        timeout=60,
-        message=operator.output,
-    )
+    invalid = invalid_spec(kube, operator, timeout=60)
     assert invalid["reason"] == "SpecInvalid", invalid
     assert ".".join(path[1:]) in invalid["message"], invalid
     assert rlcycle_status(kube)["phase"] == "Invalid"
