@@ -292,8 +292,8 @@ def _run_request(parser: argparse.ArgumentParser, argv: list[str], log: Path) ->
                 print("rtrl-job serve: a request cannot hold --requests", file=sys.stderr)
                 return 2
             return run(args)
-        except SystemExit as exc:  # argparse's usage errors
-            return exc.code if isinstance(exc.code, int) else 2
+        except SystemExit as exc:  # argparse's usage errors (2), or an exit of the step's
+            return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         except Exception:
             traceback.print_exc()
             return 1
