@@ -125,13 +125,15 @@ class KubeAPI:
     @staticmethod
     def wait_for(
         predicate: Callable[[], T],
-        timeout: float = 10.0,
-        interval: float = 0.02,
+        timeout: float = 30.0,
+        interval: float = 0.05,
         message: str | Callable[[], str] = "",
     ) -> T:
         """Poll until ``predicate()`` is truthy and return that value; fail after ``timeout``.
 
         ``message`` (or a callable that builds it, e.g. dumping the state) explains a timeout.
+        The default is generous for a real server on a loaded 2-core machine (a cycle of
+        scripted steps once took 10 s there); only a failing wait ever takes that long.
         """
         deadline = time.monotonic() + timeout
         while True:

@@ -54,7 +54,11 @@ def test_canary_steps_then_promotes(
         "*-analyze-0-*", Succeed(before=commit_result("analyze", wait, tmp_path / "results"))
     )
     setup_namespace(kube_api, tmp_path)
-    kube_api.wait_for(lambda: kube_api.get("apps/v1", "Deployment", "composer-vllm-canary"))
+    kube_api.wait_for(
+        lambda: kube_api.get("apps/v1", "Deployment", "composer-vllm-canary"),
+        timeout=60,  # stage, train and eval first
+        message=lambda: f"no canary; checkpoint: {status(kube_api, 'Checkpoint', CKPT)}",
+    )
     canary = kube_api.get("apps/v1", "Deployment", "composer-vllm-canary")
     assert canary is not None
     env = {
