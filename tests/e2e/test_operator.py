@@ -17,7 +17,7 @@ from tests.cluster.tools import Cli, OperatorProcess
 from tests.conftest import REPO
 from tests.contract.mutants import MODEL_ONLY, set_at
 from tests.e2e.world import set_up
-from tests.integration.cycle_world import NAME, RTRL
+from tests.integration.cycle_world import NAME, RTRL, condition
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,11 +42,6 @@ def test_one_namespace_under_the_clusterwide_chart(
         if "403" in line or "Forbidden" in line or "permission" in line.lower()
     ]  # fmt: skip
     assert forbidden == [], "\n".join(forbidden)
-
-
-def condition(kube: KubeAPI, kind: str) -> dict[str, Any]:
-    conditions = rlcycle_status(kube).get("conditions") or []
-    return next((c for c in conditions if c["type"] == kind), {})
 
 
 def invalid_spec(kube: KubeAPI, operator: OperatorProcess, timeout: float) -> dict[str, Any]:
