@@ -97,6 +97,8 @@ def _handpicked() -> Iterator[tuple[str, Json]]:
             [{"metric": "behaviour.edit_rate", "maxRegression": 0.1}],
         ),
         "suites-duplicate": (("spec", "eval", "suites"), ["tasks", "tasks"]),
+        "suites-all": (("spec", "eval", "suites"), ["replay", "tasks", "behaviour", "humaneval"]),
+        "gates-none": (("spec", "eval", "gates"), []),
         "reward-zero": (
             ("spec", "reward"),
             {"editPersisted": 0, "dissatisfiedFollowup": 0, "latency": 0, "invalidToolCall": 0},

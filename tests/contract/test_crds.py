@@ -157,7 +157,7 @@ def test_cel_rules_compile_and_lists_they_walk_are_bounded(kind: str) -> None:
 def test_eval_gates_rule_walks_bounded_lists() -> None:
     eval_spec = openapi_schema(RESOURCES["RLCycle"])["properties"]["spec"]["properties"]["eval"]
     assert eval_spec["properties"]["gates"]["maxItems"] == 64
-    assert eval_spec["properties"]["suites"]["maxItems"] == 3
+    assert eval_spec["properties"]["suites"]["maxItems"] == 4  # each suite once
     assert eval_spec["properties"]["gates"]["items"]["properties"]["metric"]["maxLength"] == 128
 
 

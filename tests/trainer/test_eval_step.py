@@ -1,5 +1,6 @@
 """The eval step end to end on tiny GPT-2 checkpoints on CPU: a checkpoint against itself
-passes every gate, a copy with large weight noise fails the replay gates, eval.json has
+passes every gate, a copy with large weight noise fails the replay gates (the default
+gates too, when ``eval.gates`` is unset; ``gates: []`` turns them off), eval.json has
 the documented structure, the parent's results are cached, and the step exits non-zero
 only when it cannot evaluate. The held-out set comes from the real stage step."""
 
@@ -85,15 +86,16 @@ def _uri(path: Path) -> str:
 
 
 def _eval(
-    world: dict[str, Any], candidate: str, out: str, *extra: str
+    world: dict[str, Any], candidate: str, out: str, *extra: str, config: Path | None = None
 ) -> tuple[int, dict[str, Any]]:
     root = world["root"]
+    config = config or world["config"]
     out_dir = root / "cycles" / "2" / out
     code = main(
         [
             "eval", "--candidate", _uri(root / "models" / candidate),
             "--parent", _uri(root / "models" / "ckpt-1"), "--out", _uri(out_dir),
-            "--heldout", _uri(world["stage"]), "--config", str(world["config"]), *extra,
+            "--heldout", _uri(world["stage"]), "--config", str(config), *extra,
         ]
     )  # fmt: skip
     result = out_dir / "eval.json"
@@ -141,6 +143,7 @@ def test_a_checkpoint_against_itself_passes_every_gate(world: dict[str, Any]) ->
     assert code == 0
     assert doc["passed"] is True and doc["verdict"] == "Passed"
     assert len(doc["gates"]) == 6 and all(g["passed"] for g in doc["gates"])
+    assert doc["gates_source"] == "spec" and len(doc["gates_effective"]) == 6
     for metric in doc["metrics"]:
         if metric["difference"] is not None:
             assert metric["difference"] == pytest.approx(0.0, abs=1e-6), metric
@@ -175,6 +178,48 @@ def test_large_weight_noise_fails_the_replay_gates(world: dict[str, Any]) -> Non
     kl = next(g for g in doc["gates"] if g["metric"] == "replay.kl")
     assert kl["candidate"] > 0.05 and kl["ci_low"] > 0.05
     assert "replay.kl" in doc["message"]
+
+
+def _eval_with(world: dict[str, Any], candidate: str, out: str, eval_doc: str) -> dict[str, Any]:
+    """``_eval`` with another ``eval`` section (the same evaluator settings)."""
+    config = world["tmp"] / f"{out}.yaml"
+    config.write_text(f"eval: {eval_doc}\n" + CONFIG[CONFIG.index("evaluator:") :])
+    code, doc = _eval(world, candidate, out, config=config)
+    assert code == 0  # the verdict is data
+    return doc
+
+
+def test_unset_gates_are_the_defaults_and_fail_a_drifted_candidate(
+    world: dict[str, Any],
+) -> None:
+    doc = _eval_with(world, "noisy", "eval-default-gates", "{suites: [replay]}")
+    assert doc["gates_source"] == "default"
+    assert doc["gates_effective"] == [
+        {"metric": "replay.kl", "maxRegression": 0.05, "mode": "absolute"}
+    ]
+    assert doc["passed"] is False and [g["metric"] for g in doc["gates"]] == ["replay.kl"]
+    kl = doc["gates"][0]
+    assert kl["ci_low"] > 0.05 and kl["passed"] is False
+    assert doc["message"] == "failed gate(s): replay.kl"
+
+
+def test_the_default_gates_of_the_default_suites_pass_an_unchanged_candidate(
+    world: dict[str, Any],
+) -> None:
+    doc = _eval_with(world, "same", "eval-default-suites", "{}")
+    assert doc["gates_source"] == "default" and doc["passed"] is True
+    judged = [g["metric"] for g in doc["gates"]]
+    unjudged = [g["metric"] for g in doc["gates_not_judged"]]  # no tool calls: no validity
+    assert sorted(judged + unjudged) == [
+        "behaviour.tool_call_validity", "replay.kl", "tasks.pass_at_1"
+    ]  # fmt: skip
+    assert {"replay.kl", "tasks.pass_at_1"} <= set(judged)
+
+
+def test_an_empty_gate_list_turns_the_gates_off(world: dict[str, Any]) -> None:
+    doc = _eval_with(world, "noisy", "eval-no-gates", "{suites: [replay], gates: []}")
+    assert doc["gates_source"] == "spec" and doc["gates_effective"] == []
+    assert doc["passed"] is True and doc["gates"] == []
 
 
 def test_the_parents_results_are_cached_and_reused(world: dict[str, Any]) -> None:

@@ -393,11 +393,12 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                     parent_metrics += _behaviour(parent, prompts, options)
                 details["behaviour"] = {"prompts": len(prompts), "tools": sorted(behaviour.TOOLS)}
             timing[f"{name}_seconds"] = time.perf_counter() - start
+        gates, gates_source = config.spec.effective_gates()
         try:
             compared = judge(
                 cand_metrics,
                 parent_metrics,
-                config.spec.gates,
+                gates,
                 alpha=config.spec.alpha,
                 resamples=options.resamples,
                 seed=options.seed,
@@ -465,6 +466,9 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             "metrics": [{k: v for k, v in d.items() if k != "gate"} for d in compared],
             "gates": gate_docs,
             "gates_not_judged": unjudged,
+            # "default": spec.eval.gates unset, the suites' default gates were judged.
+            "gates_source": gates_source,
+            "gates_effective": [g.to_k8s() for g in gates],
             "parent_cache": {
                 "key": key,
                 "hit": cached is not None,

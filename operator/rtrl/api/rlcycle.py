@@ -304,6 +304,7 @@ class EvalSuite(StrEnum):
     REPLAY = "replay"
     TASKS = "tasks"
     BEHAVIOUR = "behaviour"
+    HUMANEVAL = "humaneval"
 
 
 class RegressionMode(StrEnum):
@@ -326,8 +327,27 @@ class EvalGate(ApiModel):
     )
 
 
+GatesSource = Literal["default", "spec"]
+
+# The gates a candidate must pass when ``spec.eval.gates`` is unset: one per suite, on the
+# metric that suite exists to protect (see EvalSpec.effective_gates). Absolute thresholds.
+DEFAULT_GATES: dict[EvalSuite, tuple[tuple[str, float], ...]] = {
+    # The trust region: KL(candidate || parent) in nats per token; the parent's own KL is 0.
+    EvalSuite.REPLAY: (("replay.kl", 0.05),),
+    # At most one point of pass@1 lost on the sandboxed coding tasks.
+    EvalSuite.TASKS: (("tasks.pass_at_1", 0.01),),
+    EvalSuite.HUMANEVAL: (("humaneval.pass_at_1", 0.01),),
+    # Valid tool calls / tool calls: half a point; broken calls break users' sessions.
+    EvalSuite.BEHAVIOUR: (("behaviour.tool_call_validity", 0.005),),
+}
+
+
 class EvalSpec(ApiModel):
-    """Suites a candidate runs before any user sees it, and the gates it must pass."""
+    """Suites a candidate runs before any user sees it, and the gates it must pass.
+
+    ``gates`` unset means the default gates of the configured suites (``DEFAULT_GATES``);
+    ``gates: []`` means no gates, an explicit choice.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -346,12 +366,17 @@ class EvalSpec(ApiModel):
     suites: list[EvalSuite] = Field(
         default_factory=lambda: [EvalSuite.REPLAY, EvalSuite.TASKS, EvalSuite.BEHAVIOUR],
         min_length=1,
-        max_length=3,
+        max_length=len(EvalSuite),
         json_schema_extra={"x-kubernetes-list-type": "set"},
-        description="Suites to run: replay, tasks, behaviour.",
+        description="Suites to run: replay, tasks, behaviour, humaneval "
+        "(default: replay, tasks, behaviour).",
     )
-    gates: list[EvalGate] = Field(
-        default_factory=list, max_length=64, description="Regression gates."
+    gates: list[EvalGate] | None = Field(
+        None,
+        max_length=64,
+        description="Regression gates. Unset: the default gates of the configured suites "
+        "(replay.kl 0.05, tasks.pass_at_1 0.01, humaneval.pass_at_1 0.01, "
+        "behaviour.tool_call_validity 0.005, all absolute); [] for no gates.",
     )
     alpha: float = Field(
         0.05, gt=0, le=0.5, description="Significance level of the gates' bootstrap test."
@@ -366,9 +391,11 @@ class EvalSpec(ApiModel):
 
     @field_validator("gates")
     @classmethod
-    def _gates_use_suites(cls, gates: list[EvalGate], info: ValidationInfo) -> list[EvalGate]:
+    def _gates_use_suites(
+        cls, gates: list[EvalGate] | None, info: ValidationInfo
+    ) -> list[EvalGate] | None:
         suites = info.data.get("suites")
-        if suites is None:  # suites itself was invalid and is reported
+        if gates is None or suites is None:  # unset: the defaults; suites invalid: reported
             return gates
         for i, gate in enumerate(gates):
             suite = gate.metric.split(".", 1)[0]
@@ -379,6 +406,24 @@ class EvalSpec(ApiModel):
                     f"{', '.join(map(str, suites))}"
                 )
         return gates
+
+    def effective_gates(self) -> tuple[list[EvalGate], GatesSource]:
+        """The gates the eval step judges, and where they come from.
+
+        ``gates`` unset (None) gives ``DEFAULT_GATES`` of exactly the configured suites
+        (source ``"default"``); a list, even an empty one, is used as written (``"spec"``).
+        Unset used to mean no gates, so an RLCycle that never thought about its gates
+        passed any candidate, however far it had drifted from its parent: a safe default
+        has to gate, and turning the gates off has to be written down (``gates: []``).
+        """
+        if self.gates is not None:
+            return list(self.gates), "spec"
+        gates = [
+            EvalGate(metric=metric, max_regression=threshold, mode=RegressionMode.ABSOLUTE)
+            for suite in self.suites
+            for metric, threshold in DEFAULT_GATES[EvalSuite(suite)]
+        ]
+        return gates, "default"
 
 
 class RolloutStep(ApiModel):

@@ -669,6 +669,8 @@ class _Planner:
             verdict="Passed" if doc["passed"] else "Failed", report=uri, gates=gates[:64] or None
         )
         message = str(doc.get("message") or summary.verdict)
+        if doc.get("gates_source") == "default":  # spec.eval.gates unset
+            message += " (default gates)"
         passed = bool(doc["passed"])
         phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", "EvalGatesFailed")
         self.patch_summary(
