@@ -16,11 +16,13 @@ How a pod spec maps onto this machine:
   ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``,
   ``status.podIP``, ``status.hostIP``); ``envFrom`` Secrets and ConfigMaps.
 - Volumes: ``configMap``, ``secret`` and ``downwardAPI`` volumes are written into a directory
-  per pod; ``projected`` volumes too, their ``serviceAccountToken`` sources from the
-  TokenRequest API when the runner has one (the real server's admission adds such a volume
-  to every pod that mounts its service-account token); ``emptyDir`` is an empty directory;
-  a ``persistentVolumeClaim`` is one directory per claim shared by the runner's pods;
-  ``hostPath`` is used as is. A volumeMount's ``mountPath`` (``subPath`` included) is
+  per pod (``items`` with their ``mode``, else the volume's ``defaultMode``, else 0644; a
+  key missing from an ``optional`` source is skipped; files are the runner's user's, as
+  it switches no users); ``projected`` volumes too, their ``serviceAccountToken`` sources
+  from the TokenRequest API when the runner has one (the real server's admission adds such
+  a volume to every pod that mounts its service-account token); ``emptyDir`` is an empty
+  directory; a ``persistentVolumeClaim`` is one directory per claim shared by the runner's
+  pods; ``hostPath`` is used as is. A volumeMount's ``mountPath`` (``subPath`` included) is
   **rewritten** to that directory wherever it starts an argument or an env value, or follows
   ``=`` in one (``--config=/etc/rtrl/step.json``). Paths a program builds itself from a mount
   path it did not receive this way are not rewritten.
@@ -153,25 +155,45 @@ class PodRunner:
         return str(simple[path])
 
     def _write_items(
-        self, target: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
+        self,
+        target: Path,
+        data: Mapping[str, str],
+        items: list[dict[str, Any]] | None,
+        *,
+        mode: int | None = None,
+        optional: bool = False,
     ) -> None:
+        """One file per item (every key without ``items``), with the item's ``mode``, else
+        ``mode`` (the volume's ``defaultMode``), else 0644, as the kubelet writes them. A
+        missing key fails the volume unless the source is ``optional`` (then it is skipped)."""
         for item in items or [{"key": k, "path": k} for k in data]:
             if item["key"] not in data:
+                if optional:
+                    continue
                 raise SetupError(f"key {item['key']!r} not found")
             path = target / item["path"]
             path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)  # a restarted container's copy may be read-only
             path.write_text(data[item["key"]])
+            path.chmod(item.get("mode", mode if mode is not None else 0o644))
 
     def _keyed_volume(
-        self, pod: dict[str, Any], source: Mapping[str, Any], kind: str, target: Path
+        self,
+        pod: dict[str, Any],
+        source: Mapping[str, Any],
+        kind: str,
+        target: Path,
+        mode: int | None = None,
     ) -> None:
         name = source.get("name") or source.get("secretName")
         data = self.keyed(kind, pod["metadata"]["namespace"], str(name))
+        optional = bool(source.get("optional"))
         if data is None:
-            if source.get("optional"):
+            if optional:
                 return
             raise SetupError(f"{kind} {name!r} not found")
-        self._write_items(target, data, source.get("items"))
+        mode = source.get("defaultMode", mode)
+        self._write_items(target, data, source.get("items"), mode=mode, optional=optional)
 
     def _downward_volume(
         self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
@@ -186,11 +208,12 @@ class PodRunner:
     def _projected_volume(
         self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
     ) -> None:
+        mode = source.get("defaultMode")
         for part in source.get("sources") or []:
             if "configMap" in part:
-                self._keyed_volume(pod, part["configMap"], "ConfigMap", target)
+                self._keyed_volume(pod, part["configMap"], "ConfigMap", target, mode)
             elif "secret" in part:
-                self._keyed_volume(pod, part["secret"], "Secret", target)
+                self._keyed_volume(pod, part["secret"], "Secret", target, mode)
             elif "downwardAPI" in part:
                 self._downward_volume(pod, part["downwardAPI"], target)
             elif "serviceAccountToken" in part:

@@ -658,9 +658,11 @@ def test_step_jobs_follow_the_contract() -> None:
     assert f"--out={ck['spec']['uri']}" in container["args"]
     env = {e["name"]: e for e in container["env"]}
     assert env["MASTER_ADDR"]["value"] == "composer-1-train-0-0.composer-1-train"
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
-        "name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"
-    }  # fmt: skip
+    # credentials as files of the Secret, not env (tests/unit/test_step_credentials.py)
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["RTRL_STORAGE_CREDENTIALS_DIR"]["value"] == ch.CREDENTIALS_MOUNT
+    assert {"name": "storage-credentials", "mountPath": ch.CREDENTIALS_MOUNT,
+            "readOnly": True} in container["volumeMounts"]  # fmt: skip
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True

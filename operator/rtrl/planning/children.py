@@ -36,6 +36,19 @@ CONFIG_MOUNT = "/etc/rtrl"
 CONFIG_FILE = "rlcycle.yaml"
 SCRATCH = "/scratch"
 MASTER_PORT = 29500
+# Store credentials reach a step as files of the RLCycle's credentialsSecret, never as
+# environment variables: the eval step runs model-written code, and a process's environment
+# is copied into everything it starts and readable at /proc/<pid>/environ. The directory is
+# named to the step by CREDENTIALS_DIR_ENV (read by rtrl.store.s3, which holds the same name).
+CREDENTIALS_MOUNT = "/var/run/secrets/rtrl/storage"
+CREDENTIALS_DIR_ENV = "RTRL_STORAGE_CREDENTIALS_DIR"
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# Owner and group read. With the pod's fsGroup the kubelet makes a Secret volume's files
+# owned by root with group fsGroup, and ORs 0440 into the modes of a read-only volume's
+# files anyway (pkg/volume/volume_linux.go): 0400 would name root alone as the reader while
+# the step runs as uid 1000, which reads them through group 1000. 0440 is the mode the files
+# really get; other users (the eval sandbox's task user, where it has one) cannot read them.
+CREDENTIALS_MODE = 0o440
 
 
 def checkpoint_name(rlcycle: str, cycle: int) -> str:
@@ -186,18 +199,30 @@ def _store_env(spec: RLCycleSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = []
     storage = spec.storage
     if storage.credentials_secret:
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            env.append(
-                {
-                    "name": key,
-                    "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}},
-                }
-            )
+        env.append({"name": CREDENTIALS_DIR_ENV, "value": CREDENTIALS_MOUNT})
     if storage.endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": storage.endpoint})
     if storage.region:
         env.append({"name": "AWS_DEFAULT_REGION", "value": storage.region})
     return env
+
+
+def _credentials_volume(spec: RLCycleSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(volume, volumeMount) of the credentials Secret, read-only at CREDENTIALS_MOUNT with
+    one file per key; None without storage.credentialsSecret (the pod's role then)."""
+    secret = spec.storage.credentials_secret
+    if not secret:
+        return None
+    volume = {
+        "name": "storage-credentials",
+        "secret": {
+            "secretName": secret,
+            "items": [{"key": key, "path": key} for key in CREDENTIAL_KEYS],
+            "defaultMode": CREDENTIALS_MODE,
+        },
+    }
+    mount = {"name": "storage-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
+    return volume, mount
 
 
 def step_args(
@@ -256,8 +281,9 @@ def job_manifest(
     attempt: int,
     args: list[str],
 ) -> dict[str, Any]:
-    """A step Job: non-root, read-only root filesystem, scratch and config mounted; the
-    training step as an Indexed Job behind the headless Service (docs/train.md)."""
+    """A step Job: non-root, read-only root filesystem, scratch and config mounted, store
+    credentials as files (never env); the training step as an Indexed Job behind the
+    headless Service (docs/train.md)."""
     ck = checkpoint["metadata"]
     name = job_name(ck["name"], step, attempt)
     training = spec.training
@@ -286,6 +312,10 @@ def job_manifest(
         {"name": "scratch", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
     ]
+    credentials = _credentials_volume(spec)
+    if credentials is not None:
+        volumes.append(credentials[0])
+        mounts.append(credentials[1])
     resources: dict[str, Any] = {}
     if training.resources is not None and step in ("train", "eval"):
         resources = training.resources.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -89,7 +89,9 @@ def open_store(
     uri: str, *, endpoint_url: str | None = None, region: str | None = None
 ) -> ObjectStore:
     """The store rooted at ``uri``. ``endpoint_url`` (else ``AWS_ENDPOINT_URL``) and
-    ``region`` apply to S3 only; credentials come from boto3's default chain."""
+    ``region`` apply to S3 only; credentials come from the files in
+    ``$RTRL_STORAGE_CREDENTIALS_DIR`` when it is set (read at each call: a rotated Secret
+    applies to the next store opened), else from boto3's default chain."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "file":
         from rtrl.store.local import LocalStore

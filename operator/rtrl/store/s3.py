@@ -6,8 +6,12 @@ errors with backoff; s3transfer does multipart uploads and ranged downloads of l
 and :meth:`S3Store.open_input` reads byte ranges on demand so Parquet readers fetch a
 footer and the columns they need rather than whole objects.
 
-Credentials are never an argument: boto3's default chain finds them (the environment a
-Secret is mounted into, or the pod's cloud role), and no error message carries them.
+Credentials are never an argument. In a step pod with ``storage.credentialsSecret`` they are
+files, in the directory ``RTRL_STORAGE_CREDENTIALS_DIR`` names (the Secret's volume), read
+each time a store is built and handed to boto3; they are never put in the environment, which
+every child process inherits (the eval step runs model-written code). Without that variable,
+boto3's default chain finds them (the pod's cloud role, or the environment, as the operator's
+own Deployment has them). No error message carries them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import io
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -57,6 +62,69 @@ _STREAM_ERRORS = (IncompleteReadError, ReadTimeoutError, ResponseStreamingError,
 _STREAM_ATTEMPTS = 3
 
 
+# The directory of a step's credential files (the credentialsSecret volume); the name is the
+# one rtrl.planning.children puts in every step pod's env.
+CREDENTIALS_DIR_ENV = "RTRL_STORAGE_CREDENTIALS_DIR"
+ACCESS_KEY_FILE = "AWS_ACCESS_KEY_ID"
+SECRET_KEY_FILE = "AWS_SECRET_ACCESS_KEY"
+SESSION_TOKEN_FILE = "AWS_SESSION_TOKEN"  # optional: temporary credentials
+
+
+@dataclass(frozen=True)
+class FileCredentials:
+    """Credentials read from files; the repr shows none of them."""
+
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+def _read_credential(path: Path) -> str | None:
+    """The file's text, surrounding whitespace stripped; None if there is no such file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(
+            f"storage credentials: cannot read {path}: {exc.strerror or type(exc).__name__}"
+        ) from None
+    try:
+        return raw.decode().strip()
+    except UnicodeDecodeError:
+        raise StoreError(f"storage credentials: {path} is not UTF-8 text") from None
+
+
+def _required_credential(path: Path) -> str:
+    value = _read_credential(path)
+    if value is None:
+        raise StoreError(
+            f"storage credentials: {path} does not exist ({CREDENTIALS_DIR_ENV} names "
+            f"{path.parent}; the credentials Secret needs the key {path.name})"
+        )
+    if not value:
+        raise StoreError(f"storage credentials: {path} is empty")
+    return value
+
+
+def file_credentials(directory: str | os.PathLike[str] | None = None) -> FileCredentials | None:
+    """The credentials in ``directory`` (default ``$RTRL_STORAGE_CREDENTIALS_DIR``): files
+    ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``, and ``AWS_SESSION_TOKEN`` if there
+    is one, surrounding whitespace stripped. None when no directory is set (boto3's default
+    chain applies). Read anew on each call, so a rotated Secret applies to the next store
+    built. StoreError names a file that is missing, unreadable or empty, never a value."""
+    if directory is None:
+        directory = os.environ.get(CREDENTIALS_DIR_ENV) or None
+        if directory is None:
+            return None
+    root = Path(directory)
+    return FileCredentials(
+        access_key_id=_required_credential(root / ACCESS_KEY_FILE),
+        secret_access_key=_required_credential(root / SECRET_KEY_FILE),
+        session_token=_read_credential(root / SESSION_TOKEN_FILE) or None,
+    )
+
+
 def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
     """The explicit endpoint, else the standard ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
     environment variables, else None (AWS itself)."""
@@ -80,7 +148,9 @@ class S3Store(ObjectStore):
     reads (Parquet page headers) share one request, large ones (column chunks) go direct.
 
     ``client`` replaces the client this store would build (tests, or sharing one client);
-    the endpoint, region, retry and timeout arguments then do not apply to it.
+    the endpoint, region, retry and timeout arguments then do not apply to it. A store built
+    without one reads :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set
+    (StoreError if they cannot be read), boto3's default chain otherwise.
     """
 
     def __init__(
@@ -129,8 +199,19 @@ class S3Store(ObjectStore):
                 request_checksum_calculation="when_required" if custom else None,
                 response_checksum_validation="when_required" if custom else None,
             )
+            # Given explicitly, file credentials win over anything in the environment.
+            creds = file_credentials()
             # A session per store: sessions are not thread-safe, the client built from one is.
-            client = boto3.session.Session().client(
+            session = (
+                boto3.session.Session()
+                if creds is None
+                else boto3.session.Session(
+                    aws_access_key_id=creds.access_key_id,
+                    aws_secret_access_key=creds.secret_access_key,
+                    aws_session_token=creds.session_token,
+                )
+            )
+            client = session.client(
                 "s3", endpoint_url=self.endpoint_url, region_name=region, config=config
             )
         self._client = client
@@ -177,8 +258,9 @@ class S3Store(ObjectStore):
             raise StoreError(message) from exc
         if isinstance(exc, NoCredentialsError):
             raise StoreError(
-                f"{action} {uri} failed: no AWS credentials found (environment variables, "
-                "shared config, or the pod's service-account role)"
+                f"{action} {uri} failed: no AWS credentials found (the files of "
+                f"${CREDENTIALS_DIR_ENV}, environment variables, shared config, or the pod's "
+                "service-account role)"
             ) from exc
         raise StoreError(f"{action} {uri} failed: {type(exc).__name__}: {exc}") from exc
 
