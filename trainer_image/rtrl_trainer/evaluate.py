@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -38,7 +39,8 @@ from rtrl.api.checkpoint import GateResult
 from rtrl.api.common import ApiModel
 from rtrl.api.rlcycle import EvalSpec, EvalSuite
 from rtrl.store import ObjectStore, StoreError, open_store, split_uri
-from rtrl_trainer import behaviour, replay, tasks
+from rtrl.store.s3 import CREDENTIALS_DIR_ENV
+from rtrl_trainer import behaviour, replay, sandbox, tasks
 from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint, fetch_committed
 from rtrl_trainer.eval_model import Decoding, EvalModel, ModelError
 from rtrl_trainer.gates import GateError, Metric, judge
@@ -52,8 +54,9 @@ EXIT_USAGE = 2
 
 RESULT_NAME = "eval.json"
 CACHE_DIR = "_eval-cache"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 HELDOUT_DIR = "heldout"
+CODE_SUITES = (EvalSuite.TASKS, EvalSuite.HUMANEVAL)
 
 
 class EvaluatorOptions(ApiModel):
@@ -73,6 +76,11 @@ class EvaluatorOptions(ApiModel):
     task_memory_mb: int = Field(512, ge=64, le=65536, description="Address space per task.")
     task_output_kb: int = Field(64, ge=1, le=65536, description="Output (and file) size cap.")
     task_workers: int = Field(2, ge=1, le=256, description="Sandboxes run at once.")
+    insecure_sandbox: bool = Field(
+        False,
+        description="Score the tasks suites even where a sandbox guarantee is missing "
+        "(local runs only: eval.json still says which).",
+    )
     replay_max_rows: int = Field(2000, ge=1, description="Held-out rows scored (the first N).")
     behaviour_max_prompts: int = Field(64, ge=1, description="Held-out prompts generated.")
 
@@ -118,6 +126,7 @@ def build_config(
     config_file: Path | None,
     endpoint_url: str | None = None,
     max_tasks: int | None = None,
+    insecure_sandbox: bool = False,
 ) -> EvalConfig:
     eval_doc: dict[str, Any] = {}
     options_doc: dict[str, Any] = {}
@@ -128,6 +137,8 @@ def build_config(
         where, prefix = str(config_file), f"{base}." if base else ""
     if max_tasks is not None:
         options_doc = {**options_doc, "maxTasks": max_tasks}
+    if insecure_sandbox:
+        options_doc = {**options_doc, "insecureSandbox": True}
     try:
         spec = EvalSpec.model_validate_json(to_json(eval_doc), strict=True)
     except ValidationError as exc:
@@ -179,15 +190,15 @@ def _cache_key(
     config: EvalConfig,
     parent_files: dict[str, str],
     heldout_files: dict[str, str],
-    suite: tasks.Suite | None,
+    code_suites: dict[str, tasks.Suite],
 ) -> str:
-    options = config.options.model_dump(exclude={"resamples", "task_workers"})
+    options = config.options.model_dump(exclude={"resamples", "task_workers", "insecure_sandbox"})
     doc = {
         "format": CACHE_FORMAT,
         "parent": parent_files,
         "suites": sorted(str(s) for s in config.spec.suites),
         "heldout": heldout_files,
-        "tasks": None if suite is None else [suite.version, suite.sha256, len(suite.tasks)],
+        "tasks": {n: [s.version, s.sha256, len(s.tasks)] for n, s in sorted(code_suites.items())},
         "options": options,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
@@ -235,29 +246,67 @@ def _task_completions(model: EvalModel, suite: tasks.Suite, options: EvaluatorOp
     return [tasks.extract_body(model.decode(ids)) for ids in generated]
 
 
+SANDBOX_WITHOUT_ENV = "RTRL_SANDBOX_WITHOUT"
+
+
+def sandbox_options() -> dict[str, Any]:
+    """The sandbox's options from the environment: the object store's credentials are
+    hidden from tasks besides the suite files; ``$RTRL_SANDBOX_WITHOUT`` (``landlock``,
+    ``seccomp``, comma-separated) leaves protections out, to see what the step does on a
+    node without them (it fails closed)."""
+    found = os.environ.get(CREDENTIALS_DIR_ENV)
+    without = [w for w in os.environ.get(SANDBOX_WITHOUT_ENV, "").split(",") if w.strip()]
+    return {"secrets": [found] if found else [], "without": [w.strip() for w in without]}
+
+
+def score_code(
+    suite: tasks.Suite,
+    completions: list[str],
+    options: EvaluatorOptions,
+    *,
+    task_list: list[tasks.Task] | None = None,
+) -> tuple[list[sandbox.Result], dict[str, Any]]:
+    """Grade completions in the sandbox; fail closed (:class:`tasks.UnsafeSandboxError`) unless
+    ``insecure_sandbox``. Also the sandbox's guarantees as eval.json records them."""
+    results = tasks.run_all(
+        suite,
+        completions,
+        tasks=task_list,
+        limits=options.limits(),
+        workers=options.task_workers,
+        require=not options.insecure_sandbox,
+        **sandbox_options(),
+    )
+    guarantees = results[0].guarantees if results else sandbox.NONE_HELD
+    record = {
+        **guarantees.to_dict(),
+        "insecure": bool(options.insecure_sandbox and guarantees.missing()),
+        "limits": asdict(options.limits()),
+    }
+    return results, record
+
+
 def _run_tasks(
     model: EvalModel, suite: tasks.Suite, options: EvaluatorOptions
-) -> tuple[Metric, list[dict[str, Any]]]:
+) -> tuple[Metric, list[dict[str, Any]], dict[str, Any]]:
     completions = _task_completions(model, suite, options)
-    results = tasks.run_all(
-        suite.tasks, completions, limits=options.limits(), workers=options.task_workers
-    )
+    results, record = score_code(suite, completions, options)
     per_task = [
         {
             "task_id": t.task_id,
             "status": r.status,
             "seconds": round(r.seconds, 3),
-            "isolation": asdict(r.isolation),
+            **({"reason": r.details["reason"][:300]} if r.details.get("reason") else {}),
         }
         for t, r in zip(suite.tasks, results, strict=True)
     ]
     metric = Metric(
-        "tasks.pass_at_1",
+        f"{suite.name}.pass_at_1",
         tuple(float(r.passed) for r in results),
         1,
         description="share of tasks whose greedy/sampled completion passes its tests",
     )
-    return metric, per_task
+    return metric, per_task, record
 
 
 def _behaviour(
@@ -288,13 +337,28 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
     out = _open(config.out, "--out", config)
     cand_store = _open(config.candidate, "--candidate", config)
     parent_store = _open(config.parent, "--parent", config)
-    suite: tasks.Suite | None = None
-    if EvalSuite.TASKS in suites:
-        path = Path(options.task_file) if options.task_file else tasks.DEFAULT_SUITE
+    code_suites: dict[str, tasks.Suite] = {}
+    for name in suites:
+        if name not in CODE_SUITES:
+            continue
+        path = Path(options.task_file) if options.task_file and name == EvalSuite.TASKS else None
         try:
-            suite = tasks.load_suite(path, limit=options.max_tasks)
+            code_suites[str(name)] = tasks.load(str(name), path, limit=options.max_tasks)
         except tasks.SuiteError as exc:
             raise EvalError(str(exc)) from None
+    # Fail closed, before any generation: where the sandbox cannot hold, the code suites
+    # are not scored, and the verdict says which guarantee is missing.
+    unscored: dict[str, dict[str, Any]] = {}
+    if code_suites and not options.insecure_sandbox:
+        try:
+            guarantees = sandbox.probe(options.limits(), **sandbox_options())
+        except (sandbox.SandboxError, ValueError) as exc:
+            guarantees = sandbox.Guarantees(
+                dict.fromkeys(sandbox.GUARANTEES, False), {"all": str(exc)}
+            )
+        if guarantees.missing():
+            for suite_name in code_suites:
+                unscored[suite_name] = {"scored": False, **guarantees.to_dict()}
     with tempfile.TemporaryDirectory(prefix="rtrl-eval-", dir=work_dir) as tmp:
         tmp_dir = Path(tmp)
         start = time.perf_counter()
@@ -312,7 +376,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             except InputError as exc:
                 raise EvalError(str(exc)) from None
         timing["download_seconds"] = time.perf_counter() - start
-        key = _cache_key(config, parent_fetched.files, heldout_files, suite)
+        key = _cache_key(config, parent_fetched.files, heldout_files, code_suites)
         cache_name = f"{CACHE_DIR}/{key}.json"
         cache_stores = _cache_stores(config, parent_store)
         cached, cache_uri = _read_cache(cache_stores, cache_name)
@@ -352,28 +416,34 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                     "kept": sum(1 for g in groups if g is not None and g >= replay.KEPT),
                     "discarded": sum(1 for g in groups if g is not None and g < replay.KEPT),
                 }
-            elif name == EvalSuite.TASKS:
-                assert suite is not None
-                metric, per_task = _run_tasks(candidate, suite, options)
-                cand_metrics.append(metric)
-                if metric.name in cached_metrics and cached is not None:
-                    parent_metrics.append(cached_metrics[metric.name])
-                    parent_tasks = cached.get("tasks", [])
-                else:
-                    assert parent is not None
-                    parent_metric, parent_tasks = _run_tasks(parent, suite, options)
-                    parent_metrics.append(parent_metric)
-                for row, prow in zip(per_task, parent_tasks, strict=False):
-                    row["parent_status"] = prow.get("status")
-                isolation = per_task[0]["isolation"] if per_task else {}
-                details["tasks"] = {
+            elif name in CODE_SUITES:
+                suite = code_suites[str(name)]
+                head = {
                     "suite": suite.path.name,
                     "version": suite.version,
                     "sha256": suite.sha256,
                     "tasks": len(suite.tasks),
-                    "sandbox": {**isolation, "limits": asdict(options.limits())},
-                    "results": per_task,
                 }
+                if str(name) in unscored:
+                    details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    continue
+                try:
+                    metric, per_task, record = _run_tasks(candidate, suite, options)
+                    if metric.name in cached_metrics and cached is not None:
+                        parent_metric = cached_metrics[metric.name]
+                        parent_tasks = cached.get("tasks", {}).get(str(name), [])
+                    else:
+                        assert parent is not None
+                        parent_metric, parent_tasks, _ = _run_tasks(parent, suite, options)
+                except tasks.UnsafeSandboxError as exc:  # a server that held less than the probe
+                    unscored[str(name)] = {"scored": False, **exc.guarantees.to_dict()}
+                    details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    continue
+                cand_metrics.append(metric)
+                parent_metrics.append(parent_metric)
+                for row, prow in zip(per_task, parent_tasks, strict=False):
+                    row["parent_status"] = prow.get("status")
+                details[str(name)] = {**head, "sandbox": record, "results": per_task}
             else:
                 assert heldout_table is not None
                 prompts = [
@@ -394,11 +464,13 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 details["behaviour"] = {"prompts": len(prompts), "tools": sorted(behaviour.TOOLS)}
             timing[f"{name}_seconds"] = time.perf_counter() - start
         gates, gates_source = config.spec.effective_gates()
+        # A suite not scored has no metric to judge; its absence already fails the verdict.
+        judged = [g for g in gates if g.metric.split(".", 1)[0] not in unscored]
         try:
             compared = judge(
                 cand_metrics,
                 parent_metrics,
-                gates,
+                judged,
                 alpha=config.spec.alpha,
                 resamples=options.resamples,
                 seed=options.seed,
@@ -412,10 +484,14 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 "key": key,
                 "parent": config.parent,
                 "metrics": [m.to_dict() for m in parent_metrics if m.name != "replay.kl"],
-                "tasks": [
-                    {"task_id": r["task_id"], "status": r["parent_status"]}
-                    for r in details.get("tasks", {}).get("results", [])
-                ],
+                "tasks": {
+                    suite_name: [
+                        {"task_id": r["task_id"], "status": r.get("parent_status")}
+                        for r in details[suite_name]["results"]
+                    ]
+                    for suite_name in code_suites
+                    if suite_name in details and suite_name not in unscored
+                },
             }
             written = _write_cache(cache_stores, cache_name, cache_doc)
         gate_docs = []
@@ -445,17 +521,28 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 }
             )
         failed = [g["metric"] for g in gate_docs if not g["passed"]]
-        passed = not failed
-        message = (
-            f"passed {len(gate_docs)} gate(s) on {len(compared)} metric(s)"
-            if passed
-            else f"failed gate(s): {', '.join(failed)}"
-        )
+        passed = not failed and not unscored
+        if unscored:
+            first = next(iter(unscored.values()))
+            missing = ", ".join(
+                f"{m} ({first['reasons'].get(m) or first['reasons'].get('all', 'not held')})"
+                for m in first["missing"]
+            )
+            message = (
+                f"not scored: {', '.join(unscored)}: sandbox guarantee(s) missing: {missing}"
+                + (f"; failed gate(s): {', '.join(failed)}" if failed else "")
+            )
+        elif passed:
+            message = f"passed {len(gate_docs)} gate(s) on {len(compared)} metric(s)"
+        else:
+            message = f"failed gate(s): {', '.join(failed)}"
         timing["seconds"] = time.perf_counter() - clock
         doc: dict[str, Any] = {
             "passed": passed,
             "verdict": "Passed" if passed else "Failed",
             "message": message,
+            # why it failed, for the Checkpoint's condition: unscored suites first
+            "reason": "SandboxUnsafe" if unscored else "EvalGatesFailed" if failed else None,
             "candidate": config.candidate,
             "parent": config.parent,
             "heldout": config.heldout,
@@ -492,9 +579,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Exit 0 when it ran (passed or not: see eval.json), 1 when it could not evaluate, "
         "2 for usage and config errors."
     )
-    parser.add_argument("--candidate", metavar="URI", required=True, help="candidate checkpoint")
-    parser.add_argument("--parent", metavar="URI", required=True, help="parent checkpoint")
-    parser.add_argument("--out", metavar="URI", required=True, help="where eval.json is committed")
+    parser.add_argument("--candidate", metavar="URI", help="candidate checkpoint")
+    parser.add_argument("--parent", metavar="URI", help="parent checkpoint")
+    parser.add_argument("--out", metavar="URI", help="where eval.json is committed")
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -513,13 +600,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
     )
     parser.add_argument("--work-dir", type=Path, metavar="DIR", help="local scratch directory")
+    scoring = parser.add_argument_group(
+        "scoring existing completions (no checkpoint, no gates: docs/eval.md)"
+    )
+    scoring.add_argument(
+        "--samples",
+        type=Path,
+        metavar="FILE",
+        help="JSON Lines of {task_id, completion} (human-eval's samples.jsonl): grade them "
+        "in the sandbox instead of evaluating a checkpoint",
+    )
+    scoring.add_argument(
+        "--suite",
+        choices=[str(s) for s in CODE_SUITES],
+        default=str(EvalSuite.HUMANEVAL),
+        help="the suite the samples answer (default: humaneval)",
+    )
+    scoring.add_argument(
+        "--results",
+        type=Path,
+        metavar="FILE",
+        help="per-sample results, JSON Lines (default: <samples>_results.jsonl)",
+    )
+    parser.add_argument(
+        "--insecure-sandbox",
+        action="store_true",
+        help="score the code suites even where a sandbox guarantee is missing (local runs "
+        "only; eval.json and the results say which)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """``rtrl-job eval``: build the config, run the step, print a one-line verdict."""
+    if args.samples is not None:
+        from rtrl_trainer.score_samples import run_samples
+
+        return run_samples(args)
     try:
         if args.work_dir is not None and not args.work_dir.is_dir():
             raise ConfigError(f"--work-dir {args.work_dir}: not a directory")
+        for flag in ("candidate", "parent", "out"):
+            if getattr(args, flag) is None:
+                raise ConfigError(
+                    f"--{flag}: required (or --samples FILE, to score existing completions)"
+                )
         config = build_config(
             candidate=args.candidate,
             parent=args.parent,
@@ -528,6 +652,7 @@ def run(args: argparse.Namespace) -> int:
             config_file=args.config,
             endpoint_url=args.endpoint_url,
             max_tasks=args.max_tasks,
+            insecure_sandbox=args.insecure_sandbox,
         )
         doc = evaluate(config, work_dir=args.work_dir)
     except ConfigError as exc:

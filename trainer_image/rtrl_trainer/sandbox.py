@@ -1,40 +1,27 @@
-"""Run untrusted Python (a model's completion plus its unit tests) in a sandbox.
+"""Run untrusted Python (a model's completion) in a sandbox, from the evaluator's side.
 
-The tasks suite executes code a candidate checkpoint wrote; a bad checkpoint may write an
-infinite loop, a memory bomb, or code that talks to the network or overwrites files.
+The tasks suites execute code a candidate checkpoint wrote, and an RL system exists to find
+reward hacks: a completion may loop, allocate, fork, exit early, read the suite's answers,
+talk to the network, or attack the evaluator. Every task runs in a fresh process forked
+from a *sandbox server* (:mod:`rtrl_trainer.sandbox_server`, a ``python -I -S -B`` started
+once per :class:`Sandbox`), isolated by Landlock, seccomp, rlimits and, where the server
+may switch users, a user id of its own; none of it needs a privilege, so it holds in the
+eval pod (uid 1000, every capability dropped). docs/eval.md describes the guarantees.
 
-Every task runs in a fresh process, forked from a *sandbox server* (:mod:`sandbox_server`,
-a ``python -I -S -B`` started once per :class:`Sandbox`, i.e. once per evaluation and
-worker) instead of a fresh interpreter per task: starting an interpreter costs ~8 ms, the
-tests of a task ~60 µs. What is per-process and inheritable is set up once in the server:
+The server *checks* the guarantees when it starts, by attacking them from a child set up
+as a task is (:class:`Guarantees`), and every result carries what held. The tasks suites
+refuse to score where one is missing (:mod:`rtrl_trainer.tasks`), unless told otherwise.
 
-- isolated mode (no site-packages, no bytecode files), an empty environment;
-- where the kernel lets us (root, or CAP_SYS_ADMIN): new network, IPC and mount
-  namespaces. The network namespace has only a down loopback, so nothing can be reached.
-  In the mount namespace every mount is remounted read-only, and a fresh size-limited
-  tmpfs holds the work dirs;
-- ``no_new_privs`` and an empty capability bounding set; the server is the subreaper of
-  everything its tasks start.
-
-Per task, the forked child gets a new session, a fresh work dir (``HOME`` and ``TMPDIR``),
-stdout/stderr in memory files capped by ``RLIMIT_FSIZE``, every other descriptor closed,
-its own unprivileged user id (so no capability, nothing else writable, and
-``RLIMIT_NPROC`` enforced), and the rlimits: CPU seconds, address space (memory), file
-size, open files, processes. A wall-clock timeout kills the task; then every process of
-the task's user id is killed and reaped and the work dir removed before the next task
-starts, so a task cannot leave anything behind for another (a fresh process per task:
-monkeypatching builtins or modules dies with it).
-
-Where namespaces or the user switch are not permitted, the run still happens with the
-limits above and the result says which protections were missing (:class:`Isolation`):
-``network_isolated``, ``fs_isolated``, ``capabilities_dropped``, ``separate_user``. The
-protections in force are reported with every result, so eval.json records what held where
-the suite ran.
+Two ways to run code: :meth:`Sandbox.run` runs a program (its exit status is the result:
+for the sandbox's own tests); :meth:`Sandbox.serve` loads a completion and lets the
+evaluator call its function (:mod:`rtrl_trainer.grader`): the verdict is the grader's,
+never the completion's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import marshal
 import os
 import queue
@@ -43,47 +30,80 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rtrl_trainer import pipe_io
+
 SERVER = Path(__file__).with_name("sandbox_server.py")
 # How long past a task's own wall-clock limit we wait for the server before declaring it
 # hung, killing it and starting a new one.
 _SERVER_GRACE_SECONDS = 10.0
+MAX_FRAME = 16 << 20
 _T = TypeVar("_T")
+
+GUARANTEES = (
+    "separate_identity",
+    "no_ptrace",
+    "no_network",
+    "memory_capped",
+    "suite_unreadable",
+    "no_fs_writes",
+    "no_namespaces",
+)
+GUARANTEE_MEANING = {
+    "separate_identity": "a task cannot signal the evaluator or read its /proc files",
+    "no_ptrace": "a task cannot trace the evaluator or the sandbox server",
+    "no_network": "a task cannot open a network socket",
+    "memory_capped": "the memory cap holds for a task's whole process tree",
+    "suite_unreadable": "a task cannot read the suites, their solutions or the secrets",
+    "no_fs_writes": "a task cannot write anywhere (/tmp, /dev/shm included)",
+    "no_namespaces": "a task cannot create namespaces (unshare, clone flags)",
+}
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one sandboxed run."""
+    """Resource limits of one sandboxed task. ``memory_bytes`` caps the task's whole tree:
+    with ``processes`` 1 (the default) a task may not fork at all and it is the process's
+    address-space cap; with more, each process gets ``memory_bytes / processes`` and the
+    count is enforced through the task's own user id (which needs CAP_SETUID)."""
 
     wall_seconds: float = 10.0
     cpu_seconds: int = 5
     memory_bytes: int = 512 << 20
     output_bytes: int = 64 << 10
     open_files: int = 64
-    processes: int = 512
+    processes: int = 1
 
 
 @dataclass(frozen=True)
-class Isolation:
-    """Which protections were in force (see the module docstring)."""
+class Guarantees:
+    """What the server's check child could not break (see :data:`GUARANTEE_MEANING`), and
+    for each one it could, what it did."""
 
-    network_isolated: bool
-    fs_isolated: bool
-    capabilities_dropped: bool
-    separate_user: bool = False
+    held: dict[str, bool]
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def missing(self) -> list[str]:
+        return [name for name in GUARANTEES if not self.held.get(name, False)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"held": dict(self.held), "missing": self.missing(), "reasons": dict(self.reasons)}
+
+
+NONE_HELD = Guarantees(dict.fromkeys(GUARANTEES, False), {"all": "no sandbox server ran"})
 
 
 @dataclass
 class Result:
-    """The outcome of one run. ``status`` is ``ok`` (exit 0), ``failed`` (non-zero exit),
-    ``timeout`` (wall clock), ``cpu_limit``, ``memory_limit``, ``output_limit`` or
-    ``killed`` (another signal, or the sandbox server itself died: see ``details``)."""
+    """The outcome of one task. ``status``: ``ok`` (passed), ``failed`` (non-zero exit, or
+    the grader's tests failed), ``timeout`` (wall clock), ``cpu_limit``, ``memory_limit``,
+    ``output_limit`` or ``killed`` (another signal, or the server died: see ``details``)."""
 
     status: str
     returncode: int
@@ -91,7 +111,7 @@ class Result:
     stderr: str
     truncated: bool
     seconds: float
-    isolation: Isolation
+    guarantees: Guarantees
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -100,6 +120,7 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
+        doc["guarantees"] = self.guarantees.to_dict()
         doc["passed"] = self.passed
         return doc
 
@@ -108,59 +129,135 @@ class SandboxError(RuntimeError):
     """The sandbox server could not be started."""
 
 
+class CandidateGone(BaseException):
+    """The completion's process ended (or its channel broke) while a call was in flight.
+    A BaseException: a test's ``except Exception`` must not swallow it."""
+
+
+class CallTimeout(BaseException):
+    """The task's wall clock ran out while waiting for the completion."""
+
+
+def _drop_to(uid: int, gid: int) -> list[str]:
+    """``setpriv`` words that run the server as ``uid:gid`` with no capability at all (the
+    eval pod's identity; for tests and local runs started as root)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxError("setpriv (util-linux) is needed to run the sandbox as another user")
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ]
+
+
 class Sandbox:
     """One sandbox server: runs tasks one at a time, each in a fresh forked process.
 
     Use as a context manager (or call :meth:`close`). Not thread-safe: give each worker
-    thread its own (:func:`pool`). If the server dies, the run in flight is reported as
-    ``killed`` and the next run starts a new server.
+    thread its own (:func:`pool`). If the server dies, the task in flight is reported as
+    ``killed`` and the next one starts a new server.
 
-    ``unprivileged`` starts the server without namespaces or a user switch, as it runs
-    where the evaluator has no privileges; ``task_user=False`` without the user switch, as
-    where the task user cannot read the interpreter (both for the tests on a privileged
-    machine: they say which protections then remain).
+    ``secrets``: paths no task may read (the suite files, credentials); the server hides
+    them and checks that it did. ``task_user=False``: no user switch even where possible.
+    ``run_as=(uid, gid)``: start the server as that user without capabilities (tests run
+    it as the eval pod's uid 1000). ``without``: leave out ``landlock`` and/or ``seccomp``,
+    to see what a node without them gives (the guarantees then say what is missing).
     """
 
     def __init__(
-        self, *, python: str | None = None, unprivileged: bool = False, task_user: bool = True
+        self,
+        *,
+        python: str | None = None,
+        secrets: Sequence[str | os.PathLike[str]] = (),
+        task_user: bool = True,
+        run_as: tuple[int, int] | None = None,
+        without: Sequence[str] = (),
     ) -> None:
         self._python = python or sys.executable
+        unknown = set(without) - {"landlock", "seccomp"}
+        if unknown:
+            raise ValueError(f"without: unknown protection(s) {sorted(unknown)}")
         self._flags = [
-            *(["--unprivileged"] if unprivileged else []),
+            *(f"--secret={os.fspath(s)}" for s in secrets),
             *([] if task_user else ["--no-task-user"]),
+            *([f"--without={','.join(without)}"] if without else []),
         ]
+        self._prefix = _drop_to(*run_as) if run_as is not None else []
         self._proc: subprocess.Popen[bytes] | None = None
-        self._root: str | None = None
+        self._calls = -1
+        self._replies = -1
         self.hello: dict[str, Any] = {}
+        self.guarantees = NONE_HELD
         self._start()
 
-    def _start(self) -> None:
-        self._root = tempfile.mkdtemp(prefix="rtrl-sandbox-")
-        argv = [self._python, "-I", "-S", "-B", str(SERVER), self._root, *self._flags]
-        # The tasks' environment, set once: every task's work dir is ROOT/w (one at a time).
-        work = os.path.join(self._root, "w")
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={"HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"},
-            cwd="/",
-            start_new_session=True,
+    def guarantees_for(self, limits: Limits) -> Guarantees:
+        """The guarantees a task with ``limits`` gets: the tree-wide memory cap needs a
+        single process, or a user id of the task's own to count more (RLIMIT_NPROC)."""
+        if limits.processes <= 1 or self.hello.get("uid") is not None:
+            return self.guarantees
+        return Guarantees(
+            {**self.guarantees.held, "memory_capped": False},
+            {
+                **self.guarantees.reasons,
+                "memory_capped": f"processes={limits.processes}: each process has its own "
+                "address-space cap, and no user id of the task's own bounds their number "
+                "(that needs CAP_SETUID)",
+            },
         )
+
+    def _start(self) -> None:
+        calls_r, self._calls = os.pipe()
+        self._replies, replies_w = os.pipe()
+        argv = [
+            *self._prefix,
+            self._python,
+            "-I",
+            "-S",
+            "-B",
+            str(SERVER),
+            f"--channel={calls_r},{replies_w}",
+            f"--evaluator={os.getpid()}",
+            *self._flags,
+        ]
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={"HOME": "/", "TMPDIR": "/nonexistent", "LANG": "C.UTF-8"},
+                cwd="/",
+                pass_fds=(calls_r, replies_w),
+                start_new_session=True,
+            )
+        finally:
+            os.close(calls_r)
+            os.close(replies_w)
         hello = self._receive(30.0)
         if hello is None:
             self._stop()
             raise SandboxError("the sandbox server did not start")
         self.hello = hello
+        self.guarantees = Guarantees(dict(hello["guarantees"]), dict(hello["reasons"]))
 
     def _receive(self, timeout: float) -> dict[str, Any] | None:
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
-        header = _read_exact(fd, 4, timeout)
+        deadline = time.monotonic() + timeout
+        header = _read_exact(fd, 4, deadline)
         if header is None:
             return None
-        body = _read_exact(fd, int.from_bytes(header, "big"), timeout)
+        body = _read_exact(fd, int.from_bytes(header, "big"), deadline)
         return None if body is None else dict(marshal.loads(body))
+
+    def _send(self, doc: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        data = marshal.dumps(doc)
+        self._proc.stdin.write(len(data).to_bytes(4, "big") + data)
+        self._proc.stdin.flush()
 
     def _hang_up(self) -> None:
         """Tell the server to exit (end of its input); :meth:`close` waits for it."""
@@ -180,9 +277,10 @@ class Sandbox:
                 proc.wait()
             assert proc.stdout is not None
             proc.stdout.close()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
+        for fd in (self._calls, self._replies):
+            if fd >= 0:
+                os.close(fd)
+        self._calls = self._replies = -1
 
     def close(self) -> None:
         self._stop()
@@ -193,44 +291,37 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, files: dict[str, str], main: str, limits: Limits | None = None) -> Result:
-        """Write ``files`` (name -> source) into a fresh work dir and run ``main`` there."""
-        limits = limits or Limits()
+    def _ensure_started(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
             self._start()
-        assert self._proc is not None and self._proc.stdin is not None
-        request = marshal.dumps(
-            {
-                "files": {name: text.encode() for name, text in files.items()},
-                "main": main,
-                "limits": asdict(limits),
-            }
-        )
-        reply: dict[str, Any] | None = None
-        try:
-            self._proc.stdin.write(len(request).to_bytes(4, "big") + request)
-            self._proc.stdin.flush()
-            reply = self._receive(limits.wall_seconds + _SERVER_GRACE_SECONDS)
-        except OSError:
-            reply = None
-        if reply is None:  # the server died or hung: report it, start afresh next time
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._stop()
-            return Result(
-                "killed",
-                -signal.SIGKILL,
-                "",
-                "",
-                False,
-                0.0,
-                Isolation(False, False, False),
-                {"error": "the sandbox server died"},
-            )
+
+    def _result(self, limits: Limits) -> Result:
+        """The server's report on the task just ended (skipping early exit notices)."""
+        while True:
+            try:
+                reply = self._receive(limits.wall_seconds + _SERVER_GRACE_SECONDS)
+            except OSError:
+                reply = None
+            if reply is None:  # the server died or hung: report it, start afresh next time
+                assert self._proc is not None
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._stop()
+                return Result(
+                    "killed",
+                    -signal.SIGKILL,
+                    "",
+                    "",
+                    False,
+                    0.0,
+                    NONE_HELD,
+                    {"error": "the sandbox server died"},
+                )
+            if "event" not in reply:
+                break
         if "error" in reply:
             raise ValueError(reply["error"])
-        isolation = Isolation(**reply["isolation"])
         stderr = reply["stderr"].decode("utf-8", "replace")
         truncated = reply["truncated"]
         returncode = reply["returncode"]
@@ -241,14 +332,149 @@ class Sandbox:
             stderr=stderr,
             truncated=truncated,
             seconds=reply["seconds"],
-            isolation=isolation,
+            guarantees=self.guarantees_for(limits),
         )
 
+    def run(self, source: str, limits: Limits | None = None) -> Result:
+        """Run ``source`` as a program (``__main__``) in a fresh task; its exit status is
+        the result."""
+        limits = limits or Limits()
+        self._ensure_started()
+        with contextlib.suppress(OSError):  # the server died: _result reports it
+            self._send({"op": "run", "source": source.encode(), "limits": asdict(limits)})
+        return self._result(limits)
 
-def _read_exact(fd: int, n: int, timeout: float) -> bytes | None:
+    @contextlib.contextmanager
+    def serve(
+        self, source: str, entry_point: str, limits: Limits | None = None
+    ) -> Iterator[Channel]:
+        """Load ``source`` in a fresh task and yield a :class:`Channel` to call
+        ``entry_point`` there; on exit the task is killed and its :class:`Result` is in
+        ``channel.result``."""
+        limits = limits or Limits()
+        self._ensure_started()
+        assert self._proc is not None and self._proc.stdout is not None
+        pipe_io.drain(self._replies)  # what an earlier task wrote and nobody read
+        deadline = time.monotonic() + limits.wall_seconds
+        channel = Channel(self._calls, self._replies, self._proc.stdout.fileno(), deadline)
+        request = {
+            "op": "serve",
+            "source": source.encode(),
+            "entry_point": entry_point,
+            "limits": asdict(limits),
+        }
+        sent = True
+        try:
+            self._send(request)
+        except OSError:
+            sent = False
+            channel.gone = True
+        try:
+            yield channel
+        finally:
+            if sent:
+                with contextlib.suppress(OSError):
+                    self._send({"op": "stop"})
+            channel.result = self._result(limits)
+
+
+class Channel:
+    """The evaluator's end of a served completion: :meth:`call` sends plain arguments and
+    returns the plain value that came back (or raises what the completion raised)."""
+
+    def __init__(self, calls: int, replies: int, server: int, deadline: float) -> None:
+        self._calls = calls
+        self._replies = replies
+        self._server = server
+        self.deadline = deadline
+        self._seq = 0
+        self.gone = False
+        self.result: Result | None = None
+        self.calls = 0
+
+    def _frame(self) -> dict[str, Any]:
+        """The next frame from the completion, within the deadline."""
+        header = self._read(4)
+        size = int.from_bytes(header, "big")
+        if size > MAX_FRAME:
+            raise CandidateGone(f"a reply of {size} bytes (the cap is {MAX_FRAME})")
+        body = self._read(size)
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise CandidateGone(f"a reply that is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise CandidateGone("a reply that is not an object")
+        return doc
+
+    def _read(self, n: int) -> bytes:
+        chunks: list[bytes] = []
+        while n:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise CallTimeout
+            ready, _, _ = select.select([self._replies, self._server], [], [], left)
+            if self._replies in ready:
+                chunk = os.read(self._replies, min(n, 1 << 20))
+                if not chunk:
+                    raise CandidateGone("the sandbox server is gone")
+                chunks.append(chunk)
+                n -= len(chunk)
+            elif ready:  # the server says the task exited
+                self.gone = True
+                raise CandidateGone("the completion's process exited")
+        return b"".join(chunks)
+
+    def ready(self) -> dict[str, Any]:
+        """The completion's first frame: ``{"ready": True}`` or ``{"load_error": ...}``."""
+        if self.gone:
+            raise CandidateGone("the sandbox server is gone")
+        while True:
+            doc = self._frame()
+            if doc.get("id") == 0:
+                return doc
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from rtrl_trainer import plain_values
+
+        if self.gone:
+            raise CandidateGone("the completion's process exited")
+        self._seq += 1
+        self.calls += 1
+        message = {
+            "id": self._seq,
+            "args": plain_values.encode(list(args)),
+            "kwargs": plain_values.encode(kwargs),
+        }
+        data = json.dumps(message, allow_nan=False).encode()
+        self._write(len(data).to_bytes(4, "big") + data)
+        while True:
+            doc = self._frame()
+            if doc.get("id") == self._seq:
+                return doc
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        os.set_blocking(self._calls, False)
+        try:
+            while view:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise CallTimeout
+                _, ready, _ = select.select([], [self._calls], [], left)
+                if ready:
+                    try:
+                        view = view[os.write(self._calls, view) :]
+                    except BlockingIOError:
+                        continue
+        finally:
+            os.set_blocking(self._calls, True)
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
     chunks: list[bytes] = []
     while n:
-        ready, _, _ = select.select([fd], [], [], timeout)
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
         if not ready:
             return None
         chunk = os.read(fd, n)
@@ -260,29 +486,31 @@ def _read_exact(fd: int, n: int, timeout: float) -> bytes | None:
 
 
 @contextlib.contextmanager
-def pool(size: int, *, python: str | None = None) -> Iterator[queue.SimpleQueue[Sandbox]]:
+def pool(size: int, **options: Any) -> Iterator[queue.SimpleQueue[Sandbox]]:
     """``size`` sandbox servers (started in parallel) in a queue: a worker takes one, runs
-    a task, puts it back."""
+    a task, puts it back. ``options`` go to :class:`Sandbox`."""
     sandboxes: queue.SimpleQueue[Sandbox] = queue.SimpleQueue()
     started: list[Sandbox] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def start() -> None:
-        box = Sandbox(python=python)
+        try:
+            box = Sandbox(**options)
+        except BaseException as exc:
+            errors.append(exc)
+            return
         with lock:
             started.append(box)
 
     try:
-        if size == 1:
-            start()
-        else:
-            threads = [threading.Thread(target=start) for _ in range(size)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if len(started) < size:
-                raise SandboxError("a sandbox server did not start")
+        threads = [threading.Thread(target=start) for _ in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise SandboxError(f"a sandbox server did not start: {errors[0]}")
         for box in started:
             sandboxes.put(box)
         yield sandboxes
@@ -294,13 +522,13 @@ def pool(size: int, *, python: str | None = None) -> Iterator[queue.SimpleQueue[
 
 
 def map_in_pool(
-    size: int, items: Sequence[_T], run: Callable[[Sandbox, _T], Result]
+    size: int, items: Sequence[_T], run: Callable[[Sandbox, _T], Result], **options: Any
 ) -> list[Result]:
     """``run(sandbox, item)`` for every item, ``size`` at a time, results in order."""
     from concurrent.futures import ThreadPoolExecutor
 
     size = max(1, min(size, len(items)))
-    with pool(size) as boxes:
+    with pool(size, **options) as boxes:
         if size <= 1:
             box = boxes.get()
             return [run(box, item) for item in items]
@@ -316,20 +544,10 @@ def map_in_pool(
             return list(executor.map(one, items))
 
 
-def run_python(
-    files: dict[str, str],
-    main: str,
-    *,
-    limits: Limits | None = None,
-    python: str | None = None,
-    sandbox: Sandbox | None = None,
-) -> Result:
-    """Write ``files`` (name -> source) into a fresh work dir and run ``main`` there, in
-    ``sandbox`` or in a sandbox server started for this one run."""
-    if sandbox is not None:
-        return sandbox.run(files, main, limits)
-    with Sandbox(python=python) as box:
-        return box.run(files, main, limits)
+def run_python(source: str, *, limits: Limits | None = None, **options: Any) -> Result:
+    """Run ``source`` as a program in a sandbox server started for this one run."""
+    with Sandbox(**options) as box:
+        return box.run(source, limits)
 
 
 def _status(returncode: int, timed_out: bool, stderr: str, truncated: bool) -> str:
@@ -348,6 +566,8 @@ def _status(returncode: int, timed_out: bool, stderr: str, truncated: bool) -> s
     return "failed"
 
 
-def probe() -> Isolation:
-    """The protections a run gets on this machine."""
-    return run_python({"main.py": "pass\n"}, "main.py").isolation
+def probe(limits: Limits | None = None, **options: Any) -> Guarantees:
+    """The guarantees a task with ``limits`` gets on this machine (a server's start-up
+    check)."""
+    with Sandbox(**options) as box:
+        return box.guarantees_for(limits or Limits())

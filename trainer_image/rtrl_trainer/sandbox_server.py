@@ -1,44 +1,45 @@
-"""The sandbox's fork server: run as ``python -I -S -B sandbox_server.py ROOT`` by
+"""The sandbox's fork server: run as ``python -I -S -B sandbox_server.py ROOT ...`` by
 :class:`rtrl_trainer.sandbox.Sandbox`, never imported by the evaluator.
 
 Starting an interpreter per task costs ~8 ms, against ~60 µs for the tests of a task. So
-the per-process, inheritable part of the sandbox is set up once, here, and every task gets
-a fresh process by ``fork`` from this already-isolated interpreter:
+the server starts once (per evaluation and worker), prepares what every task inherits, and
+every task is a fresh process forked from it. What a task's process gets, in this order:
 
-- once (inherited by every task): isolated mode (``-I -S -B``), an empty environment,
-  new network, IPC and mount namespaces where the kernel lets us (every mount read-only, a
-  fresh size-limited tmpfs on ``ROOT`` for the work dirs; an interpreter under a
-  directory others cannot enter, like ``/root``, is made reachable by covering that
-  directory with a tmpfs holding only bind mounts of the library dirs), ``no_new_privs``,
-  an empty capability bounding set, and this process as the child subreaper (orphans of a
-  task come back here);
-- per task, here: a fresh work dir (same path every time: ``HOME`` and ``TMPDIR`` point at
-  it, so the environment is set once), with the task's files, owned by the task's user;
-- per task, in the forked child: a new session, stdout/stderr to size-capped memory
-  files, every other descriptor closed, a separate unprivileged user id (``setresuid``: no
-  capabilities left, ``RLIMIT_NPROC`` enforced, nothing of the server's writable, cannot
-  signal or trace the server), not dumpable, killed if the server dies, the rlimits (CPU,
-  address space, file size, open files, processes, core dumps); then the program runs in
-  the child's ``__main__`` and the child exits;
-- after each task, here: the wall-clock kill, then every process of the task's user id is
-  killed (``kill(-1)`` as that user, which reaches nothing else) and reaped, and the work
-  dir removed, before the result goes back. So no process of one task outlives it.
+- a new session; stdin ``/dev/null``, stdout/stderr size-capped memory files, the two
+  ends of the call channel (fds 3 and 4, :mod:`rtrl_trainer.grader`), nothing else open;
+- where the server may switch users (root with CAP_SETUID/CAP_SETGID): an unused user id
+  of its own, so nothing of the evaluator's can be signalled, traced or read;
+- not dumpable; ``no_new_privs``; the rlimits (address space, CPU seconds, file size, open
+  files, core dumps); the parent-death signal (a task never outlives its server);
+- a **Landlock** domain (Linux 5.13+; the ruleset is built once, here): read access only
+  to the interpreter's standard library and the shared libraries it maps — not to
+  site-packages, where the suites and their solutions live, not to ``/proc``, ``/etc``,
+  ``/tmp`` or any secret the evaluator names with ``--secret`` —, no write anywhere, no TCP
+  bind or connect (ABI 4), and, ABI 6 (Linux 6.12), no signal to and no abstract socket of
+  any process outside the domain. Landlock also forbids tracing such processes;
+- a **seccomp** filter (built once, here): no new process (``fork``/``vfork``, ``clone``
+  without ``CLONE_THREAD``), so the address-space cap is the cap of the task's whole
+  tree; no namespaces (``unshare``, ``setns``, namespace flags of ``clone``), no
+  ``ptrace``, ``process_vm_*``, ``execve``, no socket but ``AF_UNIX``, no mount, ``bpf``,
+  ``io_uring``, keyrings, System V or POSIX IPC, ``memfd_create``, module or kexec loading,
+  no resource limit or priority of another process. Denied calls fail with ``EPERM``
+  (``clone3`` with ``ENOSYS``, so the C library falls back to ``clone``, whose flags the
+  filter can see).
 
-Where the task user cannot be used (its id is not mapped, or it cannot read the
-interpreter), tasks run as root without capabilities, each in a mount namespace of its
-own where only its work dir is writable, and what a task leaves behind is found among
-the server's children (a /proc scan, only when there are any) and killed. Where this
-process is not privileged at all (no root / CAP_SYS_ADMIN), the namespaces and the user
-switch are skipped, the limits still hold, and the hello message says which protections
-are in force (a startup check runs the tasks' credential change once and looks). Only the
-standard library is used: the server runs with ``-I -S`` and never sees the evaluator's
-packages. Protocol on stdin/stdout: 4-byte big-endian length + a :mod:`marshal`-ed
-dict; the server sends a hello, then one response per request, and exits at end of input.
+None of this needs a privilege: it holds as the eval pod's uid 1000 with every capability
+dropped. At start, a check child takes the same steps and then *attacks*: it tries to
+signal and trace the server, read its ``/proc`` files and the secrets, open a TCP socket,
+create a file in ``/tmp``, ``unshare`` and ``fork``. Each guarantee is what it saw, not what
+was configured; the hello message carries them (:class:`rtrl_trainer.sandbox.Guarantees`)
+with the reason of each one missing, and the evaluator fails closed on them.
 
-Every page a task's process touches is copied on write (a few µs each on a VM), so the
-child's path is kept short: what can be prepared once (environment, stdio objects, the
-work dir's path) is prepared in the server, and the server imports little (the protocol
-is :mod:`marshal`, built in, between two trusted processes).
+Two kinds of request: ``run`` executes a program as ``__main__`` (its exit status is the
+result); ``serve`` loads a completion's source as a module and answers calls of its entry
+point over the call channel (:func:`_serve`) until the evaluator sends ``stop``; then the
+task is killed. Only the standard library is used (plus :mod:`plain_values` and
+:mod:`pipe_io`, from this directory). Protocol on stdin/stdout: 4-byte big-endian length
++ a :mod:`marshal`-ed dict (two trusted processes); a hello, then one response per
+request; exit at end of input.
 """
 
 from __future__ import annotations
@@ -50,128 +51,307 @@ import marshal
 import os
 import resource
 import select
+import struct
 import sys
 import time
+import types
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWIPC = 0x08000000
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-MNT_DETACH = 2
+# The two helpers of this directory (standard library only), on purpose: see above.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pipe_io
+import plain_values
+
+del sys.path[0]
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
-# Not from the signal module: it imports enum, and every module makes each fork dearer.
-SIGKILL = 9
-PR_CAPBSET_READ = 23
+PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
-PR_GET_NO_NEW_PRIVS = 39
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SECCOMP_MODE_FILTER = 2
+SIGKILL = 9  # not from the signal module: it imports enum, and every module costs each fork
+EPERM = 1
+ENOSYS = 38
 # Exit status of a child whose own setup failed (the error is on its stderr).
 SETUP_FAILED = 121
 # Task user ids: a random one far above any real account, one per server.
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 500_000_000
 _MAX_FD = 1 << 16
-WORK = "w"
+CALLS_FD, REPLIES_FD, RULESET_FD = 3, 4, 5
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+MAX_FRAME = 16 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
 _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
 
+# --- seccomp ---------------------------------------------------------------------------
 
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, flags to keep) of every mount, parents first."""
-    points: list[tuple[str, int]] = []
-    with open("/proc/self/mountinfo", "rb") as f:
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# Syscall numbers (x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h).
+_DENIED = {
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264),
+    "memfd_create": (319, 279),
+    "shmget": (29, 194),
+    "shmat": (30, 196),
+    "msgget": (68, 186),
+    "semget": (64, 190),
+    "mq_open": (240, 180),
+    "execve": (59, 221),
+    "execveat": (322, 281),
+    "acct": (163, 89),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "quotactl": (179, 60),
+    "fsopen": (430, 430),
+    "fsmount": (432, 432),
+    "fsconfig": (431, 431),
+    "fspick": (433, 433),
+    "move_mount": (429, 429),
+    "open_tree": (428, 428),
+    "mount_setattr": (442, 442),
+    "pidfd_getfd": (438, 438),
+    "kcmp": (312, 272),
+    "syslog": (103, 116),
+    "settimeofday": (164, 170),
+    "clock_settime": (227, 112),
+    "adjtimex": (159, 171),
+    "sethostname": (170, 161),
+    "setdomainname": (171, 162),
+    "migrate_pages": (256, 238),
+    "move_pages": (279, 239),
+    "iopl": (172, None),
+    "ioperm": (173, None),
+    "landlock_create_ruleset": (444, 444),  # a task adds no domain of its own
+}
+_FORKS = {"fork": (57, None), "vfork": (58, None)}
+_SOCKET = (41, 198)
+_CLONE = (56, 220)
+_CLONE3 = (435, 435)
+_PRLIMIT = (302, 261)  # denied unless pid == 0 (this process)
+_SETPRIORITY = (141, 140)  # denied unless who == 0
+AF_UNIX = 1
+CLONE_THREAD = 0x00010000
+# CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+CLONE_NAMESPACES = 0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
+CLONE_NAMESPACES |= 0x20000000 | 0x40000000
+_X32_BIT = 0x40000000
+
+# classic BPF
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+_NR, _ARCH, _ARG0_LO, _ARG1_LO = 0, 4, 16, 24
+
+
+def _filter(no_fork: bool) -> bytes | None:
+    """The seccomp program (``struct sock_filter[]``), or None on an unknown architecture."""
+    machine = os.uname().machine
+    if machine not in AUDIT_ARCH:
+        return None
+    col = 0 if machine == "x86_64" else 1
+    prog: list[tuple[int, int, int, int]] = []
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
+        prog.append((code, jt, jf, k))
+
+    deny = (_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM)
+    allow = (_RET_K, 0, 0, SECCOMP_RET_ALLOW)
+    op(_LD_W_ABS, _ARCH)
+    op(_JEQ_K, AUDIT_ARCH[machine], 1, 0)
+    op(_RET_K, SECCOMP_RET_KILL_PROCESS)
+    op(_LD_W_ABS, _NR)
+    if col == 0:  # the x32 ABI: other numbers, same arch
+        op(_JGE_K, _X32_BIT, 0, 1)
+        prog.append(deny)
+    denied = [nrs[col] for nrs in _DENIED.values()]
+    if no_fork:
+        denied += [nrs[col] for nrs in _FORKS.values()]
+    for nr in sorted({n for n in denied if n is not None}):
+        op(_JEQ_K, nr, 0, 1)
+        prog.append(deny)
+    op(_JEQ_K, _CLONE3[col], 0, 1)
+    op(_RET_K, SECCOMP_RET_ERRNO | ENOSYS)
+    # socket(domain, ...): AF_UNIX only
+    op(_JEQ_K, _SOCKET[col], 0, 4)
+    op(_LD_W_ABS, _ARG0_LO)
+    op(_JEQ_K, AF_UNIX, 0, 1)
+    prog.append(allow)
+    prog.append(deny)
+    # clone(flags, ...): no namespace; without fork, threads only
+    op(_JEQ_K, _CLONE[col], 0, 6 if no_fork else 4)
+    op(_LD_W_ABS, _ARG0_LO)
+    op(_JSET_K, CLONE_NAMESPACES, 0, 1)
+    prog.append(deny)
+    if no_fork:
+        op(_JSET_K, CLONE_THREAD, 1, 0)
+        prog.append(deny)
+    prog.append(allow)
+    # prlimit64(pid, ...) and setpriority(which, who, ...): this process only
+    for nr, arg in ((_PRLIMIT[col], _ARG0_LO), (_SETPRIORITY[col], _ARG1_LO)):
+        op(_JEQ_K, nr, 0, 4)
+        op(_LD_W_ABS, arg)
+        op(_JEQ_K, 0, 0, 1)
+        prog.append(allow)
+        prog.append(deny)
+        op(_LD_W_ABS, _NR)
+    prog.append(allow)
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+# --- Landlock --------------------------------------------------------------------------
+
+_LL_CREATE, _LL_ADD, _LL_RESTRICT = 444, 445, 446
+_LL_VERSION = 1
+_LL_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 2, 1 << 3
+_FS_ALL_V1 = (1 << 13) - 1
+_FS_REFER, _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_NET_ALL = (1 << 0) | (1 << 1)  # BIND_TCP, CONNECT_TCP
+_SCOPE_ALL = (1 << 0) | (1 << 1)  # ABSTRACT_UNIX_SOCKET, SIGNAL
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 without Landlock (or where seccomp denies it)."""
+    abi = _libc.syscall(_LL_CREATE, None, 0, _LL_VERSION)
+    return max(int(abi), 0)
+
+
+def _secret_roots(secrets: list[str]) -> list[str]:
+    """What tasks must never read: the site-packages dirs of this interpreter (the suites
+    and their solutions are installed there), plus the evaluator's ``--secret`` paths."""
+    import sysconfig
+
+    found = set()
+    prefixes = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    for scheme in ("posix_prefix", "posix_local", "deb_system", "venv"):
+        if scheme not in sysconfig.get_scheme_names():
+            continue
+        for prefix in prefixes:
+            variables = {"base": prefix, "platbase": prefix, "installed_base": prefix}
+            for key in ("purelib", "platlib"):
+                found.add(sysconfig.get_path(key, scheme, variables))
+    for prefix in prefixes:
+        for sub in ("lib/python3/dist-packages", "local/lib/python3/dist-packages"):
+            found.add(os.path.join(prefix, sub))
+    found.update(secrets)
+    return sorted({os.path.realpath(p) for p in found})
+
+
+def _readable_roots() -> list[str]:
+    """What a task needs to import the standard library: its dirs and the dirs of the
+    shared libraries this process maps (extension modules load more from there)."""
+    roots = {os.path.dirname(os.path.realpath(os.__file__))}
+    roots.update(os.path.realpath(p) for p in sys.path if os.path.isdir(p))
+    with open("/proc/self/maps") as f:
         for line in f:
-            parts = line.split()
-            target = parts[4].decode().replace("\\040", " ")
-            options = parts[5].decode().split(",")
-            keep = (
-                (MS_NOSUID if "nosuid" in options else 0)
-                | (MS_NODEV if "nodev" in options else 0)
-                | (MS_NOEXEC if "noexec" in options else 0)
-            )
-            points.append((target, keep))
-    points.sort(key=lambda p: p[0].count("/"))
-    return points
+            path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
+            if path.startswith("/") and ".so" in os.path.basename(path):
+                roots.add(os.path.dirname(os.path.realpath(path)))
+    return sorted(roots)
 
 
-def _namespaces(root: str, tmpfs_bytes: int) -> tuple[bool, bool]:
-    """New network and IPC namespaces; a new mount namespace with every mount read-only
-    and a fresh tmpfs on ``root``. Returns (network isolated, filesystem isolated)."""
-    net = _libc.unshare(CLONE_NEWNET) == 0
-    _libc.unshare(CLONE_NEWIPC)  # best effort: no System V IPC shared with the host
-    fs = False
-    if (
-        _libc.unshare(CLONE_NEWNS) == 0
-        and _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
-    ):
-        options = f"size={tmpfs_bytes},mode=0711".encode()
-        fs = _libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) == 0
-        if fs:
-            _expose([p for p in sys.path if os.path.isdir(p)], root)
-            for target, keep in _mount_points():
-                if target == root:
-                    continue
-                flags = MS_REMOUNT | MS_BIND | MS_RDONLY | keep
-                if _libc.mount(None, target.encode(), None, flags, None) != 0 and target == "/":
-                    fs = False
-    return net, fs
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _blocker(path: str) -> str | None:
-    """The topmost ancestor of ``path`` that other users cannot traverse (e.g. ``/root``,
-    mode 0700, when the interpreter lives under it), or None."""
-    parts = path.split("/")
-    for i in range(2, len(parts)):
-        ancestor = "/".join(parts[:i])
-        if not os.stat(ancestor).st_mode & 0o001:
-            return ancestor
-    return None
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _expose(paths: list[str], root: str) -> None:
-    """Make ``paths`` (the interpreter's library dirs) reachable by the task user in this
-    mount namespace: a blocking ancestor is covered by an empty tmpfs holding only bind
-    mounts of those dirs. This also hides the rest of it (``/root``'s files, say) from
-    the tasks. Best effort: the credential check says whether the task user can import."""
-    blocked = [(p, b) for p in paths if (b := _blocker(p)) is not None]
-    if not blocked or any(root.startswith(b + "/") for _, b in blocked):
-        return
-    staged = []
-    for i, (path, _) in enumerate(blocked):
-        stage = os.path.join(root, f".stage{i}")
-        os.mkdir(stage, 0o700)
-        if _libc.mount(path.encode(), stage.encode(), None, MS_BIND | MS_REC, None) == 0:
-            staged.append((stage, path))
-    for blocker in {b for _, b in blocked}:
-        _libc.mount(b"tmpfs", blocker.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755")
-    for stage, path in staged:
-        os.makedirs(path, 0o755, exist_ok=True)
-        _libc.mount(stage.encode(), path.encode(), None, MS_BIND | MS_REC, None)
-        _libc.umount2(stage.encode(), MNT_DETACH)
-        os.rmdir(stage)
+def _ruleset(abi: int, hidden: list[str]) -> tuple[int, str]:
+    """A Landlock ruleset fd for the tasks (read-only standard library, nothing else), or
+    (-1, why not)."""
+    if abi < 1:
+        return -1, "Landlock is not available (kernel < 5.13, disabled, or denied by seccomp)"
+    handled_fs = _FS_ALL_V1
+    if abi >= 2:
+        handled_fs |= _FS_REFER
+    if abi >= 3:
+        handled_fs |= _FS_TRUNCATE
+    if abi >= 5:
+        handled_fs |= _FS_IOCTL_DEV
+    attr = struct.pack(
+        "=QQQ", handled_fs, _NET_ALL if abi >= 4 else 0, _SCOPE_ALL if abi >= 6 else 0
+    )
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    buf = ctypes.create_string_buffer(attr, 24)
+    fd = int(_libc.syscall(_LL_CREATE, buf, size, 0))
+    if fd < 0:
+        return -1, f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}"
+    read_dir = _FS_READ_FILE | _FS_READ_DIR
+
+    def allow(path: str) -> None:
+        if any(_inside(h, path) for h in hidden):  # a secret inside: allow around it
+            if any(_inside(path, h) for h in hidden):
+                return
+            try:
+                entries = os.listdir(path)
+            except OSError:
+                return
+            for name in entries:
+                child = os.path.join(path, name)
+                if os.path.isdir(child) and not os.path.islink(child):
+                    allow(child)
+                elif os.path.isfile(child) and not os.path.islink(child):
+                    add(child, _FS_READ_FILE)
+            return
+        add(path, read_dir if os.path.isdir(path) else _FS_READ_FILE)
+
+    def add(path: str, access: int) -> None:
+        try:
+            target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        rule = _PathBeneath(access, target)
+        _libc.syscall(_LL_ADD, fd, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+        os.close(target)
+
+    for root in _readable_roots():
+        allow(root)
+    return fd, ""
 
 
-def _drop_bounding_set() -> bool:
-    """Empty the bounding set and set no_new_privs (both inherited by every task). The
-    server keeps its own permitted capabilities: it needs them to switch users and to
-    clean up after a task."""
-    for cap in range(64):
-        _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability
-    nnp = _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    return nnp and all(_prctl(PR_CAPBSET_READ, cap, 0, 0, 0) <= 0 for cap in range(64))
+# --- the server ------------------------------------------------------------------------
 
 
 def _task_uid() -> int | None:
@@ -191,209 +371,176 @@ def _task_uid() -> int | None:
     return None
 
 
-def _capabilities() -> tuple[int, ...]:
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    if _libc.capget(header, data) != 0:
-        return (-1,)
-    return tuple(data)
-
-
-def _can_import() -> bool:
-    """Whether this process can read the standard library (a task user must)."""
-    try:
-        for path in sys.path:
-            if os.path.isdir(path):
-                os.listdir(path)
-        with open(os.__file__, "rb") as f:
-            f.read(1)
-    except OSError:
-        return False
-    return True
-
-
-def _drop_capabilities() -> None:
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    _libc.capset(header, (ctypes.c_uint32 * 6)())
-
-
-def _private_work_dir(work: str) -> None:
-    """Without a task user: a mount namespace of the task's own in which only its work
-    dir is writable (what a separate user gives otherwise)."""
-    root = os.path.dirname(work)
-    if (
-        _libc.unshare(CLONE_NEWNS) != 0
-        or _libc.mount(work.encode(), work.encode(), None, MS_BIND, None) != 0
-        or _libc.mount(
-            None, root.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None
-        )
-        != 0
-    ):
-        raise OSError(ctypes.get_errno(), "cannot make the work dir private")
-
-
-def _become_task_user(uid: int | None) -> None:
-    """The credential change of every task (and of the startup check)."""
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)  # the kernel clears every capability
-    else:
-        _drop_capabilities()  # nothing to drop for an unprivileged server
-    # A credential change resets the parent-death signal, so set it after: a task never
-    # outlives a server that died.
-    _prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+GUARANTEES = (
+    "separate_identity",
+    "no_ptrace",
+    "no_network",
+    "memory_capped",
+    "suite_unreadable",
+    "no_fs_writes",
+    "no_namespaces",
+)
 
 
 class Server:
-    def __init__(self, root: str, privileged: bool, tmpfs_bytes: int, task_user: bool) -> None:
-        self.root = root
-        self.seq = 0
-        self.work = os.path.join(root, WORK)
-        self.network, self.fs = _namespaces(root, tmpfs_bytes) if privileged else (False, False)
-        self.bounding = _drop_bounding_set() if privileged else False
-        self.uid = _task_uid() if privileged and task_user else None
-        if self.uid is not None:
-            os.chmod(root, 0o711)  # tasks traverse to their own dir, list nothing
+    def __init__(
+        self,
+        secrets: list[str],
+        task_user: bool,
+        evaluator: int | None,
+        channel: tuple[int, int],
+        without: set[str],
+    ) -> None:
+        self.hidden = _secret_roots(secrets)
+        self.evaluator = evaluator
+        self.channel = channel
+        self.uid = _task_uid() if task_user else None
+        self.abi = 0 if "landlock" in without else landlock_abi()
+        self.ruleset, self.landlock_reason = _ruleset(self.abi, self.hidden)
+        if "landlock" in without:
+            self.landlock_reason = "Landlock left out (--without=landlock)"
+        seccomp = "seccomp" not in without
+        self.filters = {
+            True: _filter(True) if seccomp else None,
+            False: _filter(False) if seccomp else None,
+        }
         _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.devnull = os.open(os.devnull, os.O_RDWR)
-        ok = self._check_credentials()
-        if not ok and self.uid is not None:
-            # The task user cannot run Python here: tasks stay root, without capabilities,
-            # each in its own mount namespace where only its work dir is writable.
-            self.uid = None
-            ok = self._check_credentials()
-        self.caps_dropped = ok and self.bounding
-        self.private_mounts = self.fs and self.uid is None
+        self.guarantees, self.reasons = self._check()
+        if self.uid is not None and not self.guarantees.get("_setup", False):
+            self.uid = None  # the task user cannot run here: check again without it
+            self.guarantees, self.reasons = self._check()
+        self.guarantees.pop("_setup", None)
 
-    def _check_credentials(self) -> bool:
-        """Run the tasks' credential change once in a child and check its outcome: no
-        capability left and no_new_privs set (the kernel's rules make every task the same;
-        each task still fails its setup if the switch fails)."""
+    # The check child: the task's setup, then every attack a guarantee is about.
+    def _check(self) -> tuple[dict[str, bool], dict[str, str]]:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            ok = False
+            doc: dict[str, object] = {}
             try:
-                _become_task_user(self.uid)
-                ok = (
-                    not any(_capabilities())
-                    and _prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1
-                    and (self.uid is None or os.getresuid() == (self.uid,) * 3)
-                    and _can_import()
-                )
+                os.close(read_end)
+                check_limits = {
+                    "memory_bytes": 256 << 20,
+                    "cpu_seconds": 5,
+                    "output_bytes": 1 << 16,
+                    "open_files": 64,
+                }
+                ruleset = os.dup(self.ruleset) if self.ruleset >= 0 else -1
+                _setup(self, _rlimits(check_limits), True, ruleset)
+                doc = _attack(self.hidden, self.evaluator)
+                doc["_setup"] = True
+            except BaseException as exc:
+                doc = {"_setup": False, "_error": f"{type(exc).__name__}: {exc}"}
             finally:
-                os.write(write_end, bytes([ok]))
+                os.write(write_end, marshal.dumps(doc))
                 os._exit(0)
         os.close(write_end)
-        os.waitpid(pid, 0)
-        ok = os.read(read_end, 1) == b"\x01"
+        data = b""
+        while chunk := os.read(read_end, 1 << 16):
+            data += chunk
         os.close(read_end)
-        return ok
+        os.waitpid(pid, 0)
+        found: dict[str, object] = marshal.loads(data) if data else {"_setup": False}
+        held = {name: found.get(name) is None for name in GUARANTEES}
+        reasons = {name: str(found[name]) for name in GUARANTEES if found.get(name) is not None}
+        if not found.get("_setup"):
+            held = dict.fromkeys(GUARANTEES, False)
+            reasons = dict.fromkeys(GUARANTEES, f"task setup failed: {found.get('_error')}")
+        if self.ruleset < 0:
+            for name in ("suite_unreadable", "no_fs_writes"):
+                if not held[name]:
+                    reasons[name] += f" ({self.landlock_reason})"
+        held["_setup"] = bool(found.get("_setup"))
+        return held, reasons
 
     def hello(self) -> dict[str, object]:
         return {
             "pid": os.getpid(),
             "uid": self.uid,
-            "isolation": self._isolation(),
+            "landlock_abi": self.abi,
+            "guarantees": self.guarantees,
+            "reasons": self.reasons,
         }
 
-    def _isolation(self) -> dict[str, bool]:
-        return {
-            "network_isolated": self.network,
-            "fs_isolated": self.fs,
-            "capabilities_dropped": self.caps_dropped,
-            "separate_user": self.uid is not None,
-        }
-
-    def run(self, request: dict[str, object]) -> dict[str, object]:
+    def run(
+        self, request: dict[str, object], requests: int, responses: int
+    ) -> dict[str, object] | None:
+        op = request["op"]
+        if op == "stop":  # a stop that came after the wall clock had ended the task
+            return None
+        source = request["source"]
+        entry = request.get("entry_point")
+        if op not in ("run", "serve") or not isinstance(source, bytes):
+            raise ValueError(f"bad request: op {op!r}")
         limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
-        files: dict[str, bytes] = request["files"]  # type: ignore[assignment]
-        main = str(request["main"])
-        for name in (*files, main):
-            if "/" in name or name in ("", ".", ".."):
-                raise ValueError(f"not a plain file name: {name!r}")
-        work = self.work
-        if os.path.lexists(work):  # a task's leftovers that could not be removed
-            self.seq += 1
-            os.rename(work, os.path.join(self.root, f".left-{self.seq}"))
-        os.mkdir(work, 0o700)
-        try:
-            self._write_files(work, files)
-            rlimits = _rlimits(limits)
-            out = os.memfd_create("stdout")
-            err = os.memfd_create("stderr")
-            start = time.perf_counter()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child never returns
-                _child(work, main, rlimits, out, err, self.devnull, self.uid, self.private_mounts)
-            timed_out = self._wait(pid, limits["wall_seconds"], start)
-            self._kill_task(pid)
-            _, status = os.waitpid(pid, 0)
-            self._reap()
-            seconds = time.perf_counter() - start
-            cap = limits["output_bytes"]
-            stdout = os.pread(out, cap + 1, 0)
-            stderr = os.pread(err, cap + 1, 0)
-            os.close(out)
-            os.close(err)
-        finally:
-            _rmtree(work)
+        pipe_io.drain(self.channel[0])
+        rlimits = _rlimits(limits)
+        no_fork = limits["processes"] <= 1
+        out = os.memfd_create("stdout")
+        err = os.memfd_create("stderr")
+        start = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            _child(self, op, source, entry, rlimits, no_fork, out, err)
+        wall = float(limits["wall_seconds"])
+        if op == "serve":
+            timed_out = self._serve_until_stop(pid, requests, responses, start + wall)
+        else:
+            timed_out = _wait_exit(pid, wall)
+        self._kill_task(pid)
+        _, status = os.waitpid(pid, 0)
+        self._reap()
+        pipe_io.drain(self.channel[0])
+        seconds = time.perf_counter() - start
+        cap = limits["output_bytes"]
+        stdout = os.pread(out, cap + 1, 0)
+        stderr = os.pread(err, cap + 1, 0)
+        os.close(out)
+        os.close(err)
+        memory_capped = self.guarantees["memory_capped"] and (no_fork or self.uid is not None)
         return {
             "returncode": os.waitstatus_to_exitcode(status),
             "timed_out": timed_out,
             "stdout": stdout[:cap],
             "stderr": stderr[:cap],
+            # RLIMIT_FSIZE stops the memory files at the cap (the task gets EFBIG)
             "truncated": len(stdout) >= cap or len(stderr) >= cap,
             "seconds": seconds,
-            "isolation": self._isolation(),
+            "guarantees": {**self.guarantees, "memory_capped": memory_capped},
         }
 
-    def _write_files(self, work: str, files: dict[str, bytes]) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        uid = self.uid
-        if uid is not None:
-            os.chown(work, uid, uid)
-        for name, data in files.items():
-            fd = os.open(os.path.join(work, name), flags, 0o644)
-            try:
-                if uid is not None:
-                    os.fchown(fd, uid, uid)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-
     @staticmethod
-    def _wait(pid: int, wall_seconds: float, start: float) -> bool:
-        """Wait for the task to exit; True if the wall clock ran out first."""
+    def _serve_until_stop(pid: int, requests: int, responses: int, deadline: float) -> bool:
+        """While a completion serves calls: wait for the evaluator's ``stop``; if the task
+        exits first, say so at once (the evaluator is waiting for a reply that will never
+        come), then still wait for the stop. True if the wall clock ran out first."""
+        pidfd = os.pidfd_open(pid)
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # kernel < 5.3: poll the child
-            deadline = start + wall_seconds
-            while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                if time.perf_counter() > deadline:
+            watched = [requests, pidfd]
+            while True:
+                left = deadline - time.perf_counter()
+                ready, _, _ = select.select(watched, [], [], max(left, 0))
+                if not ready:
                     return True
-                time.sleep(0.0005)
-            return False
-        try:
-            ready, _, _ = select.select([pidfd], [], [], wall_seconds)
+                if requests in ready:
+                    _read_frame(requests)
+                    return False
+                _send(responses, {"event": "exited"})
+                watched = [requests]
         finally:
             os.close(pidfd)
-        return not ready
 
     def _kill_task(self, pid: int) -> None:
         """Kill the task and everything it started, whatever session or group it moved to."""
         try:  # noqa: SIM105 - contextlib is not imported: the server imports little
-            os.killpg(pid, SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            os.kill(pid, SIGKILL)
+        except ProcessLookupError:
             pass
         if self.uid is None:
             return
         # As the task's user (the saved uid stays root), kill(-1) reaches exactly the
-        # processes of that user, nothing else; then back to root. The server has one
-        # thread, so no other thread ever runs with these credentials.
+        # processes of that user, nothing else; then back to root (one thread only).
         os.setresuid(self.uid, self.uid, 0)
         try:
             os.kill(-1, SIGKILL)
@@ -403,16 +550,15 @@ class Server:
             os.setresuid(0, 0, 0)
 
     def _reap(self) -> None:
-        """Kill and reap whatever the task left behind. The server is the subreaper, so
-        each orphan of the task comes back here as a child: until none is left, kill the
-        children (with a task user, kill(-1) already did) and wait. So nothing of a task
-        is alive when the next one starts, whatever session or group it moved to."""
+        """Kill and reap whatever the task left behind (only where it may fork). The server
+        is the subreaper, so each orphan comes back here as a child: until none is left,
+        kill the children and wait."""
         while True:
             try:
-                pid, _ = os.waitpid(-1, 0 if self.uid is not None else os.WNOHANG)
+                pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
-            if pid == 0:  # children alive (no task user): find them, kill them, wait
+            if pid == 0:
                 for child in _children():
                     try:  # noqa: SIM105
                         os.kill(child, SIGKILL)
@@ -424,9 +570,84 @@ class Server:
                     return
 
 
+def _attack(hidden: list[str], evaluator: int | None) -> dict[str, object]:
+    """Run by the check child after the task setup: for each guarantee, what broke it."""
+    import errno
+    import socket
+
+    broken: dict[str, object] = {}
+    server = os.getppid()
+    effective = (ctypes.c_uint32 * 6)()
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if _libc.capget(header, effective) != 0 or any(effective):
+        broken["separate_identity"] = "a task keeps capabilities"
+    for target in (server, evaluator):
+        if target is None:
+            continue
+        try:
+            os.kill(target, 0)
+            broken["separate_identity"] = f"a task can signal pid {target}"
+        except OSError:
+            pass
+        for name in ("environ", "mem"):
+            try:
+                with open(f"/proc/{target}/{name}", "rb") as f:
+                    f.read(1)
+                broken["separate_identity"] = f"a task can read /proc/{target}/{name}"
+            except OSError:
+                pass
+        if _libc.ptrace(0x4206, target, None, None) == 0:  # PTRACE_SEIZE: does not stop it
+            broken["no_ptrace"] = f"a task can ptrace pid {target}"
+    for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+        try:
+            socket.socket(family, socket.SOCK_DGRAM).close()
+            broken["no_network"] = f"a task can open a socket of family {family}"
+        except OSError:
+            pass
+    for path in hidden:
+        try:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                with open(path, "rb") as f:
+                    f.read(1)
+            broken["suite_unreadable"] = f"a task can read {path}"
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass
+    for directory in ("/tmp", "/dev/shm", "/var/tmp", os.environ.get("HOME", "/")):
+        try:
+            fd = os.open(
+                os.path.join(directory, f".rtrl-check-{os.getpid()}"),
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                0o600,
+            )
+            os.close(fd)
+            os.unlink(os.path.join(directory, f".rtrl-check-{os.getpid()}"))
+            broken["no_fs_writes"] = f"a task can create files in {directory}"
+        except OSError as exc:
+            if exc.errno == errno.ENOENT and not os.path.isdir(directory):
+                pass
+    for flag in (0x10000000, 0x40000000, 0x00020000):  # NEWUSER, NEWNET, NEWNS
+        if _libc.unshare(flag) == 0:
+            broken["no_namespaces"] = f"a task can unshare({flag:#x})"
+    try:
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        broken["memory_capped"] = "a task can fork (its address-space cap is per process)"
+    except OSError:
+        pass
+    if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
+        broken["memory_capped"] = "no address-space limit"
+    return broken
+
+
 def _children() -> list[int]:
-    """The pids of this process's children (a /proc scan: only after a task that left
-    processes behind, and only without a task user)."""
+    """The pids of this process's children (a /proc scan, only after a task that left
+    processes behind)."""
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
@@ -442,122 +663,182 @@ def _children() -> list[int]:
     return found
 
 
-def _rmtree(path: str) -> None:
-    """Remove a work dir the task may have filled with anything (no symlink is followed;
-    every process of the task is dead by now, so nothing changes under our feet). What
-    cannot be removed is moved aside by the next run."""
-    try:
-        os.chmod(path, 0o700)  # a task may have made its own dirs unreadable
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                _rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
-    try:  # noqa: SIM105
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 def _rlimits(limits: dict[str, int]) -> list[tuple[int, tuple[int, int]]]:
     """The task's (resource, (soft, hard)) limits, computed before the fork (the server's
-    hard limits are the child's): never above a hard limit, which only root may raise."""
+    hard limits are the child's): never above a hard limit, which only root may raise.
+    With more than one process allowed, the address-space cap is shared out between them
+    (and the process count is enforced through the task's own user id)."""
+    processes = max(1, int(limits.get("processes", 1)))
+    memory = limits["memory_bytes"] // processes
     wanted = (
-        (resource.RLIMIT_AS, limits["memory_bytes"], limits["memory_bytes"]),
+        (resource.RLIMIT_AS, memory, memory),
         (resource.RLIMIT_FSIZE, limits["output_bytes"], limits["output_bytes"]),
         (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
-        (resource.RLIMIT_NPROC, limits["processes"], limits["processes"]),
+        (resource.RLIMIT_NPROC, processes, processes),
         (resource.RLIMIT_CORE, 0, 0),
         # SIGXCPU at the soft limit (reported as cpu_limit), SIGKILL a second later.
         (resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1),
     )
     result = []
     for name, soft, hard in wanted:
+        if name == resource.RLIMIT_NPROC and processes <= 1:
+            continue  # no fork at all (seccomp); NPROC would count the user's other processes
         current = resource.getrlimit(name)[1]
         capped = hard if current == resource.RLIM_INFINITY else min(hard, current)
         result.append((name, (min(soft, capped), capped)))
     return result
 
 
+def _setup(
+    server: Server, rlimits: list[tuple[int, tuple[int, int]]], no_fork: bool, ruleset: int
+) -> None:
+    """The task's isolation (module docstring), in the forked child."""
+    uid = server.uid
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # the kernel clears every capability
+    else:  # the server's own user (root, maybe): no capability left either
+        _libc.capset((ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)())
+    for cap in range(64):  # an empty bounding set (EPERM without CAP_SETPCAP: none to drop)
+        _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    # A credential change resets the parent-death signal and dumpability: set them after.
+    _prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+    _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+    os.chdir("/")
+    os.umask(0o077)
+    for name, soft_hard in rlimits:
+        resource.setrlimit(name, soft_hard)
+    if ruleset >= 0:
+        if _libc.syscall(_LL_RESTRICT, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+        os.close(ruleset)
+    program = server.filters[no_fork]
+    if program is not None:
+        code = ctypes.create_string_buffer(program, len(program))
+        fprog = _Fprog(len(program) // 8, ctypes.addressof(code))
+        if _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp")
+
+
 def _child(  # noqa: PLR0917
-    work: str,
-    main: str,
+    server: Server,
+    op: object,
+    source: bytes,
+    entry: object,
     rlimits: list[tuple[int, tuple[int, int]]],
+    no_fork: bool,
     out: int,
     err: int,
-    devnull: int,
-    uid: int | None,
-    private_mounts: bool,
 ) -> None:
-    """The forked task: isolate, run ``main``, exit. Never returns. Short on purpose: every
-    page it touches is copied."""
+    """The forked task: isolate, run, exit. Never returns."""
     try:
         os.setsid()
-        os.dup2(devnull, 0)
+        os.dup2(server.devnull, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        os.closerange(3, _MAX_FD)
-        if private_mounts:
-            _private_work_dir(work)
-        _become_task_user(uid)
-        # Not ptrace-able (nor /proc/<pid>/mem) by anything without CAP_SYS_PTRACE.
-        _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        os.chdir(work)
-        os.umask(0o077)
-        for name, soft_hard in rlimits:
-            resource.setrlimit(name, soft_hard)
+        os.dup2(server.channel[0], CALLS_FD)
+        os.dup2(server.channel[1], REPLIES_FD)
+        ruleset = -1
+        if server.ruleset >= 0:
+            ruleset = os.dup2(server.ruleset, RULESET_FD)
+        os.closerange(RULESET_FD + 1, _MAX_FD)
+        _setup(server, rlimits, no_fork, ruleset)
     except BaseException as exc:
         try:
             os.write(2, f"sandbox: task setup failed: {exc!r}\n".encode())
         finally:
             os._exit(SETUP_FAILED)
-    os._exit(_run_main(os.path.join(work, main)))
+    if op == "serve":
+        os._exit(_serve(source, str(entry)))
+    os._exit(_run_main(source))
 
 
-def _run_main(path: str) -> int:
-    """Run ``path`` as ``__main__`` the way ``python path`` would; the exit status."""
-    module = type(sys)("__main__")
-    module.__file__ = path
+def _module(name: str, source: bytes, filename: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = filename
     vars(module)["__builtins__"] = sys.modules["builtins"]
-    sys.modules["__main__"] = module
-    sys.argv = [path]
+    sys.modules[name] = module
+    # Tracebacks show the source without reading a file (a task reads no file of its own).
+    import linecache
+
+    text = source.decode("utf-8", "replace")
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    return module
+
+
+def _run_main(source: bytes) -> int:
+    """Run ``source`` as ``__main__`` the way ``python main.py`` would; the exit status."""
+    module = _module("__main__", source, "main.py")
+    sys.argv = ["main.py"]
     code = 0
     try:
-        with open(path, "rb") as f:
-            source = f.read()
-        exec(compile(source, path, "exec"), module.__dict__)
+        exec(compile(source, "main.py", "exec"), module.__dict__)
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:
-        # The traceback starts at the program, as ``python path`` prints it.
         tb = exc.__traceback__
         exc.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 1
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None:
-            threading._shutdown()  # as the interpreter does at exit
-        import atexit
-
-        atexit._run_exitfuncs()
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = code or 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
-            code = code or 120  # as the interpreter does when flushing fails at exit
+            code = code or 120
     return code
+
+
+def _send_frame(fd: int, doc: dict[str, object]) -> None:
+    import json
+
+    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    view = memoryview(len(data).to_bytes(4, "big") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _describe(exc: BaseException) -> dict[str, object]:
+    return {"raise": type(exc).__name__, "message": str(exc)[:1000]}
+
+
+def _serve(source: bytes, entry: str) -> int:
+    """Load the completion as module ``solution`` and answer calls of ``entry`` with plain
+    values (:mod:`plain_values`) until the channel closes. Whatever the completion does to
+    this process (exit, patch, print) only changes what it answers, never the verdict."""
+    import json
+
+    module = _module("solution", source, "solution.py")
+    try:
+        exec(compile(source, "solution.py", "exec"), module.__dict__)
+        function = module.__dict__[entry]
+        if not callable(function):
+            raise TypeError(f"{entry} is not callable")
+    except BaseException as exc:  # SystemExit included: a load that exits did not load
+        tb = exc.__traceback__
+        exc.__traceback__ = tb.tb_next if tb is not None else None
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        _send_frame(REPLIES_FD, {"id": 0, "load_error": _describe(exc)})
+        return 1
+    _send_frame(REPLIES_FD, {"id": 0, "ready": True})
+    while True:
+        frame = _read_frame(CALLS_FD)
+        if frame is None:
+            return 0
+        call = json.loads(frame)
+        reply: dict[str, object] = {"id": call["id"]}
+        try:
+            args = plain_values.loads(json.dumps(call["args"]).encode())
+            kwargs = plain_values.loads(json.dumps(call["kwargs"]).encode())
+            reply["value"] = plain_values.encode(function(*args, **kwargs))
+        except BaseException as exc:
+            reply.update(_describe(exc))
+        try:
+            _send_frame(REPLIES_FD, reply)
+        except ValueError as exc:  # not JSON after all (the completion patched encode)
+            _send_frame(REPLIES_FD, {"id": call["id"], **_describe(exc)})
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -572,42 +853,35 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _warm_up(root: str, rounds: int = 10) -> None:
-    """Run what every task runs (write a module, import it from a directory on
-    ``sys.path``, compile and exec a program) a few times here, then undo it: the
-    interpreter specialises the bytecode of the import system and the compiler on the
-    server's side once, instead of in every task (writing to code objects there copies
-    their pages: a quarter of a task's page faults)."""
-    directory = os.path.join(root, ".warm")
-    os.mkdir(directory, 0o700)
-    sys.path.insert(0, directory)
+def _wait_exit(pid: int, wall_seconds: float) -> bool:
+    """Wait for the task to exit; True if the wall clock ran out first."""
+    pidfd = os.pidfd_open(pid)
     try:
-        for i in range(rounds):
-            name = f"_rtrl_warm_up_{i}"
-            path = os.path.join(directory, name + ".py")
-            with open(path, "w") as f:
-                f.write("def f(x):\n    return [2 * x for _ in range(3)]\n")
-            program = (
-                f"import sys\nfrom {name} import f as candidate\nassert candidate(2)[0] == 4\n"
-            )
-            exec(compile(program, os.path.join(directory, "main.py"), "exec"), {"__name__": "w"})
-            sys.modules.pop(name, None)
-            os.unlink(path)
+        ready, _, _ = select.select([pidfd], [], [], wall_seconds)
     finally:
-        sys.path.remove(directory)
-        sys.path_importer_cache.pop(directory, None)
-        os.rmdir(directory)
+        os.close(pidfd)
+    return not ready
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
     chunks = []
     while n:
-        chunk = os.read(fd, n)
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             return None
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+def _read_frame(fd: int) -> bytes | None:
+    header = _read_exact(fd, 4)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big")
+    if size > MAX_FRAME:
+        return None
+    return _read_exact(fd, size)
 
 
 def _send(fd: int, doc: dict[str, object]) -> None:
@@ -617,17 +891,28 @@ def _send(fd: int, doc: dict[str, object]) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _warm_up(rounds: int = 10) -> None:
+    """Run what every task runs (compile and exec a module, call through the codec) a few
+    times here: the interpreter specialises that bytecode once, on the server's side,
+    instead of in every task (writing to code objects there copies their pages)."""
+    import json
+    import linecache
+
+    for _ in range(rounds):
+        source = b"def f(x):\n    return [2 * x for _ in range(3)]\n"
+        namespace: dict[str, object] = {}
+        exec(compile(source, "solution.py", "exec"), namespace)
+        value = namespace["f"](2)  # type: ignore[operator]
+        plain_values.loads(json.dumps(plain_values.encode((value, {1: "a"}))).encode())
+    linecache.cache.clear()
+
+
 def main(argv: list[str]) -> int:
-    root = argv[1]
-    privileged = "--unprivileged" not in argv
     task_user = "--no-task-user" not in argv
-    tmpfs_bytes = 256 << 20
-    for arg in argv:
-        if arg.startswith("--tmpfs-bytes="):
-            tmpfs_bytes = int(arg.split("=", 1)[1])
+    secrets = [a.split("=", 1)[1] for a in argv if a.startswith("--secret=")]
+    channel = next(a.split("=", 1)[1] for a in argv if a.startswith("--channel="))
     # The protocol keeps its own descriptors. 0-2 become /dev/null, and the stdio objects
-    # every task inherits are made here, empty, once: the child only points fds 1 and 2
-    # at its own memory files.
+    # every task inherits are made here, empty, once.
     requests = os.dup(0)
     responses = os.dup(1)
     diagnostics = os.dup(2)
@@ -646,25 +931,26 @@ def main(argv: list[str]) -> int:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     log = io.TextIOWrapper(io.FileIO(diagnostics, "w"), encoding="utf-8", line_buffering=True)
-    server = Server(root, privileged, tmpfs_bytes, task_user)
-    _warm_up(root)
+    calls, replies = (int(x) for x in channel.split(","))
+    evaluator = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--evaluator=")), None)
+    without = {w for a in argv if a.startswith("--without=") for w in a[10:].split(",") if w}
+    server = Server(secrets, task_user, evaluator, (calls, replies), without)
+    _warm_up()
     _send(responses, server.hello())
     # Nothing the server allocated so far is ever garbage: keep the collector (in every
     # task) from walking it and copying its pages.
     gc.freeze()
     while True:
-        header = _read_exact(requests, 4)
-        if header is None:
-            return 0
-        body = _read_exact(requests, int.from_bytes(header, "big"))
+        body = _read_frame(requests)
         if body is None:
             return 0
         try:
-            reply = server.run(marshal.loads(body))
+            reply = server.run(marshal.loads(body), requests, responses)
         except Exception as exc:  # a bad request: answer it, keep serving
             print(f"sandbox server: {type(exc).__name__}: {exc}", file=log)
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        _send(responses, reply)
+        if reply is not None:
+            _send(responses, reply)
 
 
 if __name__ == "__main__":

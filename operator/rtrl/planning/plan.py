@@ -55,6 +55,8 @@ STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
 CHECKPOINT_API = "rtrl.io/v1alpha1"
 MAX_BACKOFF = 3600.0
+# Why eval.json failed a candidate (its "reason"), as the Checkpoint's condition reason.
+EVAL_FAILURES = ("EvalGatesFailed", "SandboxUnsafe")
 
 
 @dataclass
@@ -672,7 +674,9 @@ class _Planner:
         if doc.get("gates_source") == "default":  # spec.eval.gates unset
             message += " (default gates)"
         passed = bool(doc["passed"])
-        phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", "EvalGatesFailed")
+        # SandboxUnsafe: the code suites were not scored (a sandbox guarantee is missing)
+        failure = doc.get("reason") if doc.get("reason") in EVAL_FAILURES else "EvalGatesFailed"
+        phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", failure)
         self.patch_summary(
             ck,
             "eval",
