@@ -28,8 +28,9 @@ the pod is deleted. ``never_ready`` lists pod-name patterns whose containers run
 pass readiness (a model that never loads); a pattern may name the Deployment.
 
 Not done, on purpose: readiness and liveness probes (a running container is ready), init
-containers, resource limits, ``runAsUser`` (processes run as this user), port conflicts
-between pods (all pods share the host's network namespace).
+containers, resource limits, port conflicts between pods (all pods share the host's network
+namespace), and ``runAsUser`` unless a test sets ``runner.identities`` (processes run as the
+kubelet's user; with it, as the securityContext's user and capabilities: pods.py).
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class Kubelet:
             self.jobs_seen.clear()
         self.never_ready = []
         self.runner.extra_env = dict(extra_env)
+        self.runner.identities = False
 
     def logs(self, job_or_pod: str, namespace: str | None = None) -> str:
         """The output of the pods of a Job (or of one pod), each under a header."""

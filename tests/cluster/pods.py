@@ -34,6 +34,15 @@ How a pod spec maps onto this machine:
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's termination message
   is the last 20 lines / 4096 bytes of that output.
 - Stopping: SIGTERM to the container's process group, SIGKILL after the grace period.
+- Identity: by default every container runs as the runner's user. With ``identities`` (a
+  runner started as root), a container whose ``securityContext`` (its own over the pod's)
+  names ``runAsUser`` runs as that uid, ``runAsGroup`` (else the uid) as its gid and the
+  pod's ``fsGroup`` as a supplementary group, through ``setpriv``: with ``capabilities.drop:
+  [ALL]`` no capability at all (inheritable and bounding sets emptied), with
+  ``allowPrivilegeEscalation: false`` ``no_new_privs``. Its volumes then get the kubelet's
+  ownership: an ``emptyDir`` is mode 0777, Secret/ConfigMap files group ``fsGroup``. As that
+  user may not run this checkout's interpreter (a venv under ``/root``), a console script of
+  the venv (``rtrl-job``...) runs under ``IDENTITY_PYTHON`` with the venv's site-packages.
 """
 
 from __future__ import annotations
@@ -57,6 +66,13 @@ from rtrl.local.jobs import rewrite as rewrite_for_local
 from tests.cluster.controlplane import die_with_parent
 
 BIN = Path(sys.executable).parent
+# An interpreter of this Python version that other users can run (the venv's may not be).
+IDENTITY_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+SITE_PACKAGES = (
+    Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+)
+SITE_PACKAGES = SITE_PACKAGES / "site-packages"
+_CONSOLE_SCRIPT = re.compile(r"^from ([\w.]+) import (\w+)$", re.MULTILINE)
 TERMINATION_TAIL_LINES = 20
 TERMINATION_TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 1.0
@@ -123,6 +139,7 @@ class PodRunner:
     token: TokenSource | None = None
     pod_ip: str = "127.0.0.1"
     node_name: str = "localhost"
+    identities: bool = False
 
     # --- what a container sees -------------------------------------------------------------
 
@@ -334,6 +351,64 @@ class PodRunner:
             argv[0] = os.fspath(BIN / argv[0])
         return argv
 
+    def identity(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any]
+    ) -> tuple[list[str], int, int, int | None] | None:
+        """(setpriv words, uid, gid, fsGroup) of the container's ``securityContext``, or
+        None where it runs as the runner's user (module docstring)."""
+        if not self.identities or os.geteuid() != 0:
+            return None
+        pod_ctx = (pod.get("spec") or {}).get("securityContext") or {}
+        ctx = {**pod_ctx, **(container.get("securityContext") or {})}
+        uid = ctx.get("runAsUser")
+        if uid is None:
+            return None
+        gid = int(ctx.get("runAsGroup", uid))
+        fs_group = pod_ctx.get("fsGroup")
+        words = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
+        words.append(f"--groups={fs_group}" if fs_group is not None else "--clear-groups")
+        if "ALL" in ((ctx.get("capabilities") or {}).get("drop") or []):
+            words += ["--inh-caps=-all", "--bounding-set=-all"]
+        if ctx.get("allowPrivilegeEscalation") is False:
+            words.append("--no-new-privs")
+        return words, int(uid), gid, fs_group
+
+    @staticmethod
+    def _own_volumes(
+        pod: Mapping[str, Any], pod_dir: Path, uid: int, gid: int, fs_group: int | None
+    ) -> None:
+        """The ownership a kubelet gives volumes: emptyDirs 0777, the files of Secret,
+        ConfigMap, downwardAPI and projected volumes group fsGroup; the container's working
+        dir its user's."""
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            path = pod_dir / "volumes" / volume["name"]
+            if not path.is_dir():
+                continue
+            if "emptyDir" in volume:
+                path.chmod(0o777)
+            elif {"secret", "configMap", "downwardAPI", "projected"} & set(volume):
+                for item in [path, *path.rglob("*")]:
+                    os.chown(item, 0, fs_group if fs_group is not None else 0)
+        os.chown(pod_dir / "workdir", uid, gid)
+
+    @staticmethod
+    def _for_user(argv: list[str]) -> list[str]:
+        """A console script of this venv, run under an interpreter any user can run."""
+        script = Path(argv[0])
+        if script.parent != BIN or not script.is_file():
+            return argv
+        found = _CONSOLE_SCRIPT.search(script.read_text(errors="replace"))
+        if found is None:
+            return argv
+        if not IDENTITY_PYTHON.exists():
+            raise SetupError(f"runAsUser: {IDENTITY_PYTHON} is needed to run {script.name}")
+        boot = (
+            "import site, sys; site.addsitedir(sys.argv.pop(1)); "
+            f"from {found.group(1)} import {found.group(2)} as main; "
+            f"sys.argv[0] = {script.name!r}; sys.exit(main())"
+        )
+        return [os.fspath(IDENTITY_PYTHON), "-c", boot, os.fspath(SITE_PACKAGES), *argv[1:]]
+
     # --- running ---------------------------------------------------------------------------
 
     def run(
@@ -364,6 +439,15 @@ class PodRunner:
             return Termination(128, "ContainerCannotRun", str(exc))
         workdir = pod_dir / "workdir"
         workdir.mkdir(exist_ok=True)
+        identity = self.identity(pod, container)
+        if identity is not None:
+            words, uid, gid, fs_group = identity
+            self._own_volumes(pod, pod_dir, uid, gid, fs_group)
+            try:
+                argv = [*words, *self._for_user(argv)]
+            except SetupError as exc:
+                log_path.write_text(f"{exc}\n")
+                return Termination(128, "ContainerCannotRun", str(exc))
         with log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -54,9 +55,17 @@ def kubelet(
     controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Kubelet]:
     env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    # Pods that run as their securityContext's user (runner.identities) must reach their
+    # dirs: the kubelet's work dir is traversable by others, unlike pytest's tmp dirs.
+    work_dir = tmp_path_factory.mktemp("kubelet")
+    work_dir.chmod(0o711)
+    for parent in work_dir.parents:
+        if parent == Path(tempfile.gettempdir()):
+            break
+        parent.chmod(parent.stat().st_mode | 0o111)
     with Kubelet(
         controlplane,
-        tmp_path_factory.mktemp("kubelet"),
+        work_dir,
         extra_env=env,
         unavailable_images=(OPERATOR_IMAGE,),
     ) as node:

@@ -29,6 +29,8 @@ class Context:
     secret: str  # the value of AWS_SECRET_ACCESS_KEY in the evaluator's environment
     suite_file: Path
     humaneval_file: Path
+    # where the store's credentials files may be (a glob; the pod's path is always tried)
+    credentials: str = "/var/run/secrets/rtrl/storage/*"
 
 
 def _body(code: str) -> str:
@@ -68,6 +70,16 @@ for pid in pids:
     if b'AWS_SECRET_ACCESS_KEY=' in data:
         print(data)
         {found}
+"""),
+        "read_store_credentials": _body(f"""
+import glob
+pod_path = '/var/run/secrets/rtrl/storage/AWS_SECRET_ACCESS_KEY'
+for path in [*glob.glob({ctx.credentials!r}), pod_path]:
+    try:
+        print('read', path, open(path).read())
+        {found}
+    except OSError as exc:
+        print('denied', path, exc)
 """),
         "tcp_to_localhost": _body(f"""
 import socket
@@ -250,6 +262,7 @@ return None
 ESCAPES = (
     "read_evaluator_environ",
     "list_proc_for_secrets",
+    "read_store_credentials",
     "tcp_to_localhost",
     "udp_and_ipv6",
     "write_tmp_and_shm",

@@ -675,7 +675,7 @@ class _Planner:
             message += " (default gates)"
         passed = bool(doc["passed"])
         # SandboxUnsafe: the code suites were not scored (a sandbox guarantee is missing)
-        failure = doc.get("reason") if doc.get("reason") in EVAL_FAILURES else "EvalGatesFailed"
+        failure = str(doc["reason"]) if doc.get("reason") in EVAL_FAILURES else "EvalGatesFailed"
         phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", failure)
         self.patch_summary(
             ck,

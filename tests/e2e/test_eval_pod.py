@@ -1,0 +1,141 @@
+"""The eval sandbox where it really runs: the eval Job the operator builds (job_manifest),
+stored by the real API server and run by the kubelet stand-in *as its securityContext
+says* (uid 1000, group 1000 and fsGroup 1000, every capability dropped, no_new_privs), with
+the store's Secret mounted as files. Its container runs ``rtrl-job eval --samples`` on the
+attacks of tests/trainer/attacks.py: every guarantee holds in that pod, only the honest
+completion passes, and no attack leaves a file, a connection or a secret behind."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import stat
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rtrl.api.rlcycle import RLCycleSpec
+from rtrl.api.yamlfile import load
+from rtrl.planning import children as ch
+from rtrl_trainer import tasks
+from tests.cluster import pods
+from tests.cluster.api import KubeAPI
+from tests.cluster.kubelet import Kubelet
+from tests.conftest import REPO
+from tests.trainer import attacks
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not pods.IDENTITY_PYTHON.exists(), reason="no system Python 3.11"),
+]
+
+SECRET = f"eval-pod-secret-{uuid.uuid4().hex}"
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind and cond["status"] == "True":
+            return dict(cond)
+    return None
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+def eval_job(namespace: str) -> dict[str, Any]:
+    raw = load((REPO / "examples" / "rlcycle.yaml").read_text())["spec"]
+    raw["storage"] = {"artifacts": "s3://rtrl-artifacts/composer/", "credentialsSecret": "s3-creds"}
+    # a CPU node: this kubelet has no GPU and not the example's instance type
+    raw["training"].update(nodes=1, gpusPerNode=0)
+    for key in ("nodeSelector", "tolerations", "resources"):
+        raw["training"].pop(key, None)
+    spec = RLCycleSpec.model_validate(raw)
+    rlcycle = {"metadata": {"name": "composer", "namespace": namespace, "uid": "rlc-uid"}}
+    checkpoint = ch.checkpoint_manifest(
+        rlcycle, spec, cycle=1, parent="composer-0", now=datetime.now(UTC), trigger=None
+    )
+    checkpoint["metadata"]["uid"] = "ck-uid"
+    args = [
+        "eval",
+        "--samples", f"{ch.CONFIG_MOUNT}/samples.jsonl",
+        "--suite", "tasks",
+        "--results", f"{ch.SCRATCH}/results.jsonl",
+    ]  # fmt: skip
+    job = ch.job_manifest(rlcycle, spec, checkpoint, step="eval", attempt=0, args=args)
+    del job["metadata"]["ownerReferences"]  # no Checkpoint here: the collector would take it
+    return job
+
+
+def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
+    kube: KubeAPI, node: Kubelet, listener: socket.socket
+) -> None:
+    node.runner.identities = True  # reset by the node fixture
+    marker = f"rtrl-pod-attack-{uuid.uuid4().hex}"
+    ctx = attacks.Context(
+        evaluator_pid=1,  # not known before the pod starts: the attacks also scan /proc
+        port=listener.getsockname()[1],
+        marker=marker,
+        secret=SECRET,
+        suite_file=tasks.DEFAULT_SUITE,
+        humaneval_file=tasks.humaneval_path(),
+        credentials=f"{node.runner.work_dir}/{kube.namespace}/*/volumes/*/AWS_SECRET_ACCESS_KEY",
+    )
+    samples = node.runner.work_dir / f"{marker}.jsonl"
+    names = attacks.write_samples(samples, ctx)
+    keys = {"AWS_ACCESS_KEY_ID": b"AKIAEVALPOD", "AWS_SECRET_ACCESS_KEY": SECRET.encode()}
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
+                 "data": {k: base64.b64encode(v).decode() for k, v in keys.items()}})  # fmt: skip
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": ch.config_map_name("composer-1")},
+                 "data": {ch.CONFIG_FILE: "{}", "samples.jsonl": samples.read_text()}})  # fmt: skip
+    job = eval_job(kube.namespace)
+    name = job["metadata"]["name"]
+    kube.create(job)
+    done = kube.wait_for(
+        lambda: (
+            condition(kube.get("batch/v1", "Job", name), "Complete")
+            or condition(kube.get("batch/v1", "Job", name), "Failed")
+        ),
+        timeout=240,
+        message=lambda: node.logs(name, kube.namespace),
+    )
+    logs = node.logs(name, kube.namespace)
+    assert done["type"] == "Complete", logs[-4000:]
+    (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": name})
+    pod_dir = node.runner.work_dir / kube.namespace / pod["metadata"]["name"]
+    # the pod ran as its securityContext says, with the Secret as files only the sandbox hides
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    assert pod["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "--reuid=1000" in logs.splitlines()[1]
+    secret_file = pod_dir / "volumes" / "storage-credentials" / "AWS_SECRET_ACCESS_KEY"
+    info = secret_file.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o440 and info.st_gid == 1000  # uid 1000 may read it
+    summary = json.loads(logs.strip().splitlines()[-1])
+    assert summary["sandbox"]["missing"] == [], summary["sandbox"]
+    assert summary["samples"] == len(names) and summary["passed"] == 1
+    rows = [
+        json.loads(line)
+        for line in (pod_dir / "volumes" / "scratch" / "results.jsonl").read_text().splitlines()
+    ]
+    verdicts = dict(zip(names, (r["passed"] for r in rows), strict=True))
+    assert verdicts.pop("honest") is True
+    assert not any(verdicts.values()), {k: v for k, v in verdicts.items() if v}
+    results = (pod_dir / "volumes" / "scratch" / "results.jsonl").read_text()
+    assert SECRET not in logs + results
+    for where in ("/tmp", "/dev/shm", "/var/tmp"):
+        for leftover in (Path(where) / marker, Path(where) / f"{marker}.sh"):
+            assert not leftover.exists(), leftover
+    with pytest.raises(BlockingIOError):
+        listener.accept()
