@@ -42,7 +42,9 @@ How a pod spec maps onto this machine:
   ``allowPrivilegeEscalation: false`` ``no_new_privs``. Its volumes then get the kubelet's
   ownership: an ``emptyDir`` is mode 0777, Secret/ConfigMap files group ``fsGroup``. As that
   user may not run this checkout's interpreter (a venv under ``/root``), a console script of
-  the venv (``rtrl-job``...) runs under ``IDENTITY_PYTHON`` with the venv's site-packages.
+  the venv (``rtrl-job``...) runs under ``IDENTITY_PYTHON`` with the venv's site-packages;
+  where that user cannot reach this checkout at all (a clone under a 0700 directory), the
+  container runs as the runner's uid (root) with the securityContext's capabilities: none.
 """
 
 from __future__ import annotations
@@ -81,6 +83,26 @@ KILL_GRACE_SECONDS = 1.0
 Reader = Callable[[str, str, str], dict[str, Any] | None]
 # (pod, audience or None, seconds) -> a service-account token bound to the pod
 TokenSource = Callable[[dict[str, Any], str | None, int], str]
+
+
+def reachable_by(path: Path, uid: int, gids: set[int]) -> bool:
+    """Whether ``uid`` (with groups ``gids``, no capability) can search every directory
+    down to ``path`` and read it, by the permission bits."""
+
+    def allowed(info: os.stat_result, bit: int) -> bool:
+        if info.st_uid == uid:
+            return bool(info.st_mode & (bit << 6))
+        if info.st_gid in gids:
+            return bool(info.st_mode & (bit << 3))
+        return bool(info.st_mode & bit)
+
+    try:
+        path = path.resolve()
+        if not all(allowed(parent.stat(), 0o1) for parent in path.parents):
+            return False
+        return allowed(path.stat(), 0o4)
+    except OSError:
+        return False
 
 
 class SetupError(Exception):
@@ -365,7 +387,13 @@ class PodRunner:
             return None
         gid = int(ctx.get("runAsGroup", uid))
         fs_group = pod_ctx.get("fsGroup")
-        words = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
+        groups = {gid} | ({int(fs_group)} if fs_group is not None else set())
+        if not reachable_by(SITE_PACKAGES, int(uid), groups):
+            # This checkout is where that user cannot reach it (a clone under a 0700 dir):
+            # the container keeps the runner's uid, with the securityContext's capabilities.
+            uid, gid, fs_group = 0, 0, None
+        words = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]  # as root: the bounding set
+        # is what an exec'd program gets, so --bounding-set=-all leaves it no capability
         words.append(f"--groups={fs_group}" if fs_group is not None else "--clear-groups")
         if "ALL" in ((ctx.get("capabilities") or {}).get("drop") or []):
             words += ["--inh-caps=-all", "--bounding-set=-all"]
@@ -392,9 +420,11 @@ class PodRunner:
         os.chown(pod_dir / "workdir", uid, gid)
 
     @staticmethod
-    def _for_user(argv: list[str]) -> list[str]:
+    def _for_user(argv: list[str], uid: int) -> list[str]:
         """A console script of this venv, run under an interpreter any user can run."""
         script = Path(argv[0])
+        if uid == 0:
+            return argv
         if script.parent != BIN or not script.is_file():
             return argv
         found = _CONSOLE_SCRIPT.search(script.read_text(errors="replace"))
@@ -444,7 +474,7 @@ class PodRunner:
             words, uid, gid, fs_group = identity
             self._own_volumes(pod, pod_dir, uid, gid, fs_group)
             try:
-                argv = [*words, *self._for_user(argv)]
+                argv = [*words, *self._for_user(argv, uid)]
             except SetupError as exc:
                 log_path.write_text(f"{exc}\n")
                 return Termination(128, "ContainerCannotRun", str(exc))

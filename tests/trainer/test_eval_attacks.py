@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -22,14 +23,27 @@ import pytest
 
 from rtrl_trainer import grader, sandbox, tasks
 from rtrl_trainer.sandbox import Limits
-from tests.conftest import REPO
+from tests.cluster import pods
 from tests.trainer import attacks
 
-POD_UID = 1000
 AS_ROOT = os.geteuid() == 0
 # As uid 1000 the sandbox server needs an interpreter that user can run (this venv's may
-# live under /root); the standard library is all it uses.
-POD_PYTHON = "/usr/bin/python3.11" if AS_ROOT and Path("/usr/bin/python3.11").exists() else None
+# live under /root; the standard library is all it uses) and to reach this checkout. Where
+# it cannot (a clone under a 0700 dir), the tests run as root without any capability: the
+# pod's capabilities, not its user, and the same guarantees must hold (Landlock does not
+# care who the task is).
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+SITE = SITE / "site-packages"
+POD_UID = (
+    1000
+    if AS_ROOT
+    and SYSTEM_PYTHON.exists()
+    and pods.reachable_by(Path(sandbox.SERVER), 1000, {1000})
+    and pods.reachable_by(SITE, 1000, {1000})
+    else 0
+)
+POD_PYTHON = str(SYSTEM_PYTHON) if POD_UID else None
 RUN_AS = (POD_UID, POD_UID) if AS_ROOT else None
 LIMITS = Limits(wall_seconds=5, cpu_seconds=3, memory_bytes=512 << 20, output_bytes=64 << 10)
 SECRET = f"rtrl-canary-{uuid.uuid4().hex}"
@@ -75,8 +89,8 @@ def _no_side_effects(ctx: attacks.Context, listener: socket.socket) -> None:
 def test_every_guarantee_holds_with_the_eval_pods_identity(pod_box: sandbox.Sandbox) -> None:
     held = pod_box.guarantees
     assert held.missing() == [], held.reasons
-    if AS_ROOT:
-        assert pod_box.hello["uid"] is None  # uid 1000 cannot switch users: Landlock does it
+    if AS_ROOT:  # the pod's identity cannot switch users: Landlock does what a uid would
+        assert pod_box.hello["uid"] is None
 
 
 @pytest.mark.parametrize(
@@ -149,7 +163,7 @@ def test_a_node_without_a_protection_says_which_guarantees_are_gone(
         assert held.reasons[name].startswith("a task can"), held.reasons[name]
 
 
-@pytest.mark.skipif(not AS_ROOT or POD_PYTHON is None, reason="needs root to become uid 1000")
+@pytest.mark.skipif(not AS_ROOT, reason="needs root to take the eval pod's identity")
 def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
     ctx: attacks.Context, listener: socket.socket
 ) -> None:
@@ -161,7 +175,6 @@ def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
         samples = work / "samples.jsonl"
         names = attacks.write_samples(samples, ctx)
         samples.chmod(0o644)
-        site = REPO / ".venv" / "lib" / "python3.11" / "site-packages"
         boot = (
             "import site, sys; site.addsitedir(sys.argv.pop(1)); "
             "from rtrl_trainer.cli import main; sys.argv[0] = 'rtrl-job'; sys.exit(main())"
@@ -171,10 +184,10 @@ def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
         proc = subprocess.Popen(
             [
                 *sandbox._drop_to(POD_UID, POD_UID),
-                str(POD_PYTHON),
+                POD_PYTHON or sys.executable,
                 "-c",
                 f"import sys; sys.stdin.readline(); {boot}",
-                str(site),
+                str(SITE),
                 "eval",
                 "--samples",
                 str(samples),
