@@ -145,6 +145,20 @@ class KubeAPI:
                 raise AssertionError(f"timed out after {timeout}s waiting for: {text or predicate}")
             time.sleep(interval)
 
+    def wait_for_job(
+        self, name: str, timeout: float = 60.0, message: str | Callable[[], str] = ""
+    ) -> dict[str, Any]:
+        """The Job's Complete or Failed condition (whichever it gets), once it has one."""
+
+        def finished() -> dict[str, Any] | None:
+            job = self.get("batch/v1", "Job", name) or {}
+            for cond in (job.get("status") or {}).get("conditions") or []:
+                if cond["type"] in ("Complete", "Failed") and cond["status"] == "True":
+                    return dict(cond)
+            return None
+
+        return self.wait_for(finished, timeout=timeout, message=message)
+
 
 def write_kubeconfig(path: Path, url: str, namespace: str) -> Path:
     path.write_text(

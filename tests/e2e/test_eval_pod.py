@@ -39,21 +39,10 @@ pytestmark = [
 SECRET = f"eval-pod-secret-{uuid.uuid4().hex}"
 
 
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind and cond["status"] == "True":
-            return dict(cond)
-    return None
-
-
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.setblocking(False)
-    yield server
-    server.close()
+    with attacks.tcp_listener() as server:
+        yield server
 
 
 def eval_job(namespace: str) -> dict[str, Any]:
@@ -105,14 +94,7 @@ def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
     job = eval_job(kube.namespace)
     name = job["metadata"]["name"]
     kube.create(job)
-    done = kube.wait_for(
-        lambda: (
-            condition(kube.get("batch/v1", "Job", name), "Complete")
-            or condition(kube.get("batch/v1", "Job", name), "Failed")
-        ),
-        timeout=240,
-        message=lambda: node.logs(name, kube.namespace),
-    )
+    done = kube.wait_for_job(name, 240, message=lambda: node.logs(name, kube.namespace))
     logs = node.logs(name, kube.namespace)
     assert done["type"] == "Complete", logs[-4000:]
     (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": name})

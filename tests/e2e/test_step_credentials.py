@@ -36,13 +36,6 @@ print("env", " ".join(sorted(os.environ)))
 """
 
 
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind and cond["status"] == "True":
-            return dict(cond)
-    return None
-
-
 def step_job(namespace: str, endpoint: str, bucket: str) -> dict[str, Any]:
     raw = load((REPO / "examples" / "rlcycle.yaml").read_text())["spec"]
     raw["storage"] = {
@@ -89,14 +82,7 @@ def test_a_step_reaches_the_store_with_the_secret_as_files(
     job = step_job(kube.namespace, moto_endpoint, bucket)
     name = job["metadata"]["name"]
     kube.create(job)
-    done = kube.wait_for(
-        lambda: (
-            condition(kube.get("batch/v1", "Job", name), "Complete")
-            or condition(kube.get("batch/v1", "Job", name), "Failed")
-        ),
-        timeout=60,
-        message=lambda: node.logs(name, kube.namespace),
-    )
+    done = kube.wait_for_job(name, 60, message=lambda: node.logs(name, kube.namespace))
     logs = node.logs(name, kube.namespace)
     assert done["type"] == "Complete", logs
     body = s3.get_object(Bucket=bucket, Key="composer/hello.txt")["Body"].read()

@@ -10,7 +10,10 @@ patch the harness, read the answers, fool ``==``). Every one must fail.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,6 +275,19 @@ ESCAPES = (
     "fork_memory_bomb",
     "exec_a_shell",
 )
+
+
+@contextlib.contextmanager
+def tcp_listener() -> Iterator[socket.socket]:
+    """A non-blocking TCP listener on 127.0.0.1 for the network attacks to reach."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def write_samples(path: Path, ctx: Context) -> list[str]:

@@ -51,12 +51,8 @@ SECRET = f"rtrl-canary-{uuid.uuid4().hex}"
 
 @pytest.fixture(scope="module")
 def listener() -> Iterator[socket.socket]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.setblocking(False)
-    yield server
-    server.close()
+    with attacks.tcp_listener() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

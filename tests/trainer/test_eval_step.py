@@ -21,7 +21,7 @@ import torch
 from rtrl.api.checkpoint import EvalSummary, GateResult
 from rtrl.shards import synthetic_interactions, write_shards
 from rtrl.store import open_store
-from rtrl_trainer import sandbox
+from rtrl_trainer import sandbox_shared
 from rtrl_trainer.cli import main
 from rtrl_trainer.stage import HELDOUT_COLUMNS, HELDOUT_NAME
 from tests.conftest import REPO, console_script
@@ -158,7 +158,7 @@ def test_a_checkpoint_against_itself_passes_every_gate(world: dict[str, Any]) ->
     assert tasks_doc["version"] == "v1" and len(tasks_doc["sha256"]) == 64
     assert tasks_doc["tasks"] == 4 and len(tasks_doc["results"]) == 4
     assert tasks_doc["sandbox"]["missing"] == [] and tasks_doc["sandbox"]["insecure"] is False
-    assert set(tasks_doc["sandbox"]["held"]) == set(sandbox.GUARANTEES)
+    assert set(tasks_doc["sandbox"]["held"]) == set(sandbox_shared.GUARANTEES)
     names = {m["metric"] for m in doc["metrics"]}
     assert {"replay.loglik", "replay.kept_loglik", "replay.kept_margin", "replay.kl",
             "tasks.pass_at_1", "behaviour.invalid_tool_call_rate",

@@ -40,7 +40,7 @@ from rtrl.api.common import ApiModel
 from rtrl.api.rlcycle import EvalSpec, EvalSuite
 from rtrl.store import ObjectStore, StoreError, open_store, split_uri
 from rtrl.store.s3 import CREDENTIALS_DIR_ENV
-from rtrl_trainer import behaviour, replay, sandbox, tasks
+from rtrl_trainer import behaviour, replay, sandbox, sandbox_shared, tasks
 from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint, fetch_committed
 from rtrl_trainer.eval_model import Decoding, EvalModel, ModelError
 from rtrl_trainer.gates import GateError, Metric, judge
@@ -354,7 +354,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             guarantees = sandbox.probe(options.limits(), **sandbox_options())
         except (sandbox.SandboxError, ValueError) as exc:
             guarantees = sandbox.Guarantees(
-                dict.fromkeys(sandbox.GUARANTEES, False), {"all": str(exc)}
+                dict.fromkeys(sandbox_shared.GUARANTEES, False), {"all": str(exc)}
             )
         if guarantees.missing():
             for suite_name in code_suites:

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rtrl_trainer import pipe_io
+from rtrl_trainer import sandbox_shared
+from rtrl_trainer.sandbox_shared import GUARANTEES
 
 SERVER = Path(__file__).with_name("sandbox_server.py")
 # How long past a task's own wall-clock limit we wait for the server before declaring it
@@ -46,15 +47,6 @@ _SERVER_GRACE_SECONDS = 10.0
 MAX_FRAME = 16 << 20
 _T = TypeVar("_T")
 
-GUARANTEES = (
-    "separate_identity",
-    "no_ptrace",
-    "no_network",
-    "memory_capped",
-    "suite_unreadable",
-    "no_fs_writes",
-    "no_namespaces",
-)
 GUARANTEE_MEANING = {
     "separate_identity": "a task cannot signal the evaluator or read its /proc files",
     "no_ptrace": "a task cannot trace the evaluator or the sandbox server",
@@ -354,7 +346,7 @@ class Sandbox:
         limits = limits or Limits()
         self._ensure_started()
         assert self._proc is not None and self._proc.stdout is not None
-        pipe_io.drain(self._replies)  # what an earlier task wrote and nobody read
+        sandbox_shared.drain(self._replies)  # what an earlier task wrote and nobody read
         deadline = time.monotonic() + limits.wall_seconds
         channel = Channel(self._calls, self._replies, self._proc.stdout.fileno(), deadline)
         request = {

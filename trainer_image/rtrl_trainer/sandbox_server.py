@@ -37,7 +37,7 @@ Two kinds of request: ``run`` executes a program as ``__main__`` (its exit statu
 result); ``serve`` loads a completion's source as a module and answers calls of its entry
 point over the call channel (:func:`_serve`) until the evaluator sends ``stop``; then the
 task is killed. Only the standard library is used (plus :mod:`plain_values` and
-:mod:`pipe_io`, from this directory). Protocol on stdin/stdout: 4-byte big-endian length
+:mod:`sandbox_shared`, from this directory). Protocol on stdin/stdout: 4-byte big-endian length
 + a :mod:`marshal`-ed dict (two trusted processes); a hello, then one response per
 request; exit at end of input.
 """
@@ -58,8 +58,8 @@ import types
 
 # The two helpers of this directory (standard library only), on purpose: see above.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pipe_io
 import plain_values
+import sandbox_shared
 
 del sys.path[0]
 
@@ -371,15 +371,7 @@ def _task_uid() -> int | None:
     return None
 
 
-GUARANTEES = (
-    "separate_identity",
-    "no_ptrace",
-    "no_network",
-    "memory_capped",
-    "suite_unreadable",
-    "no_fs_writes",
-    "no_namespaces",
-)
+GUARANTEES = sandbox_shared.GUARANTEES
 
 
 class Server:
@@ -474,7 +466,7 @@ class Server:
         if op not in ("run", "serve") or not isinstance(source, bytes):
             raise ValueError(f"bad request: op {op!r}")
         limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
-        pipe_io.drain(self.channel[0])
+        sandbox_shared.drain(self.channel[0])
         rlimits = _rlimits(limits)
         no_fork = limits["processes"] <= 1
         out = os.memfd_create("stdout")
@@ -491,7 +483,7 @@ class Server:
         self._kill_task(pid)
         _, status = os.waitpid(pid, 0)
         self._reap()
-        pipe_io.drain(self.channel[0])
+        sandbox_shared.drain(self.channel[0])
         seconds = time.perf_counter() - start
         cap = limits["output_bytes"]
         stdout = os.pread(out, cap + 1, 0)
