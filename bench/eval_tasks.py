@@ -101,7 +101,7 @@ def _problems(suite: tasks.Suite) -> list[dict[str, Any]]:
     return [by_id[t.task_id] for t in suite.tasks]
 
 
-def _attack_outcomes(harness: str, workers: int) -> dict[str, str]:
+def _attack_outcomes(harness: str) -> dict[str, str]:
     """Each safe attack on the tasks suite's add(a, b): passed, escaped, or held."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -179,7 +179,7 @@ def main() -> int:
             "best_seconds": round(min(times), 3),
             "median_seconds": round(statistics.median(times), 3),
             "tasks_per_second": round(n / min(times), 1),
-            "attacks": _attack_outcomes(name, args.workers),
+            "attacks": _attack_outcomes(name),
         }
     guarantees = probe(secrets=[suite.path])
     doc = {

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rtrl_trainer import grader, sandbox, tasks
+from rtrl_trainer import sandbox, tasks
 from rtrl_trainer.sandbox import Limits
 from tests.cluster import pods
 from tests.trainer import attacks
@@ -97,14 +97,7 @@ def test_the_attack_fails_to_pass_and_to_escape(
 ) -> None:
     task = attacks.task()
     server_pid = pod_box.hello["pid"]
-    result = grader.grade(
-        pod_box,
-        prompt=task.prompt,
-        completion=attacks.attacks(ctx)[name],
-        tests=task.tests,
-        entry_point=task.entry_point,
-        limits=LIMITS,
-    )
+    result = tasks.run_task(task, attacks.attacks(ctx)[name], LIMITS, sandbox=pod_box)
     assert not result.passed, (result.status, result.details, result.stdout[-500:])
     _no_side_effects(ctx, listener)
     os.kill(server_pid, 0)  # the sandbox server survived the attack (no SIGKILL landed)
@@ -118,14 +111,7 @@ def test_the_attack_fails_to_pass_and_to_escape(
 
 def test_the_honest_completion_still_passes(pod_box: sandbox.Sandbox) -> None:
     task = attacks.task()
-    result = grader.grade(
-        pod_box,
-        prompt=task.prompt,
-        completion=task.solution,
-        tests=task.tests,
-        entry_point=task.entry_point,
-        limits=LIMITS,
-    )
+    result = tasks.run_task(task, task.solution, LIMITS, sandbox=pod_box)
     assert result.passed, result.details
 
 
@@ -240,14 +226,7 @@ def test_without_landlock_and_seccomp_the_attacks_get_through(
         ) as box:
             assert set(box.guarantees.missing()) >= {"no_network", "no_fs_writes"}
             passed = {
-                name: grader.grade(
-                    box,
-                    prompt=task.prompt,
-                    completion=completions[name],
-                    tests=task.tests,
-                    entry_point=task.entry_point,
-                    limits=LIMITS,
-                ).passed
+                name: tasks.run_task(task, completions[name], LIMITS, sandbox=box).passed
                 for name in (*GET_THROUGH, "exec_a_shell")
             }
         assert all(passed[name] for name in GET_THROUGH), passed
