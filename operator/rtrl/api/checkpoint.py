@@ -125,6 +125,21 @@ class MetricComparison(ApiModel):
     difference: float = Field(description="Canary minus baseline.")
     ci_low: float = Field(description="Lower bound of the always-valid interval.")
     ci_high: float = Field(description="Upper bound of the always-valid interval.")
+    relative_difference: float | None = Field(
+        None, description="Canary over baseline minus 1 (0.023 = +2.3%)."
+    )
+    relative_ci_low: float | None = Field(
+        None, description="Lower bound of the always-valid interval of the relative difference."
+    )
+    relative_ci_high: float | None = Field(
+        None, description="Upper bound of the always-valid interval of the relative difference."
+    )
+    verdict: str | None = Field(
+        None,
+        max_length=32,
+        description="better, worse or inconclusive (goals); ok, beyond, tripped (guardrails); "
+        "too-few-events.",
+    )
 
 
 class RolloutRecord(ApiModel):

@@ -469,6 +469,16 @@ class AnalysisSpec(ApiModel):
         le=0.1,
         description="Significance of the sample-ratio-mismatch check (arm shares vs weight).",
     )
+    variance_reduction: bool = Field(
+        True,
+        description="CUPED: adjust each metric by the same unit's metric on the stable "
+        "checkpoint during preExposure before the canary started.",
+    )
+    pre_exposure: Duration = Field(
+        "24h",
+        description="How far before the canary's start the stable arm's interactions give "
+        "each unit's pre-exposure covariates (variance reduction).",
+    )
 
 
 class Band(ApiModel):
@@ -519,11 +529,29 @@ class GuardrailsSpec(ApiModel):
         None, description="Mean completion length in tokens."
     )
     latency_p95: Band | None = Field(None, description="95th percentile latency.")
+    feedback_missing_rate: Band | None = Field(
+        default_factory=lambda: Band(max_relative_rise=0.10),
+        description="Share of interactions older than data.maturity whose feedback never "
+        "arrived: a canary that suppresses feedback would otherwise look better.",
+    )
 
 
 class Router(StrEnum):
     REPLICAS = "replicas"
     GATEWAY_API = "gatewayapi"
+
+
+class AssignmentUnit(StrEnum):
+    """What is assigned whole to one arm: each request on its own, or every request of a
+    user (or a session). The analysis clusters by it; the gatewayapi router sticks it."""
+
+    REQUEST = "request"
+    USER = "user"
+    SESSION = "session"
+
+
+# An HTTP header name (RFC 9110 token), as Gateway API's HTTPHeaderName.
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
 
 
 def _default_steps() -> list[RolloutStep]:
@@ -555,6 +583,11 @@ class RolloutSpec(ApiModel):
                     "(has(self.httpRoute) && has(self.service))",
                     "router gatewayapi needs httpRoute and service",
                 ),
+                cel(
+                    "!has(self.router) || self.router != 'gatewayapi' || !has(self.unit) || "
+                    "self.unit == 'request' || has(self.bucketHeader)",
+                    "router gatewayapi with unit user or session needs bucketHeader",
+                ),
             ]
         }
     )
@@ -569,6 +602,20 @@ class RolloutSpec(ApiModel):
     )
     service: DnsSubdomain | None = Field(
         None, description="Service of the stable arm in that HTTPRoute (router gatewayapi)."
+    )
+    unit: AssignmentUnit = Field(
+        AssignmentUnit.REQUEST,
+        description="Unit of assignment: request (the replicas router's per-connection "
+        "split), user or session (each assigned whole; the analysis clusters by "
+        "user_id or session_id).",
+    )
+    bucket_header: str | None = Field(
+        None,
+        pattern=HEADER_NAME_PATTERN,
+        max_length=256,
+        description="Router gatewayapi with unit user or session: a header the edge sets "
+        "to hash(unit id) mod 100 (0..99); requests whose bucket is below the weight go "
+        "to the canary, so a unit stays in one arm.",
     )
     steps: list[RolloutStep] = Field(
         default_factory=_default_steps,
@@ -605,6 +652,15 @@ class RolloutSpec(ApiModel):
     def _router_refs(self) -> Self:
         if self.router == Router.GATEWAY_API and not (self.http_route and self.service):
             raise ValueError("router gatewayapi needs httpRoute and service")
+        if (
+            self.router == Router.GATEWAY_API
+            and self.unit != AssignmentUnit.REQUEST
+            and not self.bucket_header
+        ):
+            raise ValueError(
+                "router gatewayapi with unit user or session needs bucketHeader (a header "
+                "holding hash(unit id) mod 100, set at the edge)"
+            )
         return self
 
 

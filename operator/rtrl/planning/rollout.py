@@ -284,8 +284,8 @@ def judge(
     reasons = [str(r) for r in doc.get("reasons") or []]
     metrics = [
         MetricComparison.model_validate(
-            {k: m[k] for k in MetricComparison.model_fields}
-        ).model_dump(mode="json", by_alias=True)
+            {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
         for m in doc.get("metrics") or []
     ][:64]
     record.update(
