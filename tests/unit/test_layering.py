@@ -29,8 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "shards": {"store", "cliargs"},
     "crdgen": {"api"},
     "manifests": {"api", "crdgen"},
-    "kubectl_plugin": {"api", "kube", "planning", "manifests", "cli"},
-    "local": {"planning", "api", "store", "shards", "cliargs"},
+    "kubectl_plugin": {"api", "kube", "planning", "manifests", "cli", "abtable"},
+    "local": {"planning", "api", "store", "shards", "cliargs", "abtable"},
+    "abtable": set(),  # the A/B table's cells, shared by kubectl rtrl status and the demo
     "cli": {"*"},
     "__init__": set(),
 }
