@@ -168,10 +168,14 @@ def test_status_summarises_the_rlcycle_and_its_canary(
     assert rows[0] == ["1", "5%", ago(hours=2), ago(hours=1), "2", "continue", "5000", "480"]
     assert rows[1] == ["2", "25%", ago(hours=1), "running", "0", "-", "-", "-"]
     assert "Reason: edit_persistence: inconclusive" in candidate
+    # A status written before relative intervals: the absolute numbers, labelled as such.
     metric = next(line.split() for line in candidate.splitlines() if "edit_persistence  " in line)
-    assert metric == ["edit_persistence", "0.6", "0.62", "+0.02", "[+0.005,", "+0.035]"]
+    assert metric == ["edit_persistence", "0.600", "0.620", "+0.020", "(abs)", "[+0.005,",
+                      "+0.035]", "(abs)", "-"]  # fmt: skip
     latency = next(line.split() for line in candidate.splitlines() if "latency_ms" in line)
-    assert latency == ["latency_ms", "1200", "1180", "-20", "[-45.5,", "+4.25]"]
+    assert latency == ["latency_ms", "1200.0", "1180.0", "-20.0", "(abs)", "[-45.5,", "+4.2]",
+                       "(abs)", "-"]  # fmt: skip
+    assert "      (abs): canary minus baseline" in candidate
 
 
 def test_status_without_a_running_cycle_shows_the_last_one(

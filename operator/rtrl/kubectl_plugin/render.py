@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from rtrl.abtable import KUBECTL_HEADERS, ab_table
 from rtrl.planning.timeutil import parse_time
 
 # A condition's healthy state: these are listed as one line; anything else stands out.
@@ -95,11 +96,6 @@ def number(value: object) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4g}"
 
 
-def signed(value: object) -> str:
-    out = number(value)
-    return out if out == "-" or out.startswith("-") else f"+{out}"
-
-
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "") -> list[str]:
     """Columns padded to their widest cell, two spaces apart (as ``kubectl get``)."""
     cells = [list(headers), *[list(r) for r in rows]]
@@ -174,18 +170,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime) -> list[str]:
             out.append(f"      Reason: {one_line(r.get('reason'))}")
         metrics = r.get("metrics") or []
         if metrics:
-            rows = [
-                [
-                    str(m.get("name")),
-                    number(m.get("baseline")),
-                    number(m.get("canary")),
-                    signed(m.get("difference")),
-                    f"[{signed(m.get('ciLow'))}, {signed(m.get('ciHigh'))}]",
-                ]
-                for m in metrics
-            ]
-            headers = ["METRIC", "BASELINE", "CANARY", "DIFFERENCE", "CI (always-valid)"]
-            out += table(headers, rows, indent="      ")
+            out += ab_table(metrics, KUBECTL_HEADERS, indent="      ")
     return out
 
 
