@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from rtrl.abtable import ab_table
 from rtrl.planning import plan
 from rtrl.planning.canary import CHECKPOINT_ID_ENV, env_value
 from rtrl.planning.children import result_uri
@@ -125,6 +126,9 @@ def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
             },
             "rollout": {
                 "router": "replicas",
+                # the simulated fleet assigns each user whole to one arm, by a hash of the
+                # user id (rtrl_trainer/serve.py)
+                "unit": "user",
                 "steps": [{"weight": 50, "minDuration": "2h", "minSamples": min_samples}],
                 "readyTimeout": "30m",
                 "analysis": {
@@ -551,8 +555,8 @@ def stage_monitors(ck: dict[str, Any]) -> dict[str, Any]:
 
 def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
     """Every canary analysis of this checkpoint, in order (``analyze-<k>/analysis.json``):
-    the Checkpoint's status keeps only absolute differences, the documents have the
-    relative intervals and each metric's verdict."""
+    the Checkpoint's status keeps each step's last look only, and no metric's role or band;
+    the documents have every look."""
     records = (ck.get("status") or {}).get("rollout") or []
     judged = sum(int(r.get("analyses") or 0) for r in records)
     docs = []
@@ -566,7 +570,7 @@ def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
 ANALYSIS_KEYS = (
     "name", "kind", "baseline", "canary", "difference", "ci_low", "ci_high",
     "relative_difference", "relative_ci_low", "relative_ci_high", "verdict",
-    "baseline_samples", "canary_samples",
+    "baseline_samples", "canary_samples", "band",
 )  # fmt: skip
 
 
@@ -574,34 +578,11 @@ def analysis_metrics(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: m.get(k) for k in ANALYSIS_KEYS} for m in doc.get("metrics") or []]
 
 
-def _pct(x: Any) -> str:
-    return "n/a" if x is None else f"{100 * float(x):+.1f}%"
-
-
 def metrics_table(metrics: list[dict[str, Any]]) -> list[str]:
     """The blog's table: each metric in both arms, the relative change of the new checkpoint
-    vs the old with its always-valid interval, and the verdict."""
-    lines = [f"  {'metric':<27} {'old':>8} {'new':>8} {'change':>8}   {'CI':<19} verdict"]
-    for m in metrics:
-        rel, lo, hi = (
-            m.get("relative_difference"),
-            m.get("relative_ci_low"),
-            m.get("relative_ci_high"),
-        )
-        if rel is None:  # the Checkpoint's status: absolute differences only
-            rel, lo, hi = m.get("difference"), m.get("ciLow"), m.get("ciHigh")
-        ci = f"[{_pct(lo)}, {_pct(hi)}]"
-        lines.append(
-            f"  {m.get('name', ''):<27} {_num(m.get('baseline')):>8} {_num(m.get('canary')):>8}"
-            f" {_pct(rel):>8}   {ci:<19} {m.get('verdict') or ''}"
-        )
-    return lines
-
-
-def _num(x: Any) -> str:
-    if x is None:
-        return "n/a"
-    return f"{float(x):.0f}" if abs(float(x)) >= 100 else f"{float(x):.3f}"
+    vs the old with its always-valid interval, and the verdict (the cells of
+    :mod:`rtrl.abtable`, as ``kubectl rtrl status`` and the report show them)."""
+    return ab_table(metrics, indent="  ")
 
 
 def cycle_table(ck: dict[str, Any]) -> str:
