@@ -860,6 +860,52 @@ def test_gateway_api_router_weights_the_http_route() -> None:
     assert "composer-canary" not in world.services
 
 
+def test_gateway_api_router_with_unit_user_sends_the_bucketed_users_to_the_canary() -> None:
+    world = World(
+        rollout={
+            "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+            "unit": "user", "bucketHeader": "x-rtrl-bucket",
+            "steps": [{"weight": 10, "minDuration": "10m"}, {"weight": 30, "minDuration": "10m"}],
+            "analysis": {"maxDuration": "3h"},
+        }
+    )  # fmt: skip
+    stable_ref = {"name": "composer", "port": 8000, "group": "", "kind": "Service", "weight": 1}
+    world.deployments["composer"] = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "composer", "generation": 1},
+        "spec": {"rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                            "backendRefs": [stable_ref]}]},
+    }  # fmt: skip
+    world.stable_service = {"metadata": {"name": "composer"},
+                            "spec": {"ports": [{"name": "http", "port": 8000}]}}  # fmt: skip
+
+    def rules() -> list[dict[str, Any]]:
+        return world.deployments["composer"]["spec"]["rules"]
+
+    def canary_regex() -> str:
+        return str(rules()[1]["matches"][0]["headers"][0]["value"])
+
+    to_canary(world)
+    assert rules()[0]["backendRefs"] == [{**stable_ref, "weight": 100}]
+    assert rules()[1]["name"] == "rtrl-canary" and canary_regex() == "^[0-9]$"
+    assert rules()[1]["backendRefs"] == [{**stable_ref, "name": "composer-canary", "weight": 100}]
+    assert world.rlcycle["status"]["canaryWeight"] == 10
+    patches = len(world.patches)
+    world.reconcile()
+    assert len(world.patches) == patches  # a route at the weight is left alone
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", result=analysis("continue"))
+    world.reconcile()
+    assert len(rules()) == 2 and canary_regex() == "^(?:[0-9]|[1-2][0-9])$"
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "r1"}
+    world.reconcile()
+    assert rules() == [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                        "backendRefs": [{**stable_ref, "weight": 100}]}]  # fmt: skip
+    assert world.checkpoint("composer-1")["status"]["phase"] == "RolledBack"
+
+
 def test_gateway_api_router_without_its_service_rolls_the_canary_back() -> None:
     world = World(
         rollout={

@@ -14,16 +14,22 @@ Routers:
   ``round(stable * w / (100 - w))`` (at least 1), and the share actually reached is what
   the analysis checks the arms' sample ratio against.
 - ``gatewayapi``: canary pods carry only rtrl's labels, a Service ``<service>-canary``
-  selects them, and the HTTPRoute's backendRefs get weights ``100 - w`` (stable Service)
-  and ``w`` (canary Service).
+  selects them. With ``rollout.unit: request`` the HTTPRoute's backendRefs get weights
+  ``100 - w`` (stable Service) and ``w`` (canary Service). With ``user`` or ``session``
+  the stable backendRef keeps all the weight, and each rule holding it gets a copy named
+  ``rtrl-canary`` (``rtrl-canary-2``, ...) that sends to the canary Service the requests
+  whose ``rollout.bucketHeader`` (``hash(unit id) mod 100``, set at the edge) is below
+  ``w``: one more header match than the rule it copies, so Gateway API's precedence gives
+  it those requests, and a unit stays in its arm while the weight rises.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
-from rtrl.api.rlcycle import RLCycleSpec, Router
+from rtrl.api.rlcycle import AssignmentUnit, RLCycleSpec, Router
 
 from . import children as ch
 
@@ -177,36 +183,143 @@ def canary_service(
     }
 
 
+# The name of the HTTPRoute rule that sends the bucketed units to the canary (the second
+# and later ones, for routes with several rules holding the stable Service: "-2", "-3", ...).
+CANARY_RULE = "rtrl-canary"
+
+
+def bucket_regex(weight: int) -> str:
+    """An anchored regular expression that matches exactly the decimal integers
+    ``0 .. weight - 1`` as the edge writes them (no sign, no leading zeros), for
+    ``1 <= weight <= 100``. Only literals, character ranges, a non-capturing group and
+    alternation: the same in RE2 (Envoy), PCRE, ECMAScript and Python."""
+    if not 1 <= weight <= 100:
+        raise ValueError(f"a bucket regex is for weights 1..100, not {weight}")
+    last = weight - 1
+
+    def span(low: int, high: int) -> str:
+        return str(low) if low == high else f"[{low}-{high}]"
+
+    if last < 10:
+        return f"^{span(0, last)}$"
+    tens, units = divmod(last, 10)
+    parts = ["[0-9]"]
+    full = tens if units == 9 else tens - 1  # tens digits whose every units digit is in
+    if full >= 1:
+        parts.append(f"{span(1, full)}[0-9]")
+    if units < 9:
+        parts.append(f"{tens}{span(0, units)}")
+    return f"^(?:{'|'.join(parts)})$"
+
+
+_BUCKET_WEIGHTS = {bucket_regex(w): w for w in range(1, 101)}
+
+
+def bucket_weight(regex: str) -> int | None:
+    """The weight whose :func:`bucket_regex` is ``regex``; for one written otherwise (by
+    hand), how many of the buckets 0..99 it matches; None if it is no valid regex."""
+    if regex in _BUCKET_WEIGHTS:
+        return _BUCKET_WEIGHTS[regex]
+    try:
+        compiled = re.compile(regex)
+    except re.error:
+        return None
+    return sum(1 for bucket in range(100) if compiled.fullmatch(str(bucket)))
+
+
+def sticky(spec: RLCycleSpec) -> bool:
+    """Whether the route assigns whole units (user or session) by the bucket header."""
+    rollout = spec.rollout
+    return rollout.unit != AssignmentUnit.REQUEST and bool(rollout.bucket_header)
+
+
+def _canary_rule_name(index: int) -> str:
+    return CANARY_RULE if index == 0 else f"{CANARY_RULE}-{index + 1}"
+
+
+def is_canary_rule(rule: dict[str, Any]) -> bool:
+    """A rule rtrl added for the sticky assignment (found again by its name)."""
+    name = str(rule.get("name") or "")
+    suffix = name.removeprefix(f"{CANARY_RULE}-")
+    return name == CANARY_RULE or (suffix != name and suffix.isdigit())
+
+
+def _bucketed(matches: list[dict[str, Any]], header: str, weight: int) -> list[dict[str, Any]]:
+    """``matches`` (or the default match, a path prefix "/") each with one more header
+    match: ``header`` holds a bucket below ``weight``."""
+    bucket = {"type": "RegularExpression", "name": header, "value": bucket_regex(weight)}
+    out = []
+    for original in matches or [{"path": {"type": "PathPrefix", "value": "/"}}]:
+        match = copy.deepcopy(original)
+        headers = [h for h in match.get("headers") or []
+                   if str(h.get("name", "")).lower() != header.lower()]  # fmt: skip
+        match["headers"] = [*headers, bucket]
+        out.append(match)
+    return out
+
+
 def route_rules(
     spec: RLCycleSpec, route: dict[str, Any], weight: int
 ) -> list[dict[str, Any]] | None:
-    """The HTTPRoute's rules with the stable and canary Services weighted ``100 - weight``
-    and ``weight`` (the canary backendRef removed at 0); None when nothing changes."""
+    """The HTTPRoute's rules routing ``weight`` percent to the canary; None when nothing
+    changes.
+
+    Unit request: in each rule holding the stable Service, the stable and canary Services
+    weighted ``100 - weight`` and ``weight``. Unit user or session: the stable Service at
+    100 and no canary backendRef there; each such rule followed, at the end of the list, by
+    a copy named :data:`CANARY_RULE` whose matches also require ``rollout.bucketHeader`` to
+    be below ``weight``, sending to the canary Service what went to the stable one. At 0
+    (in either mode) the canary backendRefs and rules are gone.
+    """
     assert spec.rollout.service is not None
     stable = spec.rollout.service
     canary = canary_service_name(stable)
-    rules = copy.deepcopy((route.get("spec") or {}).get("rules") or [])
+    header = spec.rollout.bucket_header or ""
+    by_bucket = sticky(spec)
+    current = (route.get("spec") or {}).get("rules") or []
+    rules = [copy.deepcopy(rule) for rule in current if not is_canary_rule(rule)]
+    added: list[dict[str, Any]] = []
     for rule in rules:
         refs = rule.get("backendRefs") or []
         mine = [r for r in refs if r.get("name") == stable]
         if not mine:
             continue
         others = [r for r in refs if r.get("name") not in (stable, canary)]
-        new = [{**mine[0], "weight": 100 - weight}]
-        if weight > 0:
-            # the stable ref's shape (port, and the group and kind the server defaults), so
-            # that a route already at this weight compares equal and is not patched again
+        # copies of the stable ref's shape (port, and the group and kind the server
+        # defaults), so that a route already at this weight compares equal
+        new = [{**mine[0], "weight": 100 if by_bucket else 100 - weight}]
+        if weight > 0 and not by_bucket:
             new.append({**mine[0], "name": canary, "weight": weight})
         rule["backendRefs"] = [*others, *new]
-    return None if rules == ((route.get("spec") or {}).get("rules") or []) else rules
+        if weight > 0 and by_bucket:
+            copied = copy.deepcopy(rule)
+            copied["name"] = _canary_rule_name(len(added))
+            copied["matches"] = _bucketed(rule.get("matches") or [], header, weight)
+            # what else the rule sends elsewhere stays; the stable share goes to the canary
+            copied["backendRefs"] = [*others, {**mine[0], "name": canary, "weight": 100}]
+            added.append(copied)
+    rules += added
+    return None if rules == current else rules
 
 
 def route_weight(spec: RLCycleSpec, route: dict[str, Any] | None) -> int | None:
-    """The canary weight an HTTPRoute currently gives (None without a canary backendRef)."""
+    """The canary weight an HTTPRoute currently gives: the share of buckets its
+    :data:`CANARY_RULE` takes, or the canary backendRef's weight; None with neither."""
     if route is None or spec.rollout.service is None:
         return None
     canary = canary_service_name(spec.rollout.service)
-    for rule in (route.get("spec") or {}).get("rules") or []:
+    rules = (route.get("spec") or {}).get("rules") or []
+    header = (spec.rollout.bucket_header or "").lower()
+    for rule in rules:
+        if not is_canary_rule(rule):
+            continue
+        for match in rule.get("matches") or []:
+            for entry in match.get("headers") or []:
+                name = str(entry.get("name", "")).lower()
+                kind = entry.get("type", "Exact")
+                if kind == "RegularExpression" and (name == header or not header):
+                    return bucket_weight(str(entry.get("value", "")))
+    for rule in rules:
         for ref in rule.get("backendRefs") or []:
             if ref.get("name") == canary:
                 return int(ref.get("weight", 1))
