@@ -17,10 +17,13 @@ from rtrl_trainer.sequential import (
     Moments,
     always_valid_ci,
     cs_radius,
-    decide,
+    from_estimates,
     judge,
     plan,
     srm_test,
+)
+from rtrl_trainer.sequential import (
+    decide as decide_pairs,
 )
 
 
@@ -63,7 +66,9 @@ def test_alpha_is_split_across_goals_and_guardrails() -> None:
         "dissatisfied_followup_rate",
         "latency_ms",
     ]
-    assert len(guards) == 3
+    assert [m.name for m in guards] == [
+        "edit_rate", "clarification_rate", "invalid_tool_call_rate", "feedback_missing_rate"
+    ]  # fmt: skip
     assert sum(m.alpha for m in metrics) == pytest.approx(0.05)
 
 
@@ -89,7 +94,12 @@ def arms(
     }
 
 
-GUARDS = GuardrailsSpec(invalid_tool_call_rate=None)
+GUARDS = GuardrailsSpec(invalid_tool_call_rate=None, feedback_missing_rate=None)
+
+
+def decide(base: dict[str, Estimate], canary: dict[str, Estimate], *args: Any, **kw: Any) -> Any:
+    """The decision from two independent per-arm summaries (rows as the unit)."""
+    return decide_pairs(from_estimates(base, canary), *args, **kw)
 
 
 def test_aa_continues() -> None:
@@ -207,5 +217,5 @@ def test_judge_is_vectorised() -> None:
     n = np.array([20_000.0, 20_000.0, 20_000.0])
     base = {"edit_persistence": Estimate(np.full(3, 0.6), 0.24 / n, n)}
     canary = {"edit_persistence": Estimate(np.array([0.6, 0.65, 0.55]), 0.24 / n, n)}
-    j = judge(metrics, base, canary, srm_mismatch=np.array([False, False, False]))
+    j = judge(metrics, from_estimates(base, canary), srm_mismatch=np.array([False, False, False]))
     assert list(j.decision) == [0, PROMOTE, ROLLBACK]

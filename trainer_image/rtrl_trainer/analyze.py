@@ -49,15 +49,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtrl.api.common import parse_duration
-from rtrl.api.rlcycle import DataSpec, RolloutSpec
-from rtrl.shards import ValidatingReader
+from rtrl.api.rlcycle import AssignmentUnit, DataSpec, RolloutSpec
+from rtrl.shards import REQUIRED_COLUMNS, ValidatingReader
 from rtrl.shards.layout import parse_partitions
 from rtrl.store import StoreError, open_store, parse_store_uri
 from rtrl.store.local import LocalStore
+from rtrl_trainer.ab_accumulate import Keys, MetricSums, PreExposure
+from rtrl_trainer.ab_estimate import Difference, difference, independent
 from rtrl_trainer.config import format_time, time_arg
 from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import Strata, filled
-from rtrl_trainer.sequential import METHOD, Estimate, Moments, decide, srm_test
+from rtrl_trainer.sequential import METHOD, Estimate, decide, srm_steps
 from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
 from rtrl_trainer.stage import (
     CHECKPOINT_MISMATCH,
@@ -92,6 +94,25 @@ class AnalyzeConfig:
     canary_weight: float | None = None
     max_duration_reached: bool = False
     endpoint_url: str | None = None
+    steps: tuple[tuple[datetime, float], ...] = ()
+
+    @property
+    def step_plan(self) -> list[tuple[datetime, float | None]]:
+        """The canary's steps (start, canary share in percent, None where unknown): the
+        strata of the estimates and of the sample-ratio test. From ``--step`` when given;
+        else the canary window from ``--since`` with ``--canary-weight`` from
+        ``--weight-since`` (an earlier part of unknown share before it)."""
+        if self.steps:
+            return [(at, share) for at, share in self.steps]
+        start = self.since or datetime(1970, 1, 1, tzinfo=UTC)
+        current = self.srm_since or start
+        if current > start:
+            return [(start, None), (current, self.canary_weight)]
+        return [(start, self.canary_weight)]
+
+    @property
+    def step_starts(self) -> list[datetime]:
+        return [at for at, _ in self.step_plan]
 
     @property
     def cutoff(self) -> datetime:
@@ -119,6 +140,7 @@ def build_config(
     canary_weight: float | None = None,
     max_duration_reached: bool = False,
     endpoint_url: str | None = None,
+    steps: list[tuple[datetime, float]] | None = None,
 ) -> AnalyzeConfig:
     """Validate the file and flags; :class:`ConfigError` naming the field otherwise."""
     data_doc: dict[str, Any] = {}
@@ -155,6 +177,19 @@ def build_config(
         parse_store_uri(out)
     except ValueError as exc:
         raise ConfigError(f"--out: {exc}") from None
+    ordered = list(steps or [])
+    for i, (at, share) in enumerate(ordered):
+        if i and at <= ordered[i - 1][0]:
+            raise ConfigError(
+                f"--step {format_time(at)}={share:g}: steps must be in time order, each after "
+                "the one before"
+            )
+        if at > now:
+            raise ConfigError(f"--step {format_time(at)}: after --now {format_time(now)}")
+    if ordered and since is not None and ordered[0][0] < since:
+        raise ConfigError(f"--step {format_time(ordered[0][0])}: before --since")
+    if ordered and since is None:
+        since = ordered[0][0]
     return AnalyzeConfig(
         data=data,
         rollout=rollout,
@@ -167,58 +202,185 @@ def build_config(
         canary_weight=canary_weight,
         max_duration_reached=max_duration_reached,
         endpoint_url=endpoint_url,
+        steps=tuple(ordered),
     )
 
 
 # --- per-arm statistics --------------------------------------------------------------------
 
+# The metrics measured on matured rows: name -> (rows it is measured on, x, n) from a batch.
+METRICS = (
+    "edit_persistence",
+    "dissatisfied_followup_rate",
+    "latency_ms",
+    "edit_rate",
+    "clarification_rate",
+    "invalid_tool_call_rate",
+    "mean_completion_tokens",
+)
+FEEDBACK_MISSING = "feedback_missing_rate"
 
-@dataclass
-class Arm:
-    """Running sufficient statistics of one arm's matured interactions."""
 
-    rows: int = 0
-    assigned: int = 0  # rows counted by the sample-ratio check
-    moments: dict[str, Moments] = field(default_factory=dict)
-    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
-
-    def _add(self, name: str, x: Any, y: Any = None) -> None:
-        if np.size(x) == 0:
-            return
-        self.moments.setdefault(name, Moments()).add(Moments.of(x, y))
-
-    def update(self, batch: pa.RecordBatch) -> None:
-        """Add the matured rows in ``batch``."""
-        if batch.num_rows == 0:
-            return
-        self.rows += batch.num_rows
-        edit = batch.column("edit_persisted")
-        self._add("edit_persistence", pc.drop_null(edit).to_numpy(zero_copy_only=False))
-        self._add(
-            "dissatisfied_followup_rate", filled(batch.column("dissatisfied_followup"), False)
-        )
-        latency = pc.drop_null(batch.column("latency_ms")).to_numpy(zero_copy_only=False)
-        latency = latency.astype(np.float64, copy=False)
-        self._add("latency_ms", latency)
-        self.latency.add(latency)
-        self._add("edit_rate", filled(batch.column("edits_proposed"), 0) > 0)
-        self._add("clarification_rate", filled(batch.column("asked_clarification"), False))
-        self._add(
-            "invalid_tool_call_rate",
+def metric_values(batch: pa.RecordBatch) -> dict[str, tuple[Any, Any, Any]]:
+    """Per metric: (the rows it is measured on, as a mask or None for all; x; n)."""
+    edit = batch.column("edit_persisted")
+    latency = batch.column("latency_ms")
+    edit_known = ~_null(edit)
+    latency_known = ~_null(latency)
+    ones = 1.0
+    return {
+        "edit_persistence": (edit_known, filled(edit, 0.0)[edit_known], ones),
+        "dissatisfied_followup_rate": (
+            None, filled(batch.column("dissatisfied_followup"), False), ones
+        ),
+        "latency_ms": (latency_known, filled(latency, 0.0)[latency_known], ones),
+        "edit_rate": (None, filled(batch.column("edits_proposed"), 0) > 0, ones),
+        "clarification_rate": (None, filled(batch.column("asked_clarification"), False), ones),
+        "invalid_tool_call_rate": (
+            None,
             filled(batch.column("invalid_tool_calls"), 0),
             filled(batch.column("tool_calls"), 0),
-        )
-        self._add(
-            "mean_completion_tokens",
-            filled(pc.list_value_length(batch.column("completion_ids")), 0),
-        )
+        ),
+        "mean_completion_tokens": (
+            None, filled(pc.list_value_length(batch.column("completion_ids")), 0), ones
+        ),
+    }  # fmt: skip
 
-    def estimates(self) -> dict[str, Estimate]:
-        found = {name: m.estimate() for name, m in self.moments.items()}
-        p95 = quantile_estimate(self.latency, 0.95)
-        if p95 is not None:
-            found["latency_p95_ms"] = p95
-        return found
+
+def _null(array: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    return np.asarray(pc.is_null(array).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _strings(array: pa.Array, fallback: pa.Array | None) -> np.ndarray:
+    """A string column as a numpy object array, nulls replaced from ``fallback`` (or "")."""
+    if fallback is not None:
+        array = pc.coalesce(array, fallback)
+    values: np.ndarray = np.asarray(pc.fill_null(array, "").to_numpy(zero_copy_only=False))
+    return values.astype(object)
+
+
+@dataclass
+class Arms:
+    """Everything the analysis keeps while it streams: per-metric sums by unit and cell,
+    pre-exposure sums by user, per-step sample-ratio counts, latency histograms."""
+
+    strata: int
+    unit: AssignmentUnit
+    keys: Keys = field(default_factory=Keys)
+    sums: dict[str, MetricSums] = field(default_factory=dict)
+    pre: PreExposure = field(default_factory=PreExposure)
+    rows: list[int] = field(default_factory=lambda: [0, 0])  # matured rows per arm
+    latency: list[LatencyHistogram] = field(
+        default_factory=lambda: [LatencyHistogram(), LatencyHistogram()]
+    )
+    # per step: request unit -> [baseline rows, canary rows]; else unit -> [first created,
+    # its arm, bit mask of the arms it was seen in]
+    srm_rows: list[list[int]] = field(default_factory=list)
+    srm_first: list[dict[Any, list[int]]] = field(default_factory=list)
+    pre_rows: int = 0
+
+    def __post_init__(self) -> None:
+        per_row = self.unit == AssignmentUnit.REQUEST
+        for name in (*METRICS, FEEDBACK_MISSING):
+            self.sums[name] = MetricSums(self.strata, per_row)
+        self.srm_rows = [[0, 0] for _ in range(self.strata)]
+        self.srm_first = [{} for _ in range(self.strata)]
+
+    def add(
+        self,
+        batch: pa.RecordBatch,
+        arm: np.ndarray,
+        stratum: np.ndarray,
+        *,
+        keys: np.ndarray,
+        users: np.ndarray,
+        matured: np.ndarray,
+        judged: np.ndarray,
+    ) -> None:
+        """Add rows of the canary window: ``matured`` ones to the metrics, ``judged`` ones
+        (old enough for feedback to have arrived) to the missing-feedback rate."""
+        cell = arm * self.strata + stratum
+        sel = judged & (arm >= 0)
+        if sel.any():
+            ids = self.keys.lookup(keys[sel], users[sel])
+            self.sums[FEEDBACK_MISSING].add(ids, cell[sel], ~matured[sel], 1.0)
+        sel = matured & (arm >= 0)
+        if not sel.any():
+            return
+        for a in (0, 1):
+            self.rows[a] += int(np.count_nonzero(sel & (arm == a)))
+        picked = batch.filter(pa.array(sel))
+        ids = self.keys.lookup(keys[sel], users[sel])
+        cells = cell[sel]
+        for name, (mask, x, n) in metric_values(picked).items():
+            if mask is None:
+                self.sums[name].add(ids, cells, x, n)
+            else:
+                self.sums[name].add(ids[mask], cells[mask], x, n)
+        latency = metric_values(picked)["latency_ms"]
+        lat_arm = (arm[sel])[latency[0]]
+        for a in (0, 1):
+            self.latency[a].add(np.asarray(latency[1], dtype=np.float64)[lat_arm == a])
+
+    def add_pre(self, batch: pa.RecordBatch, users: np.ndarray) -> None:
+        """The stable arm's rows from before the canary: each user's covariates."""
+        self.pre_rows += batch.num_rows
+        for name, (mask, x, n) in metric_values(batch).items():
+            who = users if mask is None else users[mask]
+            self.pre.add(name, who, x, n)
+
+    def count_assigned(
+        self, arm: np.ndarray, stratum: np.ndarray, keys: np.ndarray, created: np.ndarray
+    ) -> None:
+        """Sample-ratio counts: every row created in a step, at once (no maturity)."""
+        for s in np.unique(stratum[arm >= 0]).tolist():
+            mine = (stratum == s) & (arm >= 0)
+            if self.unit == AssignmentUnit.REQUEST:
+                for a in (0, 1):
+                    self.srm_rows[s][a] += int(np.count_nonzero(mine & (arm == a)))
+                continue
+            first = self.srm_first[s]
+            for key, at, a in zip(
+                keys[mine].tolist(), created[mine].tolist(), arm[mine].tolist(), strict=True
+            ):
+                seen = first.get(key)
+                if seen is None:
+                    first[key] = [at, a, 1 << a]
+                    continue
+                if at < seen[0]:
+                    seen[0], seen[1] = at, a
+                seen[2] |= 1 << a
+
+    def srm_counts(self) -> tuple[list[int], list[int], list[int]]:
+        """Per step: baseline units, canary units, units seen in both arms."""
+        if self.unit == AssignmentUnit.REQUEST:
+            return [r[0] for r in self.srm_rows], [r[1] for r in self.srm_rows], [0] * self.strata
+        base, canary, both = [], [], []
+        for first in self.srm_first:
+            arms = Counter(entry[1] for entry in first.values())
+            base.append(arms[0])
+            canary.append(arms[1])
+            both.append(sum(1 for entry in first.values() if entry[2] == 3))
+        return base, canary, both
+
+    def differences(self, adjust: bool) -> tuple[dict[str, Difference], dict[str, int]]:
+        """Every metric's difference, and per metric how many units had a covariate."""
+        found: dict[str, Difference] = {}
+        covered: dict[str, int] = {}
+        count = len(self.keys.ids)
+        for name, sums in self.sums.items():
+            if adjust and name in self.pre.sums:
+                covariate, covered[name] = self.pre.covariate(name, self.keys.covariate_key)
+            else:
+                covariate, covered[name] = np.zeros(count), 0
+            totals, gram, units = sums.finish(count, covariate)
+            if not np.any(totals[..., 1] > 0):
+                continue
+            found[name] = difference(totals, gram, units, adjust=adjust and covered[name] > 0)
+        b, c = (quantile_estimate(h, 0.95) for h in self.latency)
+        if b is not None and c is not None:
+            found["latency_p95_ms"] = independent(b.value, b.var, b.n, c.value, c.var, c.n)
+        return found, covered
 
 
 def quantile_estimate(hist: LatencyHistogram, q: float) -> Estimate | None:
@@ -264,10 +426,13 @@ def _times(array: pa.Array, fill: int) -> np.ndarray[Any, np.dtype[np.int64]]:
 
 @dataclass
 class Scan:
-    arms: dict[str, Arm]
+    arms: Arms
     selection: Selection
     excluded: Counter[str] = field(default_factory=Counter)
     bad_by_arm: Counter[str] = field(default_factory=Counter)
+
+
+UNIT_COLUMN = {AssignmentUnit.USER: "user_id", AssignmentUnit.SESSION: "session_id"}
 
 
 def scan(config: AnalyzeConfig) -> Scan:
@@ -275,13 +440,26 @@ def scan(config: AnalyzeConfig) -> Scan:
     if isinstance(store, LocalStore) and not store.root.is_dir():
         raise ConfigError(f"data.shards: {store.root} is not a directory")
     key = config.data.checkpoint_partition
-    reader = ValidatingReader(store, partitions={key: {config.baseline, config.canary}})
+    unit = config.rollout.unit
+    extra = ["session_id"] if unit == AssignmentUnit.SESSION else []
+    reader = ValidatingReader(
+        store,
+        partitions={key: {config.baseline, config.canary}},
+        columns=[*REQUIRED_COLUMNS, *extra] if extra else None,
+    )
     selection = Selection(report=reader.report, strata=Strata(by_org=False))
-    result = Scan({config.baseline: Arm(), config.canary: Arm()}, selection)
+    steps = config.step_starts
+    result = Scan(Arms(len(steps), unit), selection)
+    arms = result.arms
     now = _us(config.now)
     cutoff = _us(config.cutoff)
     since = _us(config.since) if config.since is not None else None
-    srm_since = _us(config.srm_since) if config.srm_since is not None else None
+    starts = np.array([_us(at) for at in steps], dtype=np.int64)
+    pre_since = (
+        since - int(parse_duration(config.rollout.analysis.pre_exposure) * 1_000_000)
+        if since is not None
+        else None
+    )
     path_checkpoints: dict[str, str | None] = {}
     for good in reader:
         batch = good
@@ -296,23 +474,42 @@ def scan(config: AnalyzeConfig) -> Scan:
                 selection.mismatched[file.url] += int(np.count_nonzero(mismatch))
                 batch = batch.filter(pa.array(~mismatch))
                 ckpt = batch.column("checkpoint_id")
+        if batch.num_rows == 0:
+            continue
         created = _times(batch.column("created_at"), 0)
         feedback = _times(batch.column("feedback_at"), _INT64_MAX)
+        arm = np.where(
+            _mask(pc.equal(ckpt, config.canary)),
+            1,
+            np.where(_mask(pc.equal(ckpt, config.baseline)), 0, -1),
+        )
+        users = _strings(batch.column("user_id"), None)
+        old_enough = created <= cutoff
         window = np.ones(batch.num_rows, dtype=bool)
         if since is not None:
             window = created >= since
-            result.excluded["before_since"] += int(np.count_nonzero(~window))
-        old_enough = created <= cutoff
+            before = ~window
+            pre = before & (arm == 0) & old_enough & (feedback <= now)
+            if pre_since is not None:
+                pre &= created >= pre_since
+            if pre.any():
+                arms.add_pre(batch.filter(pa.array(pre)), users[pre])
+            result.excluded["before_since"] += int(np.count_nonzero(before & ~pre))
         matured = window & old_enough & (feedback <= now)
         result.excluded["too_recent"] += int(np.count_nonzero(window & ~old_enough))
         result.excluded["immature"] += int(np.count_nonzero(window & old_enough & ~matured))
-        assigned = old_enough & (created >= srm_since if srm_since is not None else True)
-        for checkpoint, arm in result.arms.items():
-            mine = _mask(pc.equal(ckpt, checkpoint))
-            arm.assigned += int(np.count_nonzero(mine & assigned))
-            keep = mine & matured
-            if keep.any():
-                arm.update(batch.filter(pa.array(keep)))
+        if unit == AssignmentUnit.REQUEST:
+            keys = users
+        else:
+            keys = _strings(batch.column(UNIT_COLUMN[unit]), batch.column("interaction_id"))
+        stratum = np.maximum(np.searchsorted(starts, created, side="right") - 1, 0)
+        counted = window & (created <= now)
+        if counted.any():
+            arms.count_assigned(np.where(counted, arm, -1), stratum, keys, created)
+        arms.add(
+            batch, np.where(window, arm, -1), stratum,
+            keys=keys, users=users, matured=matured, judged=window & old_enough,
+        )  # fmt: skip
     for file in reader.report.files:
         served_by = parse_partitions(file.key).get(key)
         lost = file.rows_bad + selection.mismatched.get(file.url, 0)
@@ -335,8 +532,9 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
     found = scan(config)
     q = quarantine(found.selection)
     limit = config.data.max_bad_fraction
-    base_arm, canary_arm = found.arms[config.baseline], found.arms[config.canary]
+    arms = found.arms
     analysis_spec = config.rollout.analysis
+    plan_ = config.step_plan
     doc: dict[str, Any] = {
         "ok": True,
         "decision": "continue",
@@ -344,8 +542,8 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         "reasons": [],
         "baseline": config.baseline,
         "canary": config.canary,
-        "baseline_samples": base_arm.rows,
-        "canary_samples": canary_arm.rows,
+        "baseline_samples": arms.rows[0],
+        "canary_samples": arms.rows[1],
         "metrics": [],
         "metrics_missing": [],
         "srm": None,
@@ -355,6 +553,13 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         "non_inferiority_margin": analysis_spec.non_inferiority_margin,
         "max_duration_reached": config.max_duration_reached,
         "canary_weight": config.canary_weight,
+        "unit": str(config.rollout.unit),
+        "steps": [{"start": format_time(at), "canary_share": share} for at, share in plan_],
+        "variance_reduction": {
+            "enabled": analysis_spec.variance_reduction,
+            "pre_exposure": analysis_spec.pre_exposure,
+            "pre_exposure_rows": arms.pre_rows,
+        },
         "now": format_time(config.now),
         "since": format_time(config.since),
         "weight_since": format_time(config.srm_since),
@@ -380,25 +585,42 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         doc["message"] = quarantine_message(q, limit)
         doc["reasons"] = [f"cannot analyse: {doc['message']}"]
     else:
+        base_units, canary_units, both = arms.srm_counts()
+        checked = [i for i, (_, share) in enumerate(plan_) if share is not None]
         srm = None
-        if config.canary_weight is not None:
-            srm = srm_test(
-                base_arm.assigned,
-                canary_arm.assigned,
-                config.canary_weight / 100,
+        if checked:
+            srm = srm_steps(
+                [base_units[i] for i in checked],
+                [canary_units[i] for i in checked],
+                [float(plan_[i][1] or 0) / 100 for i in checked],
                 analysis_spec.srm_alpha,
             )
+        diffs, covered = arms.differences(analysis_spec.variance_reduction)
         result = decide(
-            base_arm.estimates(),
-            canary_arm.estimates(),
+            diffs,
             analysis_spec,
             config.rollout.guardrails,
             srm=srm,
             max_duration_reached=config.max_duration_reached,
         )
+        last = checked[-1] if checked else len(plan_) - 1
         result.srm.update(
-            baseline_interactions=base_arm.assigned, canary_interactions=canary_arm.assigned
+            unit=str(config.rollout.unit),
+            baseline_units=base_units[last],
+            canary_units=canary_units[last],
+            units_in_both_arms=both[last],
+            steps=[
+                {
+                    "start": format_time(plan_[i][0]),
+                    "canary_share": plan_[i][1],
+                    "baseline_units": base_units[i],
+                    "canary_units": canary_units[i],
+                    "units_in_both_arms": both[i],
+                }
+                for i in range(len(plan_))
+            ],
         )
+        doc["variance_reduction"]["units_with_covariate"] = covered
         doc.update(
             decision=result.decision,
             message=result.reasons[0],
@@ -437,6 +659,13 @@ def _weight(text: str) -> float:
     return value
 
 
+def _step(text: str) -> tuple[datetime, float]:
+    at, sep, share = text.rpartition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected ISO8601=SHARE, not {text!r}")
+    return time_arg(at), _weight(share)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Judge a canary: per-arm statistics of the matured interactions each checkpoint "
@@ -468,6 +697,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ISO8601",
         help="when the canary weight last changed (default --since): the sample-ratio check "
         "counts interactions created at or after it",
+    )
+    parser.add_argument(
+        "--step",
+        type=_step,
+        action="append",
+        metavar="ISO8601=SHARE",
+        help="a canary step: when it started and the canary's share (percent) during it; "
+        "repeat for every step so far, in order. The estimates are stratified by step and "
+        "the sample-ratio test spans every step (default: one step from --since at "
+        "--canary-weight)",
     )
     parser.add_argument(
         "--config",
@@ -506,6 +745,7 @@ def run(args: argparse.Namespace) -> int:
             canary_weight=args.canary_weight,
             max_duration_reached=args.max_duration_reached,
             endpoint_url=args.endpoint_url,
+            steps=args.step,
         )
         doc = analyze(config)
     except ConfigError as exc:

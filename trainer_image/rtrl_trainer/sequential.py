@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rtrl.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec, InconclusivePolicy
+from rtrl_trainer.ab_estimate import Difference, independent
 
 METHOD = {
     "name": "mSPRT normal-mixture confidence sequences (always valid), Bonferroni across metrics",
@@ -61,6 +62,11 @@ METHOD = {
 # normal approximation and the plug-in variance are not to be trusted yet (0 of 20 edits
 # persisted has a sample variance of 0).
 MIN_SAMPLES = 100
+# Below this many events (edits persisted, questions asked, invalid tool calls, ...) in
+# either arm a rate gets the verdict ``too-few-events``: the log-scale normal approximation
+# needs events, not rows, and a guardrail on a rare event must neither trip nor hold a
+# promotion on a handful of them.
+MIN_EVENTS = 10
 # Share of alpha spent on the goal metrics (split equally between them); the guardrails
 # share the rest equally. Weighted Bonferroni: the family-wise error of all verdicts,
 # over all looks, stays <= alpha. A guardrail only trips when its interval lies beyond
@@ -72,8 +78,8 @@ GOAL_ALPHA_SHARE = 0.8
 # evidence is not conclusive yet, but promoting on it would ship a behaviour change the band
 # says is not tolerated, so it holds promotion (as a threshold on the measured value does in
 # Argo Rollouts or Flagger) while the test goes on.
-INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED, BEYOND = 0, 1, 2, 3, 4, 5
-VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped", "beyond")
+INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED, BEYOND, FEW_EVENTS = 0, 1, 2, 3, 4, 5, 6
+VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped", "beyond", "too-few-events")
 
 # Decision codes.
 CONTINUE, PROMOTE, ROLLBACK = 0, 1, 2
@@ -186,7 +192,8 @@ def always_valid_ci(  # noqa: PLR0917 (the textbook argument list, as in the pap
 
 class Comparison(NamedTuple):
     """Canary against baseline for one metric (floats or arrays). The relative fields are
-    NaN where the baseline is not positive; ``enough`` says whether verdicts may be drawn."""
+    NaN where a level is not positive; ``enough`` says whether verdicts may be drawn and
+    ``few_events`` whether it is a rate with too few events in an arm for one."""
 
     baseline: Any
     canary: Any
@@ -197,39 +204,66 @@ class Comparison(NamedTuple):
     rel_low: Any
     rel_high: Any
     enough: Any
+    few_events: Any = False
+    variance_reduction: Any = 0.0
 
 
-def compare(base: Estimate, canary: Estimate, alpha: float, tau: float) -> Comparison:
+def compare(diff: Difference, alpha: float, tau: float, *, events: bool = False) -> Comparison:
     """Always-valid intervals for the canary's absolute and relative difference; ``tau`` is
     the relative effect size the test is tuned to (the absolute interval mixes over
-    ``tau`` times the baseline)."""
+    ``tau`` times the baseline, the relative one over ``log(1 + tau)`` on the log scale,
+    so its bounds ``exp(log ratio -+ radius) - 1`` never fall below -100%). ``events``:
+    the metric is a rate, judged only with ``MIN_EVENTS`` events in each arm."""
     with np.errstate(all="ignore"):
-        b, c = np.asarray(base.value, np.float64), np.asarray(canary.value, np.float64)
-        bv, cv = np.asarray(base.var, np.float64), np.asarray(canary.var, np.float64)
-        diff = c - b
-        abs_radius = np.asarray(cs_radius(bv + cv, alpha, tau * np.abs(b)))
-        ratio = c / b
-        rel_var = (cv + ratio * ratio * bv) / (b * b)
-        rel_radius = np.asarray(cs_radius(rel_var, alpha, tau))
-        rel = np.where(b > 0, ratio - 1, np.nan)
+        b, c = np.asarray(diff.baseline, np.float64), np.asarray(diff.canary, np.float64)
+        d = np.asarray(diff.difference, np.float64)
+        abs_radius = np.asarray(cs_radius(diff.var, alpha, tau * np.abs(b)))
+        log_ratio = np.asarray(diff.log_ratio, np.float64)
+        log_radius = np.asarray(cs_radius(diff.log_var, alpha, math.log1p(tau)))
+        rel = np.expm1(log_ratio)
+        few = np.zeros(np.shape(rel), dtype=bool)
+        if events:
+            counts = np.minimum(
+                np.asarray(diff.events_baseline, np.float64),
+                np.asarray(diff.events_canary, np.float64),
+            )
+            few = np.where(np.isnan(counts), False, counts < MIN_EVENTS)
         enough = (
-            (np.asarray(base.n) >= MIN_SAMPLES)
-            & (np.asarray(canary.n) >= MIN_SAMPLES)
+            (np.asarray(diff.n_baseline) >= MIN_SAMPLES)
+            & (np.asarray(diff.n_canary) >= MIN_SAMPLES)
             & (b > 0)
-            & np.isfinite(rel_var)
+            & np.isfinite(np.asarray(diff.log_var, np.float64))
             & np.isfinite(c)
+            & ~few
         )
     return Comparison(
         _out(b),
         _out(c),
-        _out(diff),
-        _out(diff - abs_radius),
-        _out(diff + abs_radius),
+        _out(d),
+        _out(d - abs_radius),
+        _out(d + abs_radius),
         _out(rel),
-        _out(rel - rel_radius),
-        _out(rel + rel_radius),
+        _out(np.expm1(log_ratio - log_radius)),
+        _out(np.expm1(log_ratio + log_radius)),
         enough if enough.ndim else bool(enough),
+        few if few.ndim else bool(few),
+        _out(diff.variance_reduction),
     )
+
+
+def from_estimates(
+    base: Mapping[str, Estimate], canary: Mapping[str, Estimate]
+) -> dict[str, Difference]:
+    """Differences of independent per-arm estimates (rows as the unit, one stratum, no
+    covariate): for per-request data summarised per arm, and for quantiles. A rate's
+    events are its value times its count."""
+    found: dict[str, Difference] = {}
+    for name in base.keys() & canary.keys():
+        b, c = base[name], canary[name]
+        with np.errstate(all="ignore"):
+            events = (np.asarray(b.value) * np.asarray(b.n), np.asarray(c.value) * np.asarray(c.n))
+        found[name] = independent(b.value, b.var, b.n, c.value, c.var, c.n, *events)
+    return found
 
 
 # --- the metrics and their roles -----------------------------------------------------------
@@ -247,12 +281,13 @@ class Metric:
     unit: str = ""
     band: Band | None = None
     alpha: float = 0.0
+    events: bool = False  # a rate of events: judged only with MIN_EVENTS in each arm
 
 
 # The goals, primary first: promotion needs evidence that edit persistence improved.
 GOALS: tuple[Metric, ...] = (
-    Metric("edit_persistence", "goal", True, 0.02),
-    Metric("dissatisfied_followup_rate", "goal", False, 0.03),
+    Metric("edit_persistence", "goal", True, 0.02, events=True),
+    Metric("dissatisfied_followup_rate", "goal", False, 0.03, events=True),
     Metric("latency_ms", "goal", False, 0.05, unit=" ms"),
 )
 PRIMARY = GOALS[0].name
@@ -264,7 +299,12 @@ GUARDRAILS: dict[str, tuple[str, bool]] = {
     "invalid_tool_call_rate": ("invalid_tool_call_rate", False),
     "mean_completion_tokens": ("mean_completion_tokens", True),
     "latency_p95": ("latency_p95_ms", False),
+    "feedback_missing_rate": ("feedback_missing_rate", False),
 }
+# Guardrails that are rates of events.
+EVENT_RATES = frozenset(
+    {"edit_rate", "clarification_rate", "invalid_tool_call_rate", "feedback_missing_rate"}
+)
 
 
 def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
@@ -277,7 +317,8 @@ def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
     goal_share = GOAL_ALPHA_SHARE if bands else 1.0
     goal_alpha = analysis.alpha * goal_share / len(GOALS)
     metrics = [
-        Metric(m.name, m.kind, m.higher_is_better, m.tau, m.unit, alpha=goal_alpha) for m in GOALS
+        Metric(m.name, m.kind, m.higher_is_better, m.tau, m.unit, alpha=goal_alpha, events=m.events)
+        for m in GOALS
     ]
     for name, higher, band in bands:
         # Tuned to the band: the change that matters is the one that would trip it.
@@ -291,6 +332,7 @@ def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
                 " ms" if name.endswith("_ms") else "",
                 band=band,
                 alpha=analysis.alpha * (1 - goal_share) / len(bands),
+                events=name in EVENT_RATES,
             )
         )
     return metrics
@@ -304,7 +346,8 @@ def verdict(metric: Metric, cmp: Comparison) -> Any:
         up, down = low > 0, high < 0
         better, worse = (up, down) if metric.higher_is_better else (down, up)
         code = np.where(better, BETTER, np.where(worse, WORSE, INCONCLUSIVE))
-        return _code(np.where(enough, code, INCONCLUSIVE))
+        few = np.where(np.asarray(cmp.few_events), FEW_EVENTS, INCONCLUSIVE)
+        return _code(np.where(enough, code, few))
     band = metric.band
     rel = np.asarray(cmp.relative)
     tripped = np.zeros(enough.shape, dtype=bool)
@@ -316,7 +359,7 @@ def verdict(metric: Metric, cmp: Comparison) -> Any:
         tripped |= low > band.max_relative_rise
         beyond |= rel > band.max_relative_rise
     code = np.where(tripped, TRIPPED, np.where(beyond, BEYOND, OK))
-    return _code(np.where(enough, code, OK))
+    return _code(np.where(enough, code, np.where(np.asarray(cmp.few_events), FEW_EVENTS, OK)))
 
 
 def non_inferior(metric: Metric, cmp: Comparison, margin: float) -> Any:
@@ -349,29 +392,51 @@ SRM_RELATIVE_SPREAD = 0.1
 _lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
 
 
+def srm_log_bf(n_baseline: Any, n_canary: Any, expected_share: float) -> Any:
+    """Log Bayes factor of the beta-binomial mixture against the binomial at
+    ``expected_share``: a nonnegative martingale (in exp) under the null."""
+    p0 = float(expected_share)
+    nb = np.asarray(n_baseline, dtype=np.float64)
+    nc = np.asarray(n_canary, dtype=np.float64)
+    spread = SRM_RELATIVE_SPREAD * min(p0, 1 - p0)
+    kappa = max(p0 * (1 - p0) / spread**2 - 1, 1.0)
+    a, b = kappa * p0, kappa * (1 - p0)
+    log_beta_prior = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    log_beta_post = _lgamma(a + nc) + _lgamma(b + nb) - _lgamma(a + b + nb + nc)
+    return log_beta_post - log_beta_prior - nc * math.log(p0) - nb * math.log(1 - p0)
+
+
 def srm_test(n_baseline: Any, n_canary: Any, expected_share: float, alpha: float) -> SrmResult:
-    """Anytime-valid test that the canary's share of interactions is ``expected_share``.
+    """Anytime-valid test that the canary's share of units is ``expected_share``.
 
     The p-value is ``1 / BF`` (capped at 1), BF the beta-binomial mixture against the
     binomial at ``expected_share``: a nonnegative martingale under the null, so the chance
     that it ever reaches ``1 / alpha`` is at most alpha (Ville), at any number of looks.
     """
-    p0 = float(expected_share)
-    nb = np.asarray(n_baseline, dtype=np.float64)
-    nc = np.asarray(n_canary, dtype=np.float64)
-    total = nb + nc
-    spread = SRM_RELATIVE_SPREAD * min(p0, 1 - p0)
-    kappa = max(p0 * (1 - p0) / spread**2 - 1, 1.0)
-    a, b = kappa * p0, kappa * (1 - p0)
-    log_beta_prior = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-    log_beta_post = _lgamma(a + nc) + _lgamma(b + nb) - _lgamma(a + b + total)
-    log_bf = log_beta_post - log_beta_prior - nc * math.log(p0) - nb * math.log(1 - p0)
+    return srm_steps([n_baseline], [n_canary], [expected_share], alpha)
+
+
+def srm_steps(
+    n_baseline: Sequence[Any], n_canary: Sequence[Any], shares: Sequence[float], alpha: float
+) -> SrmResult:
+    """The sample-ratio test over every canary step so far: per step, the units assigned
+    to each arm (counted at assignment, without waiting for feedback) against that step's
+    share. Each step's Bayes factor is a test martingale that starts at 1 when the step
+    starts; chained, their product is one over the whole canary (Ville's inequality
+    applies to it), so evidence from earlier steps is kept. The observed share is the
+    current (last) step's."""
+    log_bf: Any = 0.0
+    for nb, nc, share in zip(n_baseline, n_canary, shares, strict=True):
+        log_bf = log_bf + srm_log_bf(nb, nc, share)
+    nb_last = np.asarray(n_baseline[-1], dtype=np.float64)
+    nc_last = np.asarray(n_canary[-1], dtype=np.float64)
+    total = nb_last + nc_last
     with np.errstate(all="ignore"):
-        p_value = np.minimum(1.0, np.exp(-log_bf))
-        observed = np.where(total > 0, nc / total, np.nan)
+        p_value = np.minimum(1.0, np.exp(-np.asarray(log_bf)))
+        observed = np.where(total > 0, nc_last / total, np.nan)
     mismatch = p_value <= alpha
     return SrmResult(
-        p0,
+        float(shares[-1]),
         _out(observed),
         _out(p_value),
         mismatch if mismatch.ndim else bool(mismatch),
@@ -394,8 +459,7 @@ class Judgement:
 
 def judge(
     metrics: Sequence[Metric],
-    base: Mapping[str, Estimate],
-    canary: Mapping[str, Estimate],
+    diffs: Mapping[str, Difference],
     *,
     srm_mismatch: Any = False,
     max_duration_reached: bool = False,
@@ -417,7 +481,7 @@ def judge(
        (continue).
     Holding only ever turns a promotion into a continuation, so the chance of a false
     promotion stays within alpha.
-    A metric missing from ``base`` or ``canary`` gets no verdict (inconclusive / ok).
+    A metric missing from ``diffs`` gets no verdict (inconclusive / ok).
     """
     srm = np.asarray(srm_mismatch, dtype=bool)
     shape = srm.shape
@@ -427,11 +491,9 @@ def judge(
     better = np.zeros(shape, dtype=bool)
     noninf = np.ones(shape, dtype=bool)
     judgement = Judgement(decision=CONTINUE, cause=NO_CAUSE)
-    nan = Estimate(np.nan, np.nan, 0.0)
+    nan = independent(np.nan, np.nan, 0.0, np.nan, np.nan, 0.0)
     for metric in metrics:
-        cmp = compare(
-            base.get(metric.name, nan), canary.get(metric.name, nan), metric.alpha, metric.tau
-        )
+        cmp = compare(diffs.get(metric.name, nan), metric.alpha, metric.tau, events=metric.events)
         code = verdict(metric, cmp)
         judgement.comparisons[metric.name] = cmp
         judgement.verdicts[metric.name] = code
@@ -527,14 +589,15 @@ def describe(metric: Metric, cmp: Comparison, code: int) -> str:
         )
     if metric.band is not None:
         text += f", band {_band_text(metric.band)}"
-    if not cmp.enough:
+    if cmp.few_events:
+        text += f" (fewer than {MIN_EVENTS} events in an arm: no verdict yet)"
+    elif not cmp.enough:
         text += f" (fewer than {MIN_SAMPLES} samples in an arm: no verdict yet)"
     return f"{text}: {VERDICTS[code]}"
 
 
 def decide(
-    base: Mapping[str, Estimate],
-    canary: Mapping[str, Estimate],
+    diffs: Mapping[str, Difference],
     analysis: AnalysisSpec,
     guardrails: GuardrailsSpec,
     *,
@@ -547,8 +610,7 @@ def decide(
     mismatch = bool(srm.mismatch) if srm is not None else False
     j = judge(
         metrics,
-        base,
-        canary,
+        diffs,
         srm_mismatch=mismatch,
         max_duration_reached=max_duration_reached,
         policy=analysis.inconclusive,
@@ -560,13 +622,9 @@ def decide(
     for metric in metrics:
         cmp = j.comparisons[metric.name]
         code = int(j.verdicts[metric.name])
-        b, c = base.get(metric.name), canary.get(metric.name)
-        if (
-            b is None
-            or c is None
-            or not all(
-                math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary, cmp.ci_low, cmp.ci_high)
-            )
+        found = diffs.get(metric.name)
+        if found is None or not all(
+            math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary, cmp.ci_low, cmp.ci_high)
         ):
             missing.append(metric.name)
             lines.append(f"{metric.name}: not measured in both arms: {VERDICTS[code]}")
@@ -587,8 +645,9 @@ def decide(
             "higher_is_better": metric.higher_is_better,
             "alpha": metric.alpha,
             "tau": metric.tau,
-            "baseline_samples": int(b.n),
-            "canary_samples": int(c.n),
+            "baseline_samples": int(found.n_baseline),
+            "canary_samples": int(found.n_canary),
+            "variance_reduction": _finite(cmp.variance_reduction),
         }
         if metric.band is not None:
             row["band"] = metric.band.to_k8s()

@@ -147,6 +147,11 @@ class RolloutRecord(ApiModel):
 
     weight: int = Field(ge=0, le=100, description="Canary traffic share in percent.")
     started_at: datetime = Field(description="When the step began.")
+    ready_at: datetime | None = Field(
+        None,
+        description="When the canary was first ready at this step's weight: the analysis "
+        "counts the step's interactions, and its sample ratio, from then.",
+    )
     ended_at: datetime | None = Field(None, description="When the step ended.")
     decision: Decision | None = Field(None, description="promote, rollback or continue.")
     reason: str | None = Field(None, max_length=32768, description="Why, in words.")

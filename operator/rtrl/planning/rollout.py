@@ -161,6 +161,7 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
     p.status["canaryWeight"] = round(share)
     p.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
     canary_start = parse_time(records[0].get("startedAt")) or p.now
+    counted_from = parse_time(records[0].get("readyAt")) or canary_start
     if not cn.deployment_ready(dict(p.obs.canary) if p.obs.canary else None):
         timeout = parse_duration(p.spec.rollout.ready_timeout)
         if p.now - canary_start > timedelta(seconds=timeout) and index == 0:
@@ -173,6 +174,14 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
             )
         p.out.soon(READY_POLL_SECONDS)
         return p.finish("Canary", f"{name}: waiting for the canary to be ready")
+    scaled = int(((p.obs.canary or {}).get("spec") or {}).get("replicas", -1))
+    if not record.get("readyAt") and scaled == canary_weight(p, step.weight)[0]:
+        # Until now the canary served nothing (or less than its weight): the analysis, and
+        # its sample-ratio test, count this step from here.
+        record["readyAt"] = iso(p.now)
+        p.patch_checkpoint(ck, phase="Canary", rollout=records)
+        p.out.soon(0)
+        return p.finish("Canary", f"{name} at {share:.0f}%: ready")
     judged = sum(int(r.get("analyses") or 0) for r in records)
     forget_analyses(p, ck, judged)
     analysis = f"analyze-{judged}"
@@ -189,7 +198,7 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
             ck,
             analysis,
             0,
-            analyze_args(p, ck, analysis, share=share, since=canary_start, max_reached=max_reached),
+            analyze_args(p, ck, analysis, share=share, since=counted_from, max_reached=max_reached),
         )
         return p.finish("Canary", f"{name} at {share:.0f}%: analysing")
     job = jobs[-1]
@@ -197,7 +206,7 @@ def run_step(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> 
         return p.finish("Canary", f"{name} at {share:.0f}%: analysing ({job.name})")
     if job.failed:
         if job.attempt < p.spec.jobs.backoff_limit:
-            args = analyze_args(p, ck, analysis, share=share, since=canary_start, max_reached=False)
+            args = analyze_args(p, ck, analysis, share=share, since=counted_from, max_reached=False)
             p.create_step(ck, analysis, job.attempt + 1, args)
             return p.finish("Canary", f"{name}: retrying the analysis")
         return decide(
@@ -241,11 +250,19 @@ def analysis_due(
     return due
 
 
-def records_started(p: _Planner, ck: dict[str, Any]) -> str:
-    """When the current step (and so the current weight) began: the sample-ratio check
-    counts only interactions since then."""
+def step_args(p: _Planner, ck: dict[str, Any], share: float) -> list[str]:
+    """``--step START=SHARE`` for every step so far: the analysis stratifies by step and its
+    sample-ratio test spans them all. Earlier steps' shares are what their weights give
+    with today's stable replicas (the current step's is the share just reached)."""
     records = (ck.get("status") or {}).get("rollout") or []
-    return str(records[-1]["startedAt"]) if records else iso(p.now)
+    if not records:
+        return [f"--weight-since={iso(p.now)}"]
+    args = []
+    for i, record in enumerate(records):
+        reached = share if i == len(records) - 1 else canary_weight(p, int(record["weight"]))[1]
+        start = record.get("readyAt") or record["startedAt"]
+        args.append(f"--step={start}={reached:.2f}")
+    return args
 
 
 def analyze_args(
@@ -266,7 +283,7 @@ def analyze_args(
         f"--out={ch.step_out(ck['spec']['uri'], analysis)}",
         f"--canary-weight={share:.2f}",
         f"--since={iso(since)}",
-        f"--weight-since={records_started(p, ck)}",
+        *step_args(p, ck, share),
         f"--config={ch.CONFIG_MOUNT}/{ch.CONFIG_FILE}",
         f"--now={iso(p.now)}",
     ]
