@@ -1,15 +1,21 @@
 """The Gateway API router on the real control plane: the standard-channel CRDs validate the
 HTTPRoute the operator writes, and every backendRef resolves, through a Service port that
-exists, to ready endpoints of the right pods (the real EndpointSlice controller's view)."""
+exists, to ready endpoints of the right pods (the real EndpointSlice controller's view).
+With ``unit: user``, the route as the server stored it keeps every user in one arm when
+routed by the Gateway API's matching rules (``tests/cluster/gateway.py``)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rtrl.api.rlcycle import RLCycleSpec
+from rtrl.planning.canary import CANARY_RULE, bucket_regex, route_rules
+from tests.cluster import gateway
 from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.tools import OperatorProcess
@@ -103,3 +109,112 @@ def test_canary_route_backends_resolve(
 
     kube.wait_for(released, timeout=30, message=operator.output)
     kube.wait_for(lambda: kube.get("v1", "Service", "composer-canary") is None, timeout=30)
+
+
+def users_arms(route: dict[str, Any], users: list[str], rng: random.Random) -> dict[str, str]:
+    """Where each user's requests land (several each, with the bucket the edge gives it);
+    asserts that they all land in one arm."""
+    arms = {}
+    for user in users:
+        headers = {"x-rtrl-bucket": str(gateway.bucket(user))}
+        seen = {gateway.backend(route, gateway.Request("/v1/chat/completions", "POST", headers),
+                                rng) for _ in range(3)}  # fmt: skip
+        assert len(seen) == 1, f"{user} (bucket {headers}) reached {seen}"
+        arms[user] = str(seen.pop())
+    return arms
+
+
+def test_unit_user_keeps_each_user_in_one_arm(
+    kube: KubeAPI,
+    node: Kubelet,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "composer"},
+        "spec": {"selector": {"app": "composer"},
+                 "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+    })  # fmt: skip
+    kube.create({
+        "apiVersion": GATEWAY, "kind": "HTTPRoute", "metadata": {"name": "composer"},
+        "spec": {"parentRefs": [{"name": "inference"}],
+                 "rules": [{"backendRefs": [{"name": "composer", "port": 8000}]}]},
+    })  # fmt: skip
+    # The first analysis (no interactions yet: continue, and minSamples is 0) moves the
+    # canary from 10% to 30%.
+    rollout = {
+        "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+        "unit": "user", "bucketHeader": "x-rtrl-bucket",
+        "steps": [{"weight": 10, "minDuration": "3s"}, {"weight": 30, "minDuration": "1h"}],
+        "readyTimeout": "2m", "analysis": {"maxDuration": "2h", "interval": "1m"},
+    }  # fmt: skip
+    rlc = set_up(kube, tmp_path / "store", tmp_path, rollout=rollout)
+    spec = RLCycleSpec.model_validate(rlc["spec"])
+    operator = rtrl_operator()
+
+    def route_at(weight: int) -> dict[str, Any] | None:
+        route = kube.get(GATEWAY, "HTTPRoute", "composer") or {}
+        rules = route["spec"]["rules"]
+        canary = [r for r in rules if r.get("name") == CANARY_RULE]
+        regex = canary[0]["matches"][0]["headers"][-1]["value"] if canary else None
+        return route if regex == bucket_regex(weight) else None
+
+    # Written by the operator, and accepted (validated, defaulted) by the real API server.
+    route = kube.wait_for(lambda: route_at(10), timeout=240, interval=0.2,
+                          message=operator.output)  # fmt: skip
+    stable_rule, canary_rule = route["spec"]["rules"]
+    assert [(r["name"], r["weight"]) for r in stable_rule["backendRefs"]] == [("composer", 100)]
+    assert canary_rule["matches"] == [{
+        "path": {"type": "PathPrefix", "value": "/"},
+        "headers": [{"type": "RegularExpression", "name": "x-rtrl-bucket", "value": "^[0-9]$"}],
+    }]  # fmt: skip
+    assert [r["name"] for r in canary_rule["backendRefs"]] == ["composer-canary"]
+    # what the server stored, defaults included, is what the operator plans: no re-patching
+    assert route_rules(spec, route, 10) is None
+
+    def canary_ready() -> bool:
+        ck = kube.get(RTRL, "Checkpoint", "composer-1") or {}
+        message = (ck.get("status") or {}).get("message") or ""
+        ref = canary_rule["backendRefs"][0]
+        return "waiting for the canary" not in message and bool(resolve(kube, ref))
+
+    kube.wait_for(canary_ready, timeout=90, interval=0.5, message=operator.output)
+    canary_pods = resolve(kube, canary_rule["backendRefs"][0])
+    assert all(name.startswith("composer-vllm-canary-") for name in canary_pods), canary_pods
+
+    users = [f"user-{i}" for i in range(2000)]
+    rng = random.Random(11)
+
+    def canary_share(arms: dict[str, str], weight: int) -> float:
+        share = sum(arm == "composer-canary" for arm in arms.values()) / len(arms)
+        p = weight / 100
+        assert abs(share - p) < 4 * (p * (1 - p) / len(arms)) ** 0.5, (share, weight)
+        return share
+
+    at_10 = users_arms(route, users, rng)
+    canary_share(at_10, 10)
+    # requests without the header are not in the experiment
+    no_header = {gateway.backend(route, gateway.Request("/v1/chat/completions"), rng)
+                 for _ in range(300)}  # fmt: skip
+    assert no_header == {"composer"}
+
+    route = kube.wait_for(lambda: route_at(30), timeout=90, interval=0.5,
+                          message=operator.output)  # fmt: skip
+    assert len(route["spec"]["rules"]) == 2 and route_rules(spec, route, 30) is None
+    records = (kube.get(RTRL, "Checkpoint", "composer-1") or {})["status"]["rollout"]
+    assert [(r["weight"], r.get("decision")) for r in records][:1] == [(10, "continue")]
+    at_30 = users_arms(route, users, rng)
+    canary_share(at_30, 30)
+    moved_back = [u for u in users if at_10[u] == "composer-canary" and at_30[u] == "composer"]
+    assert not moved_back, moved_back[:10]
+
+    # Deleted mid-canary: the canary rule goes, the stable Service keeps all the traffic.
+    kube.delete(RTRL, "RLCycle", "composer")
+
+    def released() -> bool:
+        rules = (kube.get(GATEWAY, "HTTPRoute", "composer") or {})["spec"]["rules"]
+        return [[(r["name"], r.get("weight")) for r in rule["backendRefs"]] for rule in rules] == [
+            [("composer", 100)]
+        ]
+
+    kube.wait_for(released, timeout=30, message=operator.output)
