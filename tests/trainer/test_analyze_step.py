@@ -234,3 +234,104 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
         "--baseline", "base", "--canary", "cand",
     )  # fmt: skip
     assert unreadable.returncode == 1, unreadable.stderr
+
+
+def users_table(
+    checkpoint: str, users: list[int], p: np.ndarray, *, seed: int, start: timedelta,
+    hours: float, per_user: int = 6, prefix: str = "",
+) -> pa.Table:  # fmt: skip
+    """``per_user`` interactions of each of ``users`` (user ``u`` persists edits with
+    probability ``p[u]``), spread over ``hours`` from 08:00 + ``start``."""
+    rng = np.random.default_rng(seed)
+    ids = np.repeat(np.asarray(users), per_user)
+    n = ids.size
+    created = [T0 + start + timedelta(seconds=3600 * hours * i / n) for i in range(n)]
+    return rows(
+        n,
+        interaction_id=[f"{prefix}{checkpoint}-{i:06d}" for i in range(n)],
+        checkpoint_id=checkpoint,
+        user_id=[f"user-{u}" for u in ids],
+        created_at=created,
+        feedback_at=[c + timedelta(minutes=30) for c in created],
+        edit_persisted=(rng.random(n) < p[ids]).astype(float).tolist(),
+        latency_ms=(1000 * rng.lognormal(0, 0.6, n)).tolist(),
+        tool_calls=2,
+    )
+
+
+def test_users_as_the_unit_with_steps_and_pre_exposure(tmp_path: Path) -> None:
+    """Users assigned whole by bucket over two steps (20% from 08:00, 50% from 09:00), their
+    own base rates, and the stable lineage's interactions before the canary."""
+    rng = np.random.default_rng(11)
+    p = rng.beta(1.0, 1.0, 400)  # very different users: the pre-exposure mean predicts them
+    bucket = rng.integers(0, 100, 400)
+    everyone = list(range(400))
+    step1 = [u for u in everyone if bucket[u] < 20]
+    step2 = [u for u in everyone if bucket[u] < 50]
+    tables = [
+        users_table("grand", everyone, p, seed=1, start=timedelta(hours=-6), hours=3),
+        users_table("base", everyone, p, seed=2, start=timedelta(hours=-3), hours=3),
+        users_table("cand", step1, p, seed=3, start=timedelta(0), hours=1, prefix="s1"),
+        users_table("base", [u for u in everyone if u not in step1], p, seed=4,
+                    start=timedelta(0), hours=1, prefix="s1"),
+        users_table("cand", step2, p, seed=5, start=timedelta(hours=1), hours=1, prefix="s2"),
+        users_table("base", [u for u in everyone if u not in step2], p, seed=6,
+                    start=timedelta(hours=1), hours=1, prefix="s2"),
+        # too recent for feedback, but assigned: a new user on the canary at 11:50
+        users_table("cand", [400], np.append(p, 0.5), seed=7,
+                    start=timedelta(hours=3, minutes=50), hours=0.1, per_user=1, prefix="new"),
+        # a user the router sent to both arms during step 2
+        users_table("base", [step2[0]], p, seed=8, start=timedelta(hours=1, minutes=30),
+                    hours=0.1, per_user=1, prefix="leak"),
+    ]  # fmt: skip
+    shards = write(tmp_path / "s", *tables)
+    config = tmp_path / "rollout.yaml"
+    config.write_text("rollout: {unit: user}\n")
+    code, doc = analyze(
+        shards, tmp_path / "out", "--config", str(config),
+        "--step", "2026-01-05T08:00:00Z=20", "--step", "2026-01-05T09:00:00Z=50",
+        "--pre-exposure-from", "grand",
+    )  # fmt: skip
+    assert code == 0, doc
+    assert doc["unit"] == "user"
+    assert [s["canary_share"] for s in doc["steps"]] == [20, 50]
+    steps = doc["srm"]["steps"]
+    assert steps[0]["canary_units"] == len(step1)
+    assert steps[0]["baseline_units"] == 400 - len(step1)
+    assert steps[1]["canary_units"] == len(step2) + 1  # the new user counts at once
+    assert steps[1]["units_in_both_arms"] == 1
+    assert doc["srm"]["units_in_both_arms"] == 1 and doc["srm"]["unit"] == "user"
+    vr = doc["variance_reduction"]
+    assert vr["pre_exposure_from"] == ["base", "grand"]
+    assert vr["pre_exposure_rows"] == 2 * 400 * 6
+    assert vr["units_with_covariate"]["edit_persistence"] == 400
+    rows_ = {m["name"]: m for m in doc["metrics"]}
+    assert rows_["edit_persistence"]["variance_reduction"] > 0.3
+    assert (
+        -1
+        < rows_["edit_persistence"]["relative_ci_low"]
+        < 0
+        < rows_["edit_persistence"]["relative_ci_high"]
+    )
+    # without the covariates the same interval is wider
+    config.write_text("rollout: {unit: user, analysis: {varianceReduction: false}}\n")
+    code, plain = analyze(
+        shards, tmp_path / "plain", "--config", str(config),
+        "--step", "2026-01-05T08:00:00Z=20", "--step", "2026-01-05T09:00:00Z=50",
+    )  # fmt: skip
+    assert code == 0
+    wide = {m["name"]: m for m in plain["metrics"]}["edit_persistence"]
+    assert wide["variance_reduction"] == 0
+    width = (
+        rows_["edit_persistence"]["relative_ci_high"] - rows_["edit_persistence"]["relative_ci_low"]
+    )
+    assert wide["relative_ci_high"] - wide["relative_ci_low"] > 1.3 * width
+
+
+def test_steps_must_be_in_order(tmp_path: Path) -> None:
+    shards = write(tmp_path / "s", arm("base", 100, seed=1), arm("cand", 100, seed=2))
+    code, _ = analyze(
+        shards, tmp_path / "out",
+        "--step", "2026-01-05T09:00:00Z=20", "--step", "2026-01-05T08:30:00Z=50",
+    )  # fmt: skip
+    assert code == 2

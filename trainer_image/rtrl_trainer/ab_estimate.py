@@ -15,8 +15,9 @@ Why each of these:
 - **Strata.** The canary's weight changes from step to step; if the base rate drifts over
   the hours, pooling all rows compares a canary that lived mostly in later hours with a
   stable arm that lived mostly in earlier ones (Simpson). Each step's arms are compared
-  with each other and the steps combined with fixed weights (each step's share of rows):
-  within a step the weight is constant, so both arms see the same hours.
+  with each other and the steps combined with fixed weights (Cochran-Mantel-Haenszel:
+  ``n_b n_c / (n_b + n_c)`` of each step): within a step the weight is constant, so both
+  arms see the same hours.
 - **CUPED.** Each row carries a covariate measured before the canary existed: its unit's
   (its user's) value of the same metric on the stable checkpoint during
   ``analysis.preExposure``. Randomisation makes the covariate's arm difference zero in
@@ -92,7 +93,11 @@ def difference(totals: Any, gram: Any, units: Any, *, adjust: bool = True) -> Di
         n_as = t[..., N]
         present = np.all(n_as > 0, axis=-2)  # [..., S]
         n_s = np.where(present, n_as.sum(axis=-2), 0.0)
-        w = n_s / n_s.sum(axis=-1, keepdims=True)  # [..., S]
+        # Cochran-Mantel-Haenszel weights n_b n_c / (n_b + n_c): each step counts by the
+        # information it holds about the difference, so a 5% step's handful of canary
+        # units does not weigh like the rows it has.
+        harmonic = np.where(present, n_as.prod(axis=-2) / np.where(present, n_s, 1.0), 0.0)
+        w = harmonic / harmonic.sum(axis=-1, keepdims=True)  # [..., S]
         safe_n = np.where(n_as > 0, n_as, 1.0)
         mean = np.where(n_as > 0, t[..., X] / safe_n, 0.0)  # [..., 2, S]
         cov = np.where(n_as > 0, t[..., Z] / safe_n, 0.0)

@@ -95,6 +95,7 @@ class AnalyzeConfig:
     max_duration_reached: bool = False
     endpoint_url: str | None = None
     steps: tuple[tuple[datetime, float], ...] = ()
+    pre_exposure_from: tuple[str, ...] = ()
 
     @property
     def step_plan(self) -> list[tuple[datetime, float | None]]:
@@ -141,6 +142,7 @@ def build_config(
     max_duration_reached: bool = False,
     endpoint_url: str | None = None,
     steps: list[tuple[datetime, float]] | None = None,
+    pre_exposure_from: list[str] | None = None,
 ) -> AnalyzeConfig:
     """Validate the file and flags; :class:`ConfigError` naming the field otherwise."""
     data_doc: dict[str, Any] = {}
@@ -203,6 +205,9 @@ def build_config(
         max_duration_reached=max_duration_reached,
         endpoint_url=endpoint_url,
         steps=tuple(ordered),
+        pre_exposure_from=tuple(
+            c for c in dict.fromkeys(pre_exposure_from or []) if c not in (baseline, canary)
+        ),
     )
 
 
@@ -444,7 +449,7 @@ def scan(config: AnalyzeConfig) -> Scan:
     extra = ["session_id"] if unit == AssignmentUnit.SESSION else []
     reader = ValidatingReader(
         store,
-        partitions={key: {config.baseline, config.canary}},
+        partitions={key: {config.baseline, config.canary, *config.pre_exposure_from}},
         columns=[*REQUIRED_COLUMNS, *extra] if extra else None,
     )
     selection = Selection(report=reader.report, strata=Strata(by_org=False))
@@ -483,18 +488,22 @@ def scan(config: AnalyzeConfig) -> Scan:
             1,
             np.where(_mask(pc.equal(ckpt, config.baseline)), 0, -1),
         )
+        # the serving lineage before the canary: stable rows, covariates only
+        earlier = arm == 0
+        if config.pre_exposure_from:
+            earlier |= _mask(pc.is_in(ckpt, pa.array(config.pre_exposure_from)))
         users = _strings(batch.column("user_id"), None)
         old_enough = created <= cutoff
         window = np.ones(batch.num_rows, dtype=bool)
         if since is not None:
             window = created >= since
             before = ~window
-            pre = before & (arm == 0) & old_enough & (feedback <= now)
+            pre = before & earlier & old_enough & (feedback <= now)
             if pre_since is not None:
                 pre &= created >= pre_since
             if pre.any():
                 arms.add_pre(batch.filter(pa.array(pre)), users[pre])
-            result.excluded["before_since"] += int(np.count_nonzero(before & ~pre))
+            result.excluded["before_since"] += int(np.count_nonzero(before & ~pre & (arm >= 0)))
         matured = window & old_enough & (feedback <= now)
         result.excluded["too_recent"] += int(np.count_nonzero(window & ~old_enough))
         result.excluded["immature"] += int(np.count_nonzero(window & old_enough & ~matured))
@@ -558,6 +567,7 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         "variance_reduction": {
             "enabled": analysis_spec.variance_reduction,
             "pre_exposure": analysis_spec.pre_exposure,
+            "pre_exposure_from": [config.baseline, *config.pre_exposure_from],
             "pre_exposure_rows": arms.pre_rows,
         },
         "now": format_time(config.now),
@@ -700,6 +710,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--step",
+        dest="steps",  # "step" names the rtrl-job subcommand
         type=_step,
         action="append",
         metavar="ISO8601=SHARE",
@@ -707,6 +718,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeat for every step so far, in order. The estimates are stratified by step and "
         "the sample-ratio test spans every step (default: one step from --since at "
         "--canary-weight)",
+    )
+    parser.add_argument(
+        "--pre-exposure-from",
+        action="append",
+        metavar="ID",
+        help="a checkpoint that served as stable before the baseline (its ancestors): its "
+        "interactions in analysis.preExposure before --since give covariates too; repeat",
     )
     parser.add_argument(
         "--config",
@@ -745,7 +763,8 @@ def run(args: argparse.Namespace) -> int:
             canary_weight=args.canary_weight,
             max_duration_reached=args.max_duration_reached,
             endpoint_url=args.endpoint_url,
-            steps=args.step,
+            steps=args.steps,
+            pre_exposure_from=args.pre_exposure_from,
         )
         doc = analyze(config)
     except ConfigError as exc:

@@ -475,9 +475,10 @@ class AnalysisSpec(ApiModel):
         "checkpoint during preExposure before the canary started.",
     )
     pre_exposure: Duration = Field(
-        "24h",
-        description="How far before the canary's start the stable arm's interactions give "
-        "each unit's pre-exposure covariates (variance reduction).",
+        "7d",
+        description="How far before the canary's start the stable arm's interactions (the "
+        "baseline and the checkpoints that served before it) give each unit's "
+        "pre-exposure covariates (variance reduction).",
     )
 
 

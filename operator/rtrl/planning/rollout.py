@@ -265,6 +265,21 @@ def step_args(p: _Planner, ck: dict[str, Any], share: float) -> list[str]:
     return args
 
 
+def lineage(p: _Planner, name: str, limit: int = 20) -> list[str]:
+    """The checkpoints that served before ``name``, newest first: its parent, that one's
+    parent, ... (the stable arm's history, for pre-exposure covariates)."""
+    by_name = {meta(dict(c))["name"]: c for c in p.obs.checkpoints}
+    found: list[str] = []
+    current = by_name.get(name)
+    while current is not None and len(found) < limit:
+        parent = (current.get("spec") or {}).get("parent")
+        if not parent or parent in found or parent == name:
+            break
+        found.append(str(parent))
+        current = by_name.get(parent)
+    return found
+
+
 def analyze_args(
     p: _Planner,
     ck: dict[str, Any],
@@ -275,15 +290,17 @@ def analyze_args(
     max_reached: bool,
 ) -> list[str]:
     """Every attempt of one analysis judges the same data: ``--now`` is when it was planned."""
+    baseline = (ck.get("spec") or {}).get("parent")
     args = [
         "analyze",
         f"--shards={p.spec.data.shards}",
-        f"--baseline={(ck.get('spec') or {}).get('parent')}",
+        f"--baseline={baseline}",
         f"--canary={meta(ck)['name']}",
         f"--out={ch.step_out(ck['spec']['uri'], analysis)}",
         f"--canary-weight={share:.2f}",
         f"--since={iso(since)}",
         *step_args(p, ck, share),
+        *[f"--pre-exposure-from={a}" for a in lineage(p, str(baseline))],
         f"--config={ch.CONFIG_MOUNT}/{ch.CONFIG_FILE}",
         f"--now={iso(p.now)}",
     ]
