@@ -41,7 +41,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -54,12 +53,10 @@ from rtrl.shards import REQUIRED_COLUMNS, ValidatingReader
 from rtrl.shards.layout import parse_partitions
 from rtrl.store import StoreError, open_store, parse_store_uri
 from rtrl.store.local import LocalStore
-from rtrl_trainer.ab_accumulate import Keys, MetricSums, PreExposure
-from rtrl_trainer.ab_estimate import Difference, difference, independent
+from rtrl_trainer.ab_accumulate import Arms, strings
 from rtrl_trainer.config import format_time, time_arg
-from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import Strata, filled
-from rtrl_trainer.sequential import METHOD, Estimate, decide, srm_steps
+from rtrl_trainer.sequential import METHOD, decide, srm_steps
 from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
 from rtrl_trainer.stage import (
     CHECKPOINT_MISMATCH,
@@ -211,206 +208,6 @@ def build_config(
     )
 
 
-# --- per-arm statistics --------------------------------------------------------------------
-
-# The metrics measured on matured rows: name -> (rows it is measured on, x, n) from a batch.
-METRICS = (
-    "edit_persistence",
-    "dissatisfied_followup_rate",
-    "latency_ms",
-    "edit_rate",
-    "clarification_rate",
-    "invalid_tool_call_rate",
-    "mean_completion_tokens",
-)
-FEEDBACK_MISSING = "feedback_missing_rate"
-
-
-def metric_values(batch: pa.RecordBatch) -> dict[str, tuple[Any, Any, Any]]:
-    """Per metric: (the rows it is measured on, as a mask or None for all; x; n)."""
-    edit = batch.column("edit_persisted")
-    latency = batch.column("latency_ms")
-    edit_known = ~_null(edit)
-    latency_known = ~_null(latency)
-    ones = 1.0
-    return {
-        "edit_persistence": (edit_known, filled(edit, 0.0)[edit_known], ones),
-        "dissatisfied_followup_rate": (
-            None, filled(batch.column("dissatisfied_followup"), False), ones
-        ),
-        "latency_ms": (latency_known, filled(latency, 0.0)[latency_known], ones),
-        "edit_rate": (None, filled(batch.column("edits_proposed"), 0) > 0, ones),
-        "clarification_rate": (None, filled(batch.column("asked_clarification"), False), ones),
-        "invalid_tool_call_rate": (
-            None,
-            filled(batch.column("invalid_tool_calls"), 0),
-            filled(batch.column("tool_calls"), 0),
-        ),
-        "mean_completion_tokens": (
-            None, filled(pc.list_value_length(batch.column("completion_ids")), 0), ones
-        ),
-    }  # fmt: skip
-
-
-def _null(array: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    return np.asarray(pc.is_null(array).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _strings(array: pa.Array, fallback: pa.Array | None) -> np.ndarray:
-    """A string column as a numpy object array, nulls replaced from ``fallback`` (or "")."""
-    if fallback is not None:
-        array = pc.coalesce(array, fallback)
-    values: np.ndarray = np.asarray(pc.fill_null(array, "").to_numpy(zero_copy_only=False))
-    return values.astype(object)
-
-
-@dataclass
-class Arms:
-    """Everything the analysis keeps while it streams: per-metric sums by unit and cell,
-    pre-exposure sums by user, per-step sample-ratio counts, latency histograms."""
-
-    strata: int
-    unit: AssignmentUnit
-    keys: Keys = field(default_factory=Keys)
-    sums: dict[str, MetricSums] = field(default_factory=dict)
-    pre: PreExposure = field(default_factory=PreExposure)
-    rows: list[int] = field(default_factory=lambda: [0, 0])  # matured rows per arm
-    latency: list[LatencyHistogram] = field(
-        default_factory=lambda: [LatencyHistogram(), LatencyHistogram()]
-    )
-    # per step: request unit -> [baseline rows, canary rows]; else unit -> [first created,
-    # its arm, bit mask of the arms it was seen in]
-    srm_rows: list[list[int]] = field(default_factory=list)
-    srm_first: list[dict[Any, list[int]]] = field(default_factory=list)
-    pre_rows: int = 0
-
-    def __post_init__(self) -> None:
-        per_row = self.unit == AssignmentUnit.REQUEST
-        for name in (*METRICS, FEEDBACK_MISSING):
-            self.sums[name] = MetricSums(self.strata, per_row)
-        self.srm_rows = [[0, 0] for _ in range(self.strata)]
-        self.srm_first = [{} for _ in range(self.strata)]
-
-    def add(
-        self,
-        batch: pa.RecordBatch,
-        arm: np.ndarray,
-        stratum: np.ndarray,
-        *,
-        keys: np.ndarray,
-        users: np.ndarray,
-        matured: np.ndarray,
-        judged: np.ndarray,
-    ) -> None:
-        """Add rows of the canary window: ``matured`` ones to the metrics, ``judged`` ones
-        (old enough for feedback to have arrived) to the missing-feedback rate."""
-        cell = arm * self.strata + stratum
-        sel = judged & (arm >= 0)
-        if sel.any():
-            ids = self.keys.lookup(keys[sel], users[sel])
-            self.sums[FEEDBACK_MISSING].add(ids, cell[sel], ~matured[sel], 1.0)
-        sel = matured & (arm >= 0)
-        if not sel.any():
-            return
-        for a in (0, 1):
-            self.rows[a] += int(np.count_nonzero(sel & (arm == a)))
-        picked = batch.filter(pa.array(sel))
-        ids = self.keys.lookup(keys[sel], users[sel])
-        cells = cell[sel]
-        for name, (mask, x, n) in metric_values(picked).items():
-            if mask is None:
-                self.sums[name].add(ids, cells, x, n)
-            else:
-                self.sums[name].add(ids[mask], cells[mask], x, n)
-        latency = metric_values(picked)["latency_ms"]
-        lat_arm = (arm[sel])[latency[0]]
-        for a in (0, 1):
-            self.latency[a].add(np.asarray(latency[1], dtype=np.float64)[lat_arm == a])
-
-    def add_pre(self, batch: pa.RecordBatch, users: np.ndarray) -> None:
-        """The stable arm's rows from before the canary: each user's covariates."""
-        self.pre_rows += batch.num_rows
-        for name, (mask, x, n) in metric_values(batch).items():
-            who = users if mask is None else users[mask]
-            self.pre.add(name, who, x, n)
-
-    def count_assigned(
-        self, arm: np.ndarray, stratum: np.ndarray, keys: np.ndarray, created: np.ndarray
-    ) -> None:
-        """Sample-ratio counts: every row created in a step, at once (no maturity)."""
-        for s in np.unique(stratum[arm >= 0]).tolist():
-            mine = (stratum == s) & (arm >= 0)
-            if self.unit == AssignmentUnit.REQUEST:
-                for a in (0, 1):
-                    self.srm_rows[s][a] += int(np.count_nonzero(mine & (arm == a)))
-                continue
-            first = self.srm_first[s]
-            for key, at, a in zip(
-                keys[mine].tolist(), created[mine].tolist(), arm[mine].tolist(), strict=True
-            ):
-                seen = first.get(key)
-                if seen is None:
-                    first[key] = [at, a, 1 << a]
-                    continue
-                if at < seen[0]:
-                    seen[0], seen[1] = at, a
-                seen[2] |= 1 << a
-
-    def srm_counts(self) -> tuple[list[int], list[int], list[int]]:
-        """Per step: baseline units, canary units, units seen in both arms."""
-        if self.unit == AssignmentUnit.REQUEST:
-            return [r[0] for r in self.srm_rows], [r[1] for r in self.srm_rows], [0] * self.strata
-        base, canary, both = [], [], []
-        for first in self.srm_first:
-            arms = Counter(entry[1] for entry in first.values())
-            base.append(arms[0])
-            canary.append(arms[1])
-            both.append(sum(1 for entry in first.values() if entry[2] == 3))
-        return base, canary, both
-
-    def differences(self, adjust: bool) -> tuple[dict[str, Difference], dict[str, int]]:
-        """Every metric's difference, and per metric how many units had a covariate."""
-        found: dict[str, Difference] = {}
-        covered: dict[str, int] = {}
-        count = len(self.keys.ids)
-        for name, sums in self.sums.items():
-            if adjust and name in self.pre.sums:
-                covariate, covered[name] = self.pre.covariate(name, self.keys.covariate_key)
-            else:
-                covariate, covered[name] = np.zeros(count), 0
-            totals, gram, units = sums.finish(count, covariate)
-            if not np.any(totals[..., 1] > 0):
-                continue
-            found[name] = difference(totals, gram, units, adjust=adjust and covered[name] > 0)
-        b, c = (quantile_estimate(h, 0.95) for h in self.latency)
-        if b is not None and c is not None:
-            found["latency_p95_ms"] = independent(b.value, b.var, b.n, c.value, c.var, c.n)
-        return found, covered
-
-
-def quantile_estimate(hist: LatencyHistogram, q: float) -> Estimate | None:
-    """The ``q`` quantile of a histogram and its asymptotic variance ``q(1-q) s^2 / n``,
-    the sparsity ``s`` by the Siddiqui-Bofinger difference quotient with the Hall-Sheather
-    bandwidth (Koenker, Quantile Regression, 2005, section 3.4); floored at the histogram's
-    resolution."""
-    n = hist.count
-    if n < 2:
-        return None
-    value = hist.quantile(q)
-    assert value is not None
-    z = NormalDist().inv_cdf(q)
-    z_level = NormalDist().inv_cdf(0.975)
-    density = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    h = n ** (-1 / 3) * z_level ** (2 / 3) * (1.5 * density**2 / (2 * z * z + 1)) ** (1 / 3)
-    h = min(h, q * 0.5, (1 - q) * 0.5)
-    upper, lower = hist.quantile(q + h), hist.quantile(q - h)
-    assert upper is not None and lower is not None
-    sparsity = (upper - lower) / (2 * h)
-    resolution = value * (hist.GROWTH - 1) / 2
-    var = max(q * (1 - q) * sparsity**2 / n, resolution**2 / n)
-    return Estimate(value, var, float(n))
-
-
 # --- the pass over the shards ---------------------------------------------------------------
 
 
@@ -492,7 +289,7 @@ def scan(config: AnalyzeConfig) -> Scan:
         earlier = arm == 0
         if config.pre_exposure_from:
             earlier |= _mask(pc.is_in(ckpt, pa.array(config.pre_exposure_from)))
-        users = _strings(batch.column("user_id"), None)
+        users = strings(batch.column("user_id"), None)
         old_enough = created <= cutoff
         window = np.ones(batch.num_rows, dtype=bool)
         if since is not None:
@@ -510,7 +307,7 @@ def scan(config: AnalyzeConfig) -> Scan:
         if unit == AssignmentUnit.REQUEST:
             keys = users
         else:
-            keys = _strings(batch.column(UNIT_COLUMN[unit]), batch.column("interaction_id"))
+            keys = strings(batch.column(UNIT_COLUMN[unit]), batch.column("interaction_id"))
         stratum = np.maximum(np.searchsorted(starts, created, side="right") - 1, 0)
         counted = window & (created <= now)
         if counted.any():
