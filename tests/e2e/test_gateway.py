@@ -48,13 +48,9 @@ def resolve(kube: KubeAPI, ref: dict[str, Any]) -> list[str]:
     return addresses
 
 
-def test_canary_route_backends_resolve(
-    kube: KubeAPI,
-    node: Kubelet,
-    rtrl_operator: Callable[..., OperatorProcess],
-    tmp_path: Path,
-) -> None:
-    # The vLLM example: pods serve on containerPort 8000 ("http"); the Service maps 8000 to it.
+def stable_service_and_route(kube: KubeAPI) -> None:
+    """The vLLM example: pods serve on containerPort 8000 ("http"), the Service maps 8000
+    to it, and one HTTPRoute rule sends everything to that Service."""
     kube.create({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "composer"},
         "spec": {"selector": {"app": "composer"},
@@ -65,6 +61,15 @@ def test_canary_route_backends_resolve(
         "spec": {"parentRefs": [{"name": "inference"}],
                  "rules": [{"backendRefs": [{"name": "composer", "port": 8000}]}]},
     })  # fmt: skip
+
+
+def test_canary_route_backends_resolve(
+    kube: KubeAPI,
+    node: Kubelet,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    stable_service_and_route(kube)
     rollout = {
         "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
         "steps": [{"weight": 10, "minDuration": "1h"}], "readyTimeout": "2m",
@@ -130,16 +135,7 @@ def test_unit_user_keeps_each_user_in_one_arm(
     rtrl_operator: Callable[..., OperatorProcess],
     tmp_path: Path,
 ) -> None:
-    kube.create({
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "composer"},
-        "spec": {"selector": {"app": "composer"},
-                 "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
-    })  # fmt: skip
-    kube.create({
-        "apiVersion": GATEWAY, "kind": "HTTPRoute", "metadata": {"name": "composer"},
-        "spec": {"parentRefs": [{"name": "inference"}],
-                 "rules": [{"backendRefs": [{"name": "composer", "port": 8000}]}]},
-    })  # fmt: skip
+    stable_service_and_route(kube)
     # The first analysis (no interactions yet: continue, and minSamples is 0) moves the
     # canary from 10% to 30%.
     rollout = {

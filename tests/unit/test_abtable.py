@@ -27,7 +27,7 @@ from rtrl.abtable import (
 from rtrl.kubectl_plugin.render import render_status
 from rtrl.local.demo import analysis_metrics, metrics_table
 from rtrl.local.report import write_report
-from tests.unit.test_plan import EVAL_PASS, STAGE_OK, TRAIN_OK, World
+from tests.unit.test_plan import World, to_canary
 
 # analysis.json's metric rows, awkward on purpose: a latency in the thousands, a rare event's
 # tiny rate with an interval far wider than the rest, a zero baseline (no relative change:
@@ -84,15 +84,7 @@ def judged_checkpoint(doc: dict[str, Any]) -> tuple[World, dict[str, Any]]:
     """A cycle of the planning core up to its first analysis, judged from ``doc``: the
     Checkpoint's status.rollout metrics as the operator's judge() writes them."""
     world = World()
-    world.reconcile()
-    world.finish("stage", result=STAGE_OK)
-    world.reconcile()
-    world.finish("train", result=TRAIN_OK)
-    world.reconcile()
-    world.finish("eval", result=EVAL_PASS)
-    world.reconcile()
-    world.settle()
-    world.reconcile()
+    to_canary(world)
     world.now += timedelta(hours=1)
     world.reconcile()
     world.finish("analyze-0", result=copy.deepcopy(doc))
