@@ -192,6 +192,8 @@ def test_too_few_events_neither_trips_nor_holds_a_promotion() -> None:
     result = decide(diffs, AnalysisSpec(), spec)
     rows = {r["name"]: r for r in result.metrics}
     assert rows["invalid_tool_call_rate"]["verdict"] == "too-few-events"
+    assert rows["invalid_tool_call_rate"]["relative_ci_low"] is None  # no interval, a reason
+    assert rows["invalid_tool_call_rate"]["relative_difference"] == pytest.approx(1.0)
     assert result.decision == "promote"
     line = next(r for r in result.reasons if r.startswith("invalid_tool_call_rate"))
     assert f"fewer than {MIN_EVENTS} events in an arm" in line

@@ -583,7 +583,9 @@ def describe(metric: Metric, cmp: Comparison, code: int) -> str:
     text = f"{metric.name}: canary {_num(cmp.canary, metric.unit)} vs " + _num(
         cmp.baseline, metric.unit
     )
-    if math.isfinite(cmp.relative):
+    if math.isfinite(cmp.relative) and cmp.few_events:
+        text += f" ({_pct(cmp.relative)})"  # a handful of events: no interval worth printing
+    elif math.isfinite(cmp.relative):
         level = f"{100 * (1 - metric.alpha):.3g}%"
         text += (
             f" ({_pct(cmp.relative)}), always-valid {level} CI "
@@ -641,8 +643,10 @@ def decide(
             "ci_low": float(cmp.ci_low),
             "ci_high": float(cmp.ci_high),
             "relative_difference": _finite(cmp.relative),
-            "relative_ci_low": _finite(cmp.rel_low),
-            "relative_ci_high": _finite(cmp.rel_high),
+            # too few events: the log-scale interval spans orders of magnitude and says
+            # nothing; the verdict says why there is none
+            "relative_ci_low": None if cmp.few_events else _finite(cmp.rel_low),
+            "relative_ci_high": None if cmp.few_events else _finite(cmp.rel_high),
             "verdict": VERDICTS[code],
             "higher_is_better": metric.higher_is_better,
             "alpha": metric.alpha,
