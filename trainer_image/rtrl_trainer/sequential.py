@@ -87,7 +87,14 @@ DECISIONS = ("continue", "promote", "rollback")
 
 # Why the decision was taken.
 NO_CAUSE, SRM, GUARDRAIL, GOAL_WORSE, PRIMARY_BETTER = 0, 1, 2, 3, 4
-POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD, HELD = 5, 6, 7, 8, 9
+POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD, HELD, HELD_SRM = 5, 6, 7, 8, 9, 10
+
+# A promotion waits while the sample-ratio test's evidence against the configured split is
+# strong (Bayes factor >= 10, p <= 0.1) though not yet conclusive (srmAlpha): the arms may
+# not be comparable, and the test needs more assignments to tell. Under a correct split the
+# Bayes factor is a martingale that drifts to 0, so this rarely waits long; when rows are
+# being lost it keeps a fast-improving canary from being promoted before the loss is seen.
+SRM_HOLD_P = 0.1
 
 
 class Estimate(NamedTuple):
@@ -464,6 +471,7 @@ def judge(
     diffs: Mapping[str, Difference],
     *,
     srm_mismatch: Any = False,
+    srm_suspect: Any = False,
     max_duration_reached: bool = False,
     policy: InconclusivePolicy = InconclusivePolicy.ROLLBACK,
     margin: float = 0.0,
@@ -475,8 +483,9 @@ def judge(
        rollback;
     3. a goal significantly worse: rollback;
     4. the primary goal (edit persistence) significantly better: promote, unless a
-       guardrail's estimate is beyond its band (verdict ``beyond``): then continue, the
-       promotion held until the guardrail trips or its estimate comes back;
+       guardrail's estimate is beyond its band (verdict ``beyond``), or the sample-ratio
+       evidence is suspect (``srm_suspect``: p <= SRM_HOLD_P): then continue, the promotion
+       held until the guardrail trips or its estimate comes back (the test trips or clears);
     5. otherwise continue, or at the maximum duration the inconclusive policy: rollback;
        promote-if-non-inferior (promote when every goal's interval excludes a relative harm
        bigger than ``margin`` and no guardrail is ``beyond``, else rollback); hold
@@ -512,9 +521,11 @@ def judge(
         np.broadcast_shapes(shape, tripped.shape, beyond.shape, better.shape), CONTINUE
     )
     cause = np.full(decision.shape, NO_CAUSE)
-    noninf = noninf & ~beyond
+    suspect = np.asarray(srm_suspect, dtype=bool)
+    noninf = noninf & ~beyond & ~suspect
     for mask, code, why in (
         (better, PROMOTE, PRIMARY_BETTER),
+        (better & suspect, CONTINUE, HELD_SRM),
         (better & beyond, CONTINUE, HELD),
         (worse, ROLLBACK, GOAL_WORSE),
         (tripped, ROLLBACK, GUARDRAIL),
@@ -612,10 +623,12 @@ def decide(
     (see :func:`judge` for the rule)."""
     metrics = plan(analysis, guardrails)
     mismatch = bool(srm.mismatch) if srm is not None else False
+    suspect = bool(srm.p_value <= SRM_HOLD_P) if srm is not None else False
     j = judge(
         metrics,
         diffs,
         srm_mismatch=mismatch,
+        srm_suspect=suspect,
         max_duration_reached=max_duration_reached,
         policy=analysis.inconclusive,
         margin=analysis.non_inferiority_margin,
@@ -682,6 +695,14 @@ def decide(
             f"promotion held: {PRIMARY} significantly better, but the estimate of "
             f"{', '.join(beyond)} is beyond its band; the analysis goes on until the guardrail "
             "trips, its estimate comes back within the band, or maxDuration"
+        )
+    elif cause == HELD_SRM and srm is not None:
+        lead.append(
+            f"promotion held: {PRIMARY} significantly better, but the sample ratio is suspect: "
+            f"canary share {100 * srm.observed_canary_share:.2f}% vs configured "
+            f"{100 * srm.expected_canary_share:g}% (anytime-valid p = {srm.p_value:.2g}, "
+            f"mismatch at srmAlpha {analysis.srm_alpha:g}); the analysis goes on until the "
+            "sample-ratio test trips or clears, or maxDuration"
         )
     elif cause == POLICY_ROLLBACK:
         lead.append(f"inconclusive at maxDuration{held}: policy rollback")
