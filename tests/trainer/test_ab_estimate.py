@@ -258,3 +258,22 @@ def test_vectorised_decision_matches_the_scalar_one() -> None:
     big = {"edit_persistence": difference(*parts[1])}
     assert decide(big, AnalysisSpec(), GuardrailsSpec()).decision in {"promote", "continue"}
     assert PROMOTE == 1
+
+
+def test_a_suspect_sample_ratio_holds_a_promotion_and_a_clear_one_does_not() -> None:
+    n = 40_000.0
+    diffs = {"edit_persistence": independent(0.45, 0.2475 / n, n, 0.47, 0.2491 / n, n, 18e3, 19e3)}
+    guards = GuardrailsSpec(
+        edit_rate=None, clarification_rate=None, invalid_tool_call_rate=None,
+        feedback_missing_rate=None,
+    )  # fmt: skip
+    suspect = srm_steps([20_300], [19_700], [0.5], 0.001)  # 1.5% short: p between the two
+    assert 0.001 < suspect.p_value <= 0.1
+    held = decide(diffs, AnalysisSpec(), guards, srm=suspect)
+    assert held.decision == "continue"
+    assert held.reasons[0].startswith(
+        "promotion held: edit_persistence significantly better, but the sample ratio is suspect"
+    )
+    fine = srm_steps([20_050], [19_950], [0.5], 0.001)
+    assert fine.p_value > 0.1
+    assert decide(diffs, AnalysisSpec(), guards, srm=fine).decision == "promote"
