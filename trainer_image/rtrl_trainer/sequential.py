@@ -72,6 +72,7 @@ MIN_EVENTS = 10
 # over all looks, stays <= alpha. A guardrail only trips when its interval lies beyond
 # its band, so its real error under "no change" is far below its share.
 GOAL_ALPHA_SHARE = 0.8
+GUARDRAIL_TAU_FLOOR = 0.5
 
 # Verdict codes (arrays of these in vectorised use). A guardrail is ``tripped`` when its
 # interval lies wholly beyond its band, and ``beyond`` when only its estimate does: the
@@ -328,8 +329,14 @@ def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
         for m in GOALS
     ]
     for name, higher, band in bands:
-        # Tuned to the band: the change that matters is the one that would trip it.
-        width = max(band.max_relative_drop or 0.0, band.max_relative_rise or 0.0) or 0.05
+        # Tuned to the band, or to GUARDRAIL_TAU_FLOOR if that is wider: a guardrail watches
+        # for behaviour changes that may be large (a hack), on events that may be rare. With
+        # few events (variance V far above tau^2) the interval's width grows like V / tau,
+        # so a 10% mixing spread gives intervals like [-99%, +7590%] at 20 events; 0.5 gives
+        # [-75%, +300%] there, and at thousands of events the width is within 3% of the
+        # band-tuned one (tau enters it logarithmically).
+        band_width = max(band.max_relative_drop or 0.0, band.max_relative_rise or 0.0) or 0.05
+        width = max(band_width, GUARDRAIL_TAU_FLOOR)
         metrics.append(
             Metric(
                 name,
