@@ -335,3 +335,14 @@ def test_steps_must_be_in_order(tmp_path: Path) -> None:
         "--step", "2026-01-05T09:00:00Z=20", "--step", "2026-01-05T08:30:00Z=50",
     )  # fmt: skip
     assert code == 2
+
+
+def test_date_partitions_before_the_pre_exposure_window_are_not_read(tmp_path: Path) -> None:
+    old = arm("base", 500, seed=9, start=timedelta(days=-30))
+    old = old.set_column(0, "interaction_id", pa.array([f"old{i}" for i in range(500)]))
+    table = pa.concat_tables([arm("base", 1_000, seed=1), arm("cand", 1_000, seed=2), old])
+    write_shards(table, tmp_path / "s", partition_by=("checkpoint", "date"))
+    code, doc = analyze(tmp_path / "s", tmp_path / "out")
+    assert code == 0
+    assert doc["rows_read"] == 2_000  # the month-old partition was never opened
+    assert doc["baseline_samples"] == doc["canary_samples"] == 1_000

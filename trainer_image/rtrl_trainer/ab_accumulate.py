@@ -292,17 +292,28 @@ class Arms:
                 for a in (0, 1):
                     self.srm_rows[s][a] += int(np.count_nonzero(mine & (arm == a)))
                 continue
+            # Per unit in this batch: its earliest row's time and arm, and the arms it
+            # used; then one dictionary update per unit, not per row.
+            k, t, a = keys[mine], created[mine], arm[mine]
+            order = np.lexsort((t, k))
+            k, t, a = k[order], t[order], a[order]
+            starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+            used = np.bitwise_or.reduceat(np.left_shift(1, a), starts)
             first = self.srm_first[s]
-            for key, at, a in zip(
-                keys[mine].tolist(), created[mine].tolist(), arm[mine].tolist(), strict=True
+            for key, at, arm0, mask in zip(
+                k[starts].tolist(),
+                t[starts].tolist(),
+                a[starts].tolist(),
+                used.tolist(),
+                strict=True,
             ):
                 seen = first.get(key)
                 if seen is None:
-                    first[key] = [at, a, 1 << a]
+                    first[key] = [at, arm0, mask]
                     continue
                 if at < seen[0]:
-                    seen[0], seen[1] = at, a
-                seen[2] |= 1 << a
+                    seen[0], seen[1] = at, arm0
+                seen[2] |= mask
 
     def srm_counts(self) -> tuple[list[int], list[int], list[int]]:
         """Per step: baseline units, canary units, units seen in both arms."""

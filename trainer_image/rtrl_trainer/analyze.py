@@ -244,9 +244,23 @@ def scan(config: AnalyzeConfig) -> Scan:
     key = config.data.checkpoint_partition
     unit = config.rollout.unit
     extra = ["session_id"] if unit == AssignmentUnit.SESSION else []
+    partitions: dict[str, set[str]] = {
+        key: {config.baseline, config.canary, *config.pre_exposure_from}
+    }
+    if config.since is not None:
+        # Nothing created before the pre-exposure window is used: skip its date partitions
+        # (created_at's UTC date, or a later one such as an ingestion date; files without
+        # a date in their path are read).
+        first = config.since - timedelta(
+            seconds=parse_duration(config.rollout.analysis.pre_exposure)
+        )
+        days = (config.now.astimezone(UTC).date() - first.astimezone(UTC).date()).days
+        partitions["date"] = {
+            (first.astimezone(UTC).date() + timedelta(days=d)).isoformat() for d in range(days + 1)
+        }
     reader = ValidatingReader(
         store,
-        partitions={key: {config.baseline, config.canary, *config.pre_exposure_from}},
+        partitions=partitions,
         columns=[*REQUIRED_COLUMNS, *extra] if extra else None,
     )
     selection = Selection(report=reader.report, strata=Strata(by_org=False))
