@@ -346,3 +346,26 @@ def test_date_partitions_before_the_pre_exposure_window_are_not_read(tmp_path: P
     assert code == 0
     assert doc["rows_read"] == 2_000  # the month-old partition was never opened
     assert doc["baseline_samples"] == doc["canary_samples"] == 1_000
+
+
+def test_sessions_as_the_unit(tmp_path: Path) -> None:
+    """``unit: session`` clusters by a ``session_id`` column; a file without it cannot be
+    used and is quarantined, never analysed with the wrong unit."""
+    base, cand = arm("base", 600, seed=1), arm("cand", 600, seed=2)
+    sessions = [f"s{i // 6}" for i in range(600)]  # six interactions per session
+    base = base.append_column("session_id", pa.array(sessions))
+    cand = cand.append_column("session_id", pa.array([f"c{s}" for s in sessions]))
+    root = tmp_path / "s"
+    write_shards(pa.concat_tables([base, cand]), root, partition_by=("checkpoint",))
+    config = tmp_path / "rollout.yaml"
+    config.write_text("rollout: {unit: session}\n")
+    code, doc = analyze(root, tmp_path / "out", "--config", str(config), "--canary-weight", "50")
+    assert code == 0, doc
+    assert doc["srm"]["unit"] == "session"
+    assert doc["srm"]["baseline_units"] == doc["srm"]["canary_units"] == 100
+    # without the column: every file quarantined, the analysis cannot run
+    plain = tmp_path / "plain"
+    write(plain, arm("base", 600, seed=1), arm("cand", 600, seed=2))
+    code, doc = analyze(plain, tmp_path / "out2", "--config", str(config))
+    assert code == 1
+    assert doc["ok"] is False and doc["files_bad"] == doc["files_total"] == 2
