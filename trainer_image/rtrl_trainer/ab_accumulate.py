@@ -252,17 +252,18 @@ class Arms:
         """Add rows of the canary window: ``matured`` ones to the metrics, ``judged`` ones
         (old enough for feedback to have arrived) to the missing-feedback rate."""
         cell = arm * self.strata + stratum
-        sel = judged & (arm >= 0)
-        if sel.any():
-            ids = self.keys.lookup(keys[sel], users[sel])
-            self.sums[FEEDBACK_MISSING].add(ids, cell[sel], ~matured[sel], 1.0)
+        seen = judged & (arm >= 0)  # matured rows are among these: one key lookup
+        if not seen.any():
+            return
+        seen_ids = self.keys.lookup(keys[seen], users[seen])
+        self.sums[FEEDBACK_MISSING].add(seen_ids, cell[seen], ~matured[seen], 1.0)
         sel = matured & (arm >= 0)
         if not sel.any():
             return
         for a in (0, 1):
             self.rows[a] += int(np.count_nonzero(sel & (arm == a)))
         picked = batch.filter(pa.array(sel))
-        ids = self.keys.lookup(keys[sel], users[sel])
+        ids = seen_ids[matured[seen]]
         cells = cell[sel]
         values = metric_values(picked)
         for name, (mask, x, n) in values.items():
