@@ -351,14 +351,14 @@ def test_hang_until_deleted_kills_the_process(kube_api: KubeAPI, job_runner: Job
     job_runner.script("sleepy", Hang())
     kube_api.create(job("sleepy", ["true"]))
     kube_api.create(job("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"]))
-    running = kube_api.wait_for(
-        lambda: (
-            [p for p in kube_api.list("v1", "Pod") if p.get("status", {}).get("phase") == "Running"]
-            if len(kube_api.list("v1", "Pod")) == 2
-            else None
-        )
-    )
-    assert len(running) == 2
+    def both_running() -> list[dict[str, Any]] | None:
+        # Wait for both: the two pods exist before the second one starts running.
+        pods = kube_api.list("v1", "Pod")
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        return running if len(running) == 2 else None
+
+    running = kube_api.wait_for(both_running)
+    assert len(running) == 2 and len(kube_api.list("v1", "Pod")) == 2
     assert kube_api.get("batch/v1", "Job", "sleeper")["status"]["active"] == 1  # type: ignore[index]
     kube_api.delete("batch/v1", "Job", "sleepy")
     kube_api.delete("batch/v1", "Job", "sleeper")
