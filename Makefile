@@ -107,13 +107,13 @@ demo: $(STAMP)
 	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator trainer_image tests bench
-	$(BIN)/ruff format --check operator trainer_image tests bench
-	$(BIN)/mypy operator/rtrl trainer_image/rtrl_trainer
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy src/rtrl src/rtrl_trainer
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix operator trainer_image tests bench
-	$(BIN)/ruff format operator trainer_image tests bench
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
 
 crds: $(STAMP)
 	$(BIN)/rtrl crds

@@ -50,9 +50,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / p) for p in ("operator", "trainer_image")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src")]
 
-from rtrl.api.rlcycle import AnalysisSpec, GuardrailsSpec  # noqa: E402
+from rtrl.core.api.rlcycle import AnalysisSpec, GuardrailsSpec  # noqa: E402
 from rtrl_trainer.ab_estimate import Difference, Q, difference, independent  # noqa: E402
 from rtrl_trainer.sequential import (  # noqa: E402
     CONTINUE,

@@ -9,7 +9,7 @@ directory as a ``file://`` store, then reads them, side by side in one run:
       files, columns and batch size, no checks;
   (a') raw pyarrow with rtrl's I/O pattern (row group by row group, the same ParquetFile
       options), no casts or checks: (b) against (a') is the cost of validation alone;
-  (b) rtrl: :class:`rtrl.shards.ValidatingReader` (casts, row checks, duplicate ids).
+  (b) rtrl: :class:`rtrl.core.shards.ValidatingReader` (casts, row checks, duplicate ids).
 
 Each read runs in a fresh subprocess, so the peak RSS it reports is the reader's own and
 not the writer's. The validating read is also measured on a set a quarter of the size, to
@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from rtrl.shards import (
+from rtrl.core.shards import (
     DEFAULT_BATCH_SIZE,
     REQUIRED_COLUMNS,
     ValidatingReader,
@@ -42,8 +42,8 @@ from rtrl.shards import (
     synthetic_interactions,
     write_shards,
 )
-from rtrl.shards.reader import iter_row_groups, open_parquet
-from rtrl.store.local import LocalStore
+from rtrl.core.shards.reader import iter_row_groups, open_parquet
+from rtrl.core.store.local import LocalStore
 
 MB = 1_000_000
 

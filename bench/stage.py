@@ -47,16 +47,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rtrl.api.rlcycle import RewardSpec
-from rtrl.shards import (
+from rtrl.core.api.rlcycle import RewardSpec
+from rtrl.core.shards import (
     NON_NULL_COLUMNS,
     REQUIRED_COLUMNS,
     list_files,
     synthetic_interactions,
     write_shards,
 )
-from rtrl.shards.statistics import TOKEN_ID_COLUMNS
-from rtrl.store.local import LocalStore
+from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer.reward import rewards
 from rtrl_trainer.stage import CARRIED_COLUMNS, token_id_type, train_schema
 from rtrl_trainer.stage_write import ADVANTAGE_SCHEMA, ADVANTAGE_SUFFIX, train_writer

@@ -335,7 +335,7 @@ def test_every_value_is_documented() -> None:
 
 
 def test_dockerfile_runs_non_root_with_the_operator_extra_only() -> None:
-    text = (REPO / "operator" / "Dockerfile").read_text()
+    text = (REPO / "images" / "operator" / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert users and users[-1].split(":")[0] not in {"0", "root"}
     installs = re.findall(r"pip install[^\n]*", text)

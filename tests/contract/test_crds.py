@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-from rtrl.api import RESOURCES
-from rtrl.api.common import CEL_KEY
+from rtrl.core.api import RESOURCES
+from rtrl.core.api.common import CEL_KEY
 from rtrl.crdgen import crd, crd_files, drifted, openapi_schema
 from tests.conftest import REPO, console_script
 
@@ -32,7 +32,7 @@ def _nodes(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, 
 
 
 def test_committed_crds_match_the_types() -> None:
-    assert drifted(CRDS) == [], "crds/ drifted from operator/rtrl/api: run `make crds`"
+    assert drifted(CRDS) == [], "crds/ drifted from src/rtrl/core/api: run `make crds`"
     assert sorted(p.name for p in CRDS.glob("*.yaml")) == sorted(crd_files())
 
 

@@ -148,8 +148,8 @@ def test_documented_model_only_rules(label: str) -> None:
 
 def test_every_cel_rule_rejects_something() -> None:
     """No CEL rule is vacuous: each one is what rejects at least one tested manifest."""
-    from rtrl.api import RESOURCES
-    from rtrl.api.common import CEL_KEY
+    from rtrl.core.api import RESOURCES
+    from rtrl.core.api.common import CEL_KEY
     from rtrl.crdgen import openapi_schema
 
     messages = set()

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from rtrl.core.shards import write_shards
 from rtrl.planning.timeutil import parse_time
-from rtrl.shards import write_shards
 from tests.integration.conftest import KubeAPI
 from tests.integration.cycle_world import (
     ANALYSIS_ROLLBACK,

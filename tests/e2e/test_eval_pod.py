@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.rlcycle import RLCycleSpec
-from rtrl.api.yamlfile import load
+from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.api.yamlfile import load
 from rtrl.planning import children as ch
 from rtrl_trainer import tasks
 from tests.cluster import pods

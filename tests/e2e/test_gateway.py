@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.rlcycle import RLCycleSpec
+from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.planning.canary import CANARY_RULE, bucket_regex, route_rules
 from tests.cluster import gateway
 from tests.cluster.api import KubeAPI

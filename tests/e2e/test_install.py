@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rtrl.api.yamlfile import load
+from rtrl.core.api.yamlfile import load
 from tests.cluster.api import KubeAPI
 from tests.cluster.controlplane import ControlPlane, binaries_dir
 from tests.cluster.tools import Cli, OperatorProcess

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rtrl.api.yamlfile import load, load_all
+from rtrl.core.api.yamlfile import load, load_all
 from rtrl.manifests import validate_document
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.tools import Cli

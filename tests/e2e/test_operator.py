@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.yamlfile import load
+from rtrl.core.api.yamlfile import load
 from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Hang, Kubelet
 from tests.cluster.tools import Cli, OperatorProcess

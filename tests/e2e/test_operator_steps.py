@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.checkpoint import Checkpoint
-from rtrl.api.rlcycle import RLCycle
+from rtrl.core.api.checkpoint import Checkpoint
+from rtrl.core.api.rlcycle import RLCycle
 from tests.integration.conftest import KubeAPI
 from tests.integration.cycle_world import (
     EVAL_FAIL,

@@ -12,8 +12,8 @@ from typing import Any
 import boto3
 import pytest
 
-from rtrl.api.rlcycle import RLCycleSpec
-from rtrl.api.yamlfile import load
+from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.api.yamlfile import load
 from rtrl.planning import children as ch
 from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Kubelet
@@ -26,7 +26,7 @@ SECRET = "p0d-s3cr3t-never-in-env"
 
 SCRIPT = """
 import os, stat, sys
-from rtrl.store import open_store
+from rtrl.core.store import open_store
 store = open_store(sys.argv[1])
 store.put_bytes("hello.txt", b"written with the Secret's files")
 path = os.path.join(os.environ["RTRL_STORAGE_CREDENTIALS_DIR"], "AWS_SECRET_ACCESS_KEY")

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rtrl.shards import synthetic_interactions, write_shards
-from rtrl.shards.schema import TIMESTAMP
-from rtrl.store import open_store
+from rtrl.core.shards import synthetic_interactions, write_shards
+from rtrl.core.shards.schema import TIMESTAMP
+from rtrl.core.store import open_store
 from tests.cluster.api import KubeAPI
 from tests.integration.cycle_world import base_checkpoint, deployment, rlcycle
 from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2

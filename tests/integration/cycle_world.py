@@ -15,8 +15,8 @@ from tests.cluster.api import KubeAPI
 from tests.cluster.kubelet import Outcome, Succeed
 from tests.conftest import REPO
 
-from rtrl.api.yamlfile import load
-from rtrl.store import open_store
+from rtrl.core.api.yamlfile import load
+from rtrl.core.store import open_store
 
 RTRL = "rtrl.io/v1alpha1"
 NAME = "composer"

@@ -351,6 +351,7 @@ def test_hang_until_deleted_kills_the_process(kube_api: KubeAPI, job_runner: Job
     job_runner.script("sleepy", Hang())
     kube_api.create(job("sleepy", ["true"]))
     kube_api.create(job("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"]))
+
     def both_running() -> list[dict[str, Any]] | None:
         # Wait for both: the two pods exist before the second one starts running.
         pods = kube_api.list("v1", "Pod")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions
+from rtrl.core.shards import INTERACTION_SCHEMA, synthetic_interactions
 
 
 def table(n: int = 50, *, seed: int = 0, checkpoint_id: str = "ckpt-1") -> pa.Table:

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rtrl.shards.dedup import SeenIds, hash_strings
+from rtrl.core.shards.dedup import SeenIds, hash_strings
 
 
 def test_hash_depends_on_content_not_position_or_offsets() -> None:

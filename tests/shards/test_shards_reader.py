@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA, ShardError, iter_batches, list_files, write_shards
-from rtrl.store.local import LocalStore
+from rtrl.core.shards import INTERACTION_SCHEMA, ShardError, iter_batches, list_files, write_shards
+from rtrl.core.store.local import LocalStore
 from tests.shards.helpers import replace, table, write
 
 
@@ -93,7 +93,7 @@ def test_files_with_huge_row_groups_are_streamed(
 ) -> None:
     canonical = table(100)
     write(_foreign(canonical), tmp_path / "a.parquet", row_group_size=100)
-    monkeypatch.setattr("rtrl.shards.reader.PREBUFFER_LIMIT", 0)
+    monkeypatch.setattr("rtrl.core.shards.reader.PREBUFFER_LIMIT", 0)
     batches = list(iter_batches(tmp_path, batch_size=30))
     assert [b.num_rows for b in batches] == [30, 30, 30, 10]
     assert pa.Table.from_batches(batches).equals(canonical)

@@ -8,9 +8,9 @@ import argparse
 import pyarrow as pa
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA, ValidatingReader, iter_batches, write_shards
-from rtrl.shards.cli import add_shards_parser, run_validate
-from rtrl.store import open_store
+from rtrl.core.shards import INTERACTION_SCHEMA, ValidatingReader, iter_batches, write_shards
+from rtrl.core.shards.cli import add_shards_parser, run_validate
+from rtrl.core.store import open_store
 from tests.shards.helpers import table
 
 

@@ -9,7 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA, REQUIRED_COLUMNS, CastPlan, SchemaProblem, plan_casts
+from rtrl.core.shards import (
+    INTERACTION_SCHEMA,
+    REQUIRED_COLUMNS,
+    CastPlan,
+    SchemaProblem,
+    plan_casts,
+)
 from tests.shards.helpers import replace, table
 
 Variant = Callable[[pa.Table], pa.Table]

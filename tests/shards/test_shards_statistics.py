@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rtrl.shards import list_files
-from rtrl.shards.statistics import ValueRange, declared_range
-from rtrl.store.local import LocalStore
+from rtrl.core.shards import list_files
+from rtrl.core.shards.statistics import ValueRange, declared_range
+from rtrl.core.store.local import LocalStore
 from tests.shards.helpers import write
 from tests.trainer.helpers import rows
 

@@ -15,16 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards import (
+from rtrl.core.shards import (
     INTERACTION_SCHEMA,
     ValidatingReader,
     ValidationReport,
     validate,
     write_shards,
 )
-from rtrl.shards.cli import add_shards_parser, run_validate
-from rtrl.store.base import ObjectNotFound, StoreError
-from rtrl.store.local import LocalStore
+from rtrl.core.shards.cli import add_shards_parser, run_validate
+from rtrl.core.store.base import ObjectNotFound, StoreError
+from rtrl.core.store.local import LocalStore
 from tests.shards.helpers import replace, set_cell, table, write
 
 

@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions, validate, write_shards
-from rtrl.store.local import LocalStore
+from rtrl.core.shards import INTERACTION_SCHEMA, synthetic_interactions, validate, write_shards
+from rtrl.core.store.local import LocalStore
 from tests.shards.helpers import replace, set_cell, table
 
 START = datetime(2026, 3, 1, 22, 30, tzinfo=UTC)

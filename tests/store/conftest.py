@@ -17,9 +17,9 @@ from typing import Any
 import boto3
 import pytest
 
-from rtrl.store import ObjectStore
-from rtrl.store.local import LocalStore
-from rtrl.store.s3 import S3Store
+from rtrl.core.store import ObjectStore
+from rtrl.core.store.local import LocalStore
+from rtrl.core.store.s3 import S3Store
 
 # Recognisable fake credentials: tests assert they never show up in an error.
 ACCESS_KEY = "AKIATESTACCESSKEY000"

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.store import (
+from rtrl.core.store import (
     MANIFEST_NAME,
     ObjectNotFound,
     ObjectStore,
@@ -26,8 +26,8 @@ from rtrl.store import (
     parse_store_uri,
     split_uri,
 )
-from rtrl.store.local import LocalStore
-from rtrl.store.s3 import S3Store
+from rtrl.core.store.local import LocalStore
+from rtrl.core.store.s3 import S3Store
 
 MiB = 1 << 20
 StoreFactory = Any  # conftest.make_store: (**s3_options) -> ObjectStore

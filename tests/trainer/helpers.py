@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA
-from rtrl.store.local import LocalStore
+from rtrl.core.shards import INTERACTION_SCHEMA
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer.cli import main
 from rtrl_trainer.packed import to_lists
 from rtrl_trainer.stage_write import ADVANTAGE_SUFFIX, advantage_name, with_advantages

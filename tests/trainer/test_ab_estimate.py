@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from rtrl.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
+from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
 from rtrl_trainer.ab_estimate import cell_sums, difference, independent
 from rtrl_trainer.sequential import (
     MIN_EVENTS,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rtrl.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
+from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
 from rtrl_trainer.sequential import (
     PROMOTE,
     ROLLBACK,

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rtrl.api.checkpoint import MetricComparison
-from rtrl.shards import write_shards
-from rtrl.store.local import LocalStore
+from rtrl.core.api.checkpoint import MetricComparison
+from rtrl.core.shards import write_shards
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer.cli import main
 from tests.trainer.helpers import NOW_ISO, T0, rows
 
@@ -198,7 +198,7 @@ def test_config_from_manifest(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["operator", "trainer_image"])}
+    env = {**os.environ, "PYTHONPATH": "src"}
     return subprocess.run(
         [sys.executable, "-m", "rtrl_trainer.cli", "analyze", *args],
         capture_output=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtrl.api.rlcycle import EvalGate
+from rtrl.core.api.rlcycle import EvalGate
 from rtrl_trainer import behaviour
 from rtrl_trainer.gates import GateError, Metric, compare, judge, value
 

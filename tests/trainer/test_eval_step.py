@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rtrl.api.checkpoint import EvalSummary, GateResult
-from rtrl.shards import synthetic_interactions, write_shards
-from rtrl.store import open_store
+from rtrl.core.api.checkpoint import EvalSummary, GateResult
+from rtrl.core.shards import synthetic_interactions, write_shards
+from rtrl.core.store import open_store
 from rtrl_trainer import sandbox_shared
 from rtrl_trainer.cli import main
 from rtrl_trainer.stage import HELDOUT_COLUMNS, HELDOUT_NAME

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rtrl.api.rlcycle import RewardSpec
+from rtrl.core.api.rlcycle import RewardSpec
 from rtrl_trainer.monitors import LatencyHistogram, Monitors
 from rtrl_trainer.reward import RunningStats, Strata, advantages, rewards
 from tests.trainer.helpers import approx, rows

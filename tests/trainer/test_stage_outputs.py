@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.store.local import LocalStore
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer import stage_write
 from rtrl_trainer.cli import main
 from tests.conftest import REPO

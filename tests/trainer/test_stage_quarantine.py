@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.store.local import LocalStore
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer.cli import main
 from tests.shards.helpers import replace, set_cell, write
 from tests.trainer.helpers import ids, rows, run_stage, stage_args, training_set

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
-from rtrl.store import open_store
+from rtrl.core.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
+from rtrl.core.store import open_store
 from rtrl_trainer.packed import to_lists
 from rtrl_trainer.stage_write import with_advantages
 from tests.conftest import REPO, console_script

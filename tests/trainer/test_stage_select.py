@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rtrl.shards import write_shards
+from rtrl.core.shards import write_shards
 from tests.shards.helpers import write
 from tests.trainer.helpers import NOW, T0, by_id, ids, rows, run_stage, training_set
 

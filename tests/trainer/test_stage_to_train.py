@@ -9,8 +9,8 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-from rtrl.shards import synthetic_interactions, write_shards
-from rtrl.store import open_store
+from rtrl.core.shards import synthetic_interactions, write_shards
+from rtrl.core.store import open_store
 from tests.conftest import REPO, console_script
 from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards.statistics import ValueRange
+from rtrl.core.shards.statistics import ValueRange
 from rtrl_trainer import stage
 from rtrl_trainer.packed import METADATA_KEY, fits_narrow, pack, rows_not_narrow, unpack
 from tests.shards.helpers import write

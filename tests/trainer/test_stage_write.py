@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rtrl.shards import synthetic_interactions, write_shards
-from rtrl.store.local import LocalStore
+from rtrl.core.shards import synthetic_interactions, write_shards
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer.packed import (
     PACKED_COLUMNS,
     PackedError,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rtrl.store import ObjectStore
-from rtrl.store.local import LocalStore
+from rtrl.core.store import ObjectStore
+from rtrl.core.store.local import LocalStore
 from rtrl_trainer import checkpoint_io as cio
 
 

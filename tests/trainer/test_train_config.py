@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtrl.api.rlcycle import TrainingSpec
+from rtrl.core.api.rlcycle import TrainingSpec
 from rtrl_trainer.cli import main
 from rtrl_trainer.deepspeed_config import deepspeed_config
 from rtrl_trainer.spec_file import ConfigError

@@ -23,9 +23,9 @@ import boto3
 import pytest
 import torch
 
-from rtrl.api.checkpoint import TrainingSummary
-from rtrl.store import ObjectStore, open_store
-from rtrl.store.base import sha256_file
+from rtrl.core.api.checkpoint import TrainingSummary
+from rtrl.core.store import ObjectStore, open_store
+from rtrl.core.store.base import sha256_file
 from tests.conftest import REPO, console_script
 from tests.trainer.trainset import (
     P,

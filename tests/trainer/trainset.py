@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from rtrl.store import ObjectStore
+from rtrl.core.store import ObjectStore
 
 VOCAB = 260
 # The documented format (docs/train.md): per-token columns packed as binary, built here

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from rtrl.api.common import POSITIVE_DURATION_PATTERN, format_duration, parse_duration
-from rtrl.api.cron import MONTHS, WEEKDAYS, matches_cron_pattern, parse_cron
+from rtrl.core.api.common import POSITIVE_DURATION_PATTERN, format_duration, parse_duration
+from rtrl.core.api.cron import MONTHS, WEEKDAYS, matches_cron_pattern, parse_cron
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.rlcycle import RLCycleSpec
-from rtrl.api.yamlfile import load
+from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.api.yamlfile import load
 from rtrl.planning.canary import (
     CANARY_RULE,
     bucket_regex,

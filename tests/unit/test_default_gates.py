@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rtrl.api.rlcycle import DEFAULT_GATES, EvalSpec, EvalSuite
+from rtrl.core.api.rlcycle import DEFAULT_GATES, EvalSpec, EvalSuite
 from tests.unit.test_plan import EVAL_PASS, World, run_cycle
 
 

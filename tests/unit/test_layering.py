@@ -12,33 +12,34 @@ import pytest
 from tests.conftest import REPO
 
 PACKAGES = {
-    "rtrl": REPO / "operator" / "rtrl",
-    "rtrl_trainer": REPO / "trainer_image" / "rtrl_trainer",
+    "rtrl": REPO / "src" / "rtrl",
+    "rtrl_trainer": REPO / "src" / "rtrl_trainer",
 }
 
-LAYERS = ["handlers", "kube", "planning", "api"]
+LAYERS = ["handlers", "kube", "planning", "core.api"]
 # component of rtrl -> components of rtrl it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     **{layer: set(LAYERS[i + 1 :]) for i, layer in enumerate(LAYERS)},
-    "kube": {"planning", "api", "store"},
+    "kube": {"planning", "core.api", "core.store"},
     "handlers": {*LAYERS[1:], "metrics"},
-    "metrics": {"planning", "api"},
+    "metrics": {"planning", "core.api"},
     "logs": set(),
-    "store": set(),
-    "cliargs": set(),
-    "shards": {"store", "cliargs"},
-    "crdgen": {"api"},
-    "manifests": {"api", "crdgen"},
-    "kubectl_plugin": {"api", "kube", "planning", "manifests", "cli", "abtable"},
-    "local": {"planning", "api", "store", "shards", "cliargs", "abtable"},
+    "core.store": set(),
+    "core.cliargs": set(),
+    "core.shards": {"core.store", "core.cliargs"},
+    "crdgen": {"core.api"},
+    "manifests": {"core.api", "crdgen"},
+    "kubectl_plugin": {"core.api", "kube", "planning", "manifests", "cli", "abtable"},
+    "local": {"planning", "core.api", "core.store", "core.shards", "core.cliargs", "abtable"},
     "abtable": set(),  # the A/B table's cells, shared by kubectl rtrl status and the demo
     "cli": {"*"},
     "__init__": set(),
+    "core.__init__": set(),
 }
 # The Job side may use the shared libraries, never the operator's kube/handlers layers.
-TRAINER_ALLOWED = {"api", "store", "shards", "planning", "cliargs"}
+TRAINER_ALLOWED = {"core.api", "core.store", "core.shards", "planning", "core.cliargs"}
 # Pure layers: decisions only, clock passed in, no I/O.
-PURE = {"api", "planning"}
+PURE = {"core.api", "planning"}
 IO_MODULES = {
     "boto3", "botocore", "pyarrow", "kubernetes", "kopf", "requests", "urllib3", "socket",
     "subprocess", "http", "aiohttp", "torch", "deepspeed", "shutil",
@@ -66,7 +67,10 @@ def _imports(source: str, package: str) -> set[str]:
 
 
 def _component(name: str) -> str:
+    """rtrl's component of a dotted name: its first subpackage, or core's (``core.api``)."""
     parts = name.split(".")
+    if len(parts) > 2 and parts[1] == "core":
+        return f"core.{parts[2]}"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -123,8 +127,8 @@ def test_every_rtrl_component_is_placed() -> None:
 
 
 def test_the_checker_catches_violations() -> None:
-    assert violations("rtrl.api.thing", "from rtrl.kube import client") == [
-        "rtrl.api.thing imports rtrl.kube: api may not import kube"
+    assert violations("rtrl.core.api.thing", "from rtrl.kube import client") == [
+        "rtrl.core.api.thing imports rtrl.kube: core.api may not import kube"
     ]
     assert violations("rtrl.planning.core", "from ..handlers import x") == [
         "rtrl.planning.core imports rtrl.handlers: planning may not import handlers"
@@ -132,16 +136,16 @@ def test_the_checker_catches_violations() -> None:
     assert violations("rtrl.planning.core", "import boto3") == [
         "rtrl.planning.core imports boto3: planning is pure (no I/O)"
     ]
-    assert violations("rtrl.store.s3", "import rtrl_trainer.cli") == [
-        "rtrl.store.s3 imports rtrl_trainer.cli: the operator never imports the Job side"
+    assert violations("rtrl.core.store.s3", "import rtrl_trainer.cli") == [
+        "rtrl.core.store.s3 imports rtrl_trainer.cli: the operator never imports the Job side"
     ]
     assert violations("rtrl_trainer.train", "from rtrl.kube import jobs") == [
         "rtrl_trainer.train imports rtrl.kube: the Job side may not use kube"
     ]
-    assert violations("rtrl.handlers.rlcycle", "from ..kube import x\nfrom ..api import y") == []
-    assert violations("rtrl.api.__init__", "from .common import x", is_package=True) == []
-    assert violations("rtrl.api.__init__", "from ..kube import x", is_package=True) == [
-        "rtrl.api.__init__ imports rtrl.kube: api may not import kube"
+    assert violations("rtrl.handlers.rlcycle", "from ..kube import x\nfrom ..core.api import y") == []
+    assert violations("rtrl.core.api.__init__", "from .common import x", is_package=True) == []
+    assert violations("rtrl.core.api.__init__", "from ...kube import x", is_package=True) == [
+        "rtrl.core.api.__init__ imports rtrl.kube: core.api may not import kube"
     ]
     assert violations("rtrl.newthing", "from .api import x") == [
         "rtrl.newthing: component 'newthing' is not placed in the layering"

@@ -15,8 +15,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from rtrl.api.cron import parse_cron
-from rtrl.api.yamlfile import load
+from rtrl.core.api.cron import parse_cron
+from rtrl.core.api.yamlfile import load
 from rtrl.planning import (
     Create,
     Delete,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from rtrl.api.rlcycle import RLCycleSpec
-from rtrl.api.yamlfile import load
+from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.api.yamlfile import load
+from rtrl.core.store import s3
 from rtrl.planning import children as ch
-from rtrl.store import s3
 from tests.conftest import REPO
 
 STARTED = datetime(2026, 11, 29, tzinfo=UTC)

@@ -1,0 +1,166 @@
+"""Row-level checks of canonical interaction batches, vectorised.
+
+A bad row (a positive log-prob, a completion whose token and log-prob lists disagree) does
+not crash training; it silently biases it. So every row the pipeline consumes passes these
+checks first, and they must cost little next to decoding the Parquet: each check works on
+whole columns (list offsets, flattened values) with numpy, with a fast path that proves a
+batch clean from a couple of reductions and only locates offending rows when there are any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rtrl.core.shards.schema import COMPLETION_LIST_COLUMNS, NON_NULL_COLUMNS
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+# Stable order, used in reports and their text rendering.
+NULL_REQUIRED = "null_required"
+LIST_LENGTH_MISMATCH = "list_length_mismatch"
+LOGPROB_POSITIVE = "logprob_positive"
+LOGPROB_NON_FINITE = "logprob_non_finite"
+SIGNAL_OUT_OF_RANGE = "signal_out_of_range"
+DUPLICATE_INTERACTION_ID = "duplicate_interaction_id"
+
+_LIST_COLUMNS = ("prompt_ids", *COMPLETION_LIST_COLUMNS)
+_COUNT_COLUMNS = ("tool_calls", "invalid_tool_calls", "edits_proposed")
+
+
+@dataclass
+class RowFlags:
+    """Which rows of one batch fail which check. Reasons map to boolean row masks; a row
+    may fail several. An empty mapping means the whole batch is clean."""
+
+    num_rows: int
+    reasons: dict[str, BoolArray] = field(default_factory=dict)
+
+    def flag(self, reason: str, rows: BoolArray | IntArray) -> None:
+        """Mark ``rows`` (a boolean mask or row indices) as failing ``reason``."""
+        if rows.dtype == np.bool_:
+            if not rows.any():
+                return
+            mask: BoolArray = rows.astype(np.bool_, copy=False)
+        else:
+            if rows.size == 0:
+                return
+            mask = np.zeros(self.num_rows, dtype=np.bool_)
+            mask[rows] = True
+        existing = self.reasons.get(reason)
+        self.reasons[reason] = mask if existing is None else existing | mask
+
+    def bad(self) -> BoolArray | None:
+        """The union of all reasons, or None when no row is bad."""
+        if not self.reasons:
+            return None
+        masks = iter(self.reasons.values())
+        union = next(masks).copy()
+        for mask in masks:
+            union |= mask
+        return union
+
+
+def _offsets(array: pa.Array) -> IntArray:
+    """A list array's ``num_rows + 1`` offsets into its (unsliced) ``values``."""
+    offsets: IntArray = np.asarray(array.offsets)
+    return offsets
+
+
+def _rows_of_positions(offsets: IntArray, positions: IntArray) -> IntArray:
+    """Rows owning the given positions in a list array's values (positions are absolute)."""
+    rows: IntArray = np.searchsorted(offsets, positions, side="right") - 1
+    return rows
+
+
+def _valid(array: pa.Array) -> BoolArray:
+    mask: BoolArray = np.asarray(array.is_valid())
+    return mask
+
+
+def _numbers(array: pa.Array, fill: float | int) -> npt.NDArray[Any]:
+    """A numeric column as numpy, nulls replaced by a value that passes every check (nulls
+    are judged separately, and may be allowed)."""
+    if array.null_count:
+        array = pc.fill_null(array, fill)
+    values: npt.NDArray[Any] = array.to_numpy(zero_copy_only=False)
+    return values
+
+
+def check_nulls(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Nulls in columns a row is useless without, including null tokens inside lists."""
+    for name in NON_NULL_COLUMNS:
+        array = batch.column(name)
+        if array.null_count:
+            flags.flag(NULL_REQUIRED, ~_valid(array))
+    for name in _LIST_COLUMNS:
+        array = batch.column(name)
+        offsets = _offsets(array)
+        values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        if values.null_count:
+            positions = np.flatnonzero(~_valid(values)) + offsets[0]
+            flags.flag(NULL_REQUIRED, _rows_of_positions(offsets, positions))
+
+
+def check_list_lengths(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Completion token ids, log-probs and mask must describe the same tokens."""
+    lengths = [np.diff(_offsets(batch.column(name))) for name in COMPLETION_LIST_COLUMNS]
+    mismatch = lengths[0] != lengths[1]
+    for other in lengths[2:]:
+        mismatch |= lengths[0] != other
+    if mismatch.any():
+        # A null list is reported as null_required, not also as a length mismatch.
+        for name in COMPLETION_LIST_COLUMNS:
+            array = batch.column(name)
+            if array.null_count:
+                mismatch &= _valid(array)
+        flags.flag(LIST_LENGTH_MISMATCH, mismatch)
+
+
+def check_logprobs(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Log-probs must be finite and <= 0: anything else is a logging bug that would blow up
+    the importance ratio."""
+    array = batch.column("completion_logprobs")
+    offsets = _offsets(array)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    if stop == start:
+        return
+    values = _numbers(array.values.slice(start, stop - start), 0.0)
+    # Fast path: NaN fails both comparisons, so two reductions prove the batch clean.
+    if values.max() <= 0 and values.min() > -np.inf:
+        return
+    positive = np.flatnonzero(values > 0) + start
+    flags.flag(LOGPROB_POSITIVE, _rows_of_positions(offsets, positive))
+    non_finite = np.flatnonzero(~np.isfinite(values)) + start
+    flags.flag(LOGPROB_NON_FINITE, _rows_of_positions(offsets, non_finite))
+
+
+def check_signals(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Feedback signals within their domains: rewards are computed from them as they are."""
+    edit = _numbers(batch.column("edit_persisted"), 0.0)
+    flags.flag(SIGNAL_OUT_OF_RANGE, ~((edit >= 0) & (edit <= 1)))
+    latency = _numbers(batch.column("latency_ms"), 0.0)
+    flags.flag(SIGNAL_OUT_OF_RANGE, ~((latency >= 0) & np.isfinite(latency)))
+    for name in _COUNT_COLUMNS:
+        flags.flag(SIGNAL_OUT_OF_RANGE, _numbers(batch.column(name), 0) < 0)
+    tool_calls = batch.column("tool_calls")
+    invalid = batch.column("invalid_tool_calls")
+    more_invalid = np.asarray(pc.fill_null(pc.greater(invalid, tool_calls), False))
+    flags.flag(SIGNAL_OUT_OF_RANGE, more_invalid)
+
+
+def check_rows(batch: pa.RecordBatch) -> RowFlags:
+    """All stateless row checks of one canonical batch (duplicates need state across
+    batches: see :mod:`rtrl.core.shards.dedup`)."""
+    flags = RowFlags(batch.num_rows)
+    check_nulls(batch, flags)
+    check_list_lengths(batch, flags)
+    check_logprobs(batch, flags)
+    check_signals(batch, flags)
+    return flags

@@ -1,0 +1,187 @@
+"""Streaming reads of interaction shards, in canonical types, in bounded memory.
+
+A shard set is hours of traffic: far more than fits in a Job pod. Files are therefore read
+one at a time through the object store's ranged reader, batch by batch, with only the
+columns asked for, and each batch is cast to the canonical schema on its way out. Memory is
+bounded by one batch (plus Parquet's buffering of the row group being decoded), whatever
+the number of rows or files.
+
+This reader trusts the data; the pipeline steps use the validating reader in
+:mod:`rtrl.core.shards.validate`, which builds on the same primitives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rtrl.core.shards.layout import PartitionFilter, list_shards, parse_partitions, resolve_store
+from rtrl.core.shards.schema import REQUIRED_COLUMNS, CastPlan, SchemaProblem, plan_casts
+from rtrl.core.store.base import ObjectNotFound, ObjectStore, StoreError
+
+# ~30 MB of decoded rows at ~1.7 kB per interaction: big enough that per-batch overhead
+# vanishes, small enough for many readers per pod.
+DEFAULT_BATCH_SIZE = 16_384
+
+MiB = 1 << 20
+# Row groups up to this size (uncompressed, as the footer records it) are fetched whole, as
+# a few coalesced range requests, which is what makes S3 fast. Producers choose their own
+# row-group sizes, so a file with bigger ones is streamed page by page through a small
+# buffer per column instead: slower on S3, but memory stays bounded whatever the file.
+PREBUFFER_LIMIT = 256 * MiB
+STREAM_BUFFER_SIZE = 1 * MiB
+
+
+class ShardError(Exception):
+    """A shard file cannot be used: unreadable, or its schema cannot be made canonical.
+    The message names the file; ``reason`` is a validator reason code."""
+
+    def __init__(self, url: str, reason: str, message: str) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard file of a listing, with the Hive partition values of its path."""
+
+    key: str
+    url: str
+    size: int
+    partitions: dict[str, str]
+
+
+def list_files(
+    store: ObjectStore, *, prefix: str = "", partitions: PartitionFilter | None = None
+) -> Iterator[ShardFile]:
+    """The shard files under ``prefix``, in key order, pruned by Hive ``partitions``
+    (e.g. ``{"checkpoint": "composer-41"}``) without opening them."""
+    for info in list_shards(store, prefix, partitions):
+        yield ShardFile(
+            key=info.key,
+            url=store.url(info.key),
+            size=info.size,
+            partitions=parse_partitions(info.key),
+        )
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as one line for a report (pyarrow's messages can span lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def open_parquet(store: ObjectStore, shard: ShardFile) -> Iterator[pq.ParquetFile]:
+    """Open one shard for reading, closing the store's reader afterwards.
+
+    Any failure of the file itself (gone since it was listed, truncated, not Parquet at all)
+    is a :class:`ShardError` with reason ``unreadable``: foreign files fail in many ways and
+    none of them may take the reading process down. A failing store (``StoreError`` after
+    the store's own retries) is not the file's fault and propagates, so a network outage
+    fails the step instead of quietly quarantining good data.
+    """
+    try:
+        handle = store.open_input(shard.key)
+    except ObjectNotFound as exc:
+        raise ShardError(shard.url, "unreadable", describe_error(exc)) from exc
+    with handle:
+        try:
+            metadata = pq.read_metadata(handle)
+            largest = max(
+                (metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)),
+                default=0,
+            )
+            prebuffer = largest <= PREBUFFER_LIMIT
+            parquet = pq.ParquetFile(
+                handle,
+                metadata=metadata,
+                pre_buffer=prebuffer,
+                buffer_size=0 if prebuffer else STREAM_BUFFER_SIZE,
+                # Verified where the writer stored them (rtrl's writer does); a no-op otherwise.
+                page_checksum_verification=True,
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise ShardError(shard.url, "unreadable", describe_error(exc)) from exc
+        yield parquet
+
+
+def iter_row_groups(
+    parquet: pq.ParquetFile, columns: Sequence[str], batch_size: int
+) -> Iterator[pa.RecordBatch]:
+    """Raw batches of ``columns``, one row group at a time: pre-buffering a whole file
+    would hold all of it in memory at once."""
+    for index in range(parquet.num_row_groups):
+        yield from parquet.iter_batches(
+            batch_size=batch_size, row_groups=[index], columns=list(columns)
+        )
+
+
+def plan_file(
+    parquet: pq.ParquetFile, shard: ShardFile, columns: Sequence[str]
+) -> CastPlan | list[SchemaProblem]:
+    """The cast plan of one opened shard for ``columns`` (see :func:`plan_casts`)."""
+    return plan_casts(parquet.schema_arrow, columns, partitions=shard.partitions)
+
+
+def output_columns(columns: Sequence[str] | None) -> list[str]:
+    """The columns a read yields: the canonical ones unless a projection is given."""
+    return list(REQUIRED_COLUMNS) if columns is None else list(dict.fromkeys(columns))
+
+
+def read_file(
+    store: ObjectStore,
+    shard: ShardFile,
+    *,
+    columns: Sequence[str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> Iterator[pa.RecordBatch]:
+    """The canonical batches of one shard file; :class:`ShardError` when it cannot be used."""
+    with open_parquet(store, shard) as parquet:
+        plan = plan_file(parquet, shard, output_columns(columns))
+        if not isinstance(plan, CastPlan):
+            problems = "; ".join(p.message for p in plan)
+            raise ShardError(shard.url, plan[0].reason, problems)
+        batches = iter_row_groups(parquet, plan.read_names, batch_size)
+        while True:
+            try:
+                raw = next(batches)
+            except StopIteration:
+                return
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise ShardError(shard.url, "unreadable", describe_error(exc)) from exc
+            try:
+                batch = plan.apply(raw)
+            except pa.ArrowInvalid as exc:
+                raise ShardError(shard.url, "wrong_type", describe_error(exc)) from exc
+            yield batch
+
+
+def iter_batches(
+    source: ObjectStore | str | os.PathLike[str],
+    *,
+    columns: Sequence[str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    prefix: str = "",
+    partitions: PartitionFilter | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Canonical record batches of every shard under ``source`` (a store, a store URI or a
+    local directory), file by file in key order, without validating rows.
+
+    ``columns`` projects (default: all canonical columns; extra columns are passed through
+    in their own types); ``partitions`` prunes files by their Hive path. Raises
+    :class:`ShardError` on the first file that cannot be used.
+    """
+    store = resolve_store(source)
+    for shard in list_files(store, prefix=prefix, partitions=partitions):
+        yield from read_file(store, shard, columns=columns, batch_size=batch_size)

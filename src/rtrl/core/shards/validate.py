@@ -1,0 +1,191 @@
+"""The validating reader: the only way pipeline steps read shards.
+
+Shards come from pipelines this project does not control, so every file and row is judged
+before anything learns from it: files that cannot be read or made canonical are rejected
+whole; rows that break the contract (nulls where a row is useless, disagreeing completion
+lists, impossible log-probs or signals, repeated interaction ids) are quarantined. Only good
+rows come out, and a running :class:`ValidationReport` says what was held back and why, so
+nothing is silently dropped and nothing bad is silently passed on.
+
+Every row is checked against the full contract whatever columns the consumer projects, so
+"good" means the same thing to the stage step, the evaluator and the canary analysis.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rtrl.core.shards.checks import DUPLICATE_INTERACTION_ID, check_rows
+from rtrl.core.shards.dedup import SeenIds, hash_strings
+from rtrl.core.shards.layout import PartitionFilter, resolve_store
+from rtrl.core.shards.reader import (
+    DEFAULT_BATCH_SIZE,
+    ShardError,
+    ShardFile,
+    describe_error,
+    list_files,
+    open_parquet,
+    output_columns,
+    plan_file,
+)
+from rtrl.core.shards.report import UNREADABLE, WRONG_TYPE, FileReport, ValidationReport
+from rtrl.core.shards.schema import REQUIRED_COLUMNS, CastPlan
+from rtrl.core.store.base import ObjectStore, StoreError
+
+
+class ValidatingReader:
+    """Iterate for the good rows of a shard set as canonical record batches; :attr:`report`
+    is updated as iteration proceeds and is complete once the iterator is exhausted.
+
+    Files are read in key order; of repeated interaction ids the first good occurrence is
+    kept. ``columns`` projects the output only: all canonical columns are read and checked.
+    """
+
+    def __init__(
+        self,
+        source: ObjectStore | str | os.PathLike[str],
+        *,
+        columns: Sequence[str] | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        prefix: str = "",
+        partitions: PartitionFilter | None = None,
+    ) -> None:
+        self.store = resolve_store(source)
+        self.columns = output_columns(columns)
+        self.batch_size = batch_size
+        self.prefix = prefix
+        self.partitions = partitions
+        uri = self.store.url(prefix.strip("/") + "/") if prefix.strip("/") else self.store.uri
+        self.report = ValidationReport(uri=uri)
+        self._read_columns = list(dict.fromkeys([*REQUIRED_COLUMNS, *self.columns]))
+        self._project = self.columns != self._read_columns
+        self._seen = SeenIds()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for _, batch in self.batches_by_file():
+            yield batch
+
+    def batches_by_file(self) -> Iterator[tuple[FileReport, pa.RecordBatch]]:
+        """The good batches, each with the report of the file it came from: for a consumer
+        that runs behind the reader (on another thread), for which the report's last file
+        is not necessarily the batch's."""
+        for shard in list_files(self.store, prefix=self.prefix, partitions=self.partitions):
+            for batch in self._read_file(shard):
+                yield self.report.files[-1], batch
+
+    def _read_file(self, shard: ShardFile) -> Iterator[pa.RecordBatch]:
+        file = FileReport(key=shard.key, url=shard.url)
+        self.report.files.append(file)
+        try:
+            with open_parquet(self.store, shard) as parquet:
+                file.rows_total = parquet.metadata.num_rows
+                plan = plan_file(parquet, shard, self._read_columns)
+                if not isinstance(plan, CastPlan):
+                    file.status = "rejected"
+                    for problem in plan:
+                        lost = 0 if problem.reason in file.reasons else file.rows_total
+                        file.add_problem(problem.reason, problem.message, rows=lost)
+                    return
+                first_row = 0
+                for index in range(parquet.num_row_groups):
+                    yield from self._read_row_group(file, parquet, index, first_row, plan)
+                    first_row += parquet.metadata.row_group(index).num_rows
+        except ShardError as exc:
+            file.status = "unreadable"
+            file.add_problem(UNREADABLE, describe_error(exc.__cause__ or exc))
+            return
+        if file.status == "ok" and file.rows_good < file.rows_total:
+            file.status = "bad"
+
+    def _read_row_group(
+        self,
+        file: FileReport,
+        parquet: pq.ParquetFile,
+        index: int,
+        first_row: int,
+        plan: CastPlan,
+    ) -> Iterator[pa.RecordBatch]:
+        """The good rows of one row group; ``first_row`` is its first row in the file."""
+        end = first_row + parquet.metadata.row_group(index).num_rows
+        batches = parquet.iter_batches(
+            batch_size=self.batch_size, row_groups=[index], columns=plan.read_names
+        )
+        while True:
+            try:
+                raw = next(batches)
+            except StopIteration:
+                return
+            except StoreError:
+                raise
+            except Exception as exc:
+                # A corrupt page: rows already passed on stay good, the rest of this row
+                # group is lost and counted; the next row group may well be intact.
+                file.status = "unreadable"
+                file.add_problem(
+                    UNREADABLE,
+                    f"row group {index}, rows {first_row}-{end - 1}: {describe_error(exc)}",
+                    rows=end - first_row,
+                )
+                return
+            rows = raw.num_rows
+            try:
+                batch = plan.apply(raw)
+            except pa.ArrowInvalid as exc:
+                # A value that does not fit its canonical type (an int64 token id beyond
+                # int32): the cast is all-or-nothing per batch, so the batch is quarantined.
+                file.add_problem(
+                    WRONG_TYPE,
+                    f"rows {first_row}-{first_row + rows - 1}: {describe_error(exc)}",
+                    rows=rows,
+                )
+                first_row += rows
+                continue
+            good = self._good_rows(file, batch, first_row)
+            first_row += rows
+            if good.num_rows:
+                file.rows_good += good.num_rows
+                yield good.select(self.columns) if self._project else good
+
+    def _good_rows(self, file: FileReport, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
+        flags = check_rows(batch)
+        ids = batch.column("interaction_id")
+        # Only rows good on every other count claim their id: a quarantined row is never
+        # trained on, so a later good copy of it is not a duplicate of anything used.
+        candidates = flags.bad()
+        candidates = None if candidates is None else ~candidates
+        if ids.null_count:
+            valid = np.asarray(ids.is_valid())
+            candidates = valid if candidates is None else candidates & valid
+        flags.flag(DUPLICATE_INTERACTION_ID, self._seen.add_batch(hash_strings(ids), candidates))
+        bad = flags.bad()
+        if bad is None:
+            return batch
+        for reason, mask in flags.reasons.items():
+            rows = np.flatnonzero(mask)
+            file.add_rows(reason, int(rows.size), (rows[:5] + first_row).tolist())
+        return batch.filter(pa.array(~bad))
+
+
+def validate(
+    source: ObjectStore | str | os.PathLike[str],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    prefix: str = "",
+    partitions: PartitionFilter | None = None,
+) -> ValidationReport:
+    """Read a whole shard set through the validating reader and return its report."""
+    reader = ValidatingReader(
+        source,
+        columns=["interaction_id"],
+        batch_size=batch_size,
+        prefix=prefix,
+        partitions=partitions,
+    )
+    for _ in reader:
+        pass
+    return reader.report

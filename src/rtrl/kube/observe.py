@@ -1,0 +1,228 @@
+"""Read one RLCycle's world back from the cluster and the store, every time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rtrl.core.store import read_committed_json
+from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
+from rtrl.planning import children as ch
+from rtrl.planning.canary import canary_service_name
+from rtrl.planning.timeutil import parse_time
+
+from .client import KubeClient, KubeError
+
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+MAX_MESSAGE = 1024
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _pod_failure(client: KubeClient, namespace: str, job: str) -> str:
+    """The newest pod's termination: reason, exit code and the step's last output."""
+    pods = client.list("Pod", namespace, {"job-name": job})
+    pods.sort(key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    for pod in reversed(pods):
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (status.get("state") or {}).get("terminated") or {}
+            if term:
+                text = f"{term.get('reason') or 'Error'} (exit {term.get('exitCode')})"
+                tail = " ".join(str(term.get("message") or "").split())
+                if tail:
+                    text += f": {tail[-MAX_MESSAGE:]}"
+                return f"pod {pod['metadata']['name']}: {text}"
+    return ""
+
+
+# JobState of a Job version that has not failed, by (uid, resourceVersion): a version never
+# changes, and a round reads every Job of its RLCycle (the history grows by 4 a cycle).
+_JOB_STATES: dict[tuple[str, str], JobState] = {}
+_JOB_STATES_MAX = 4096
+
+
+def job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
+    meta = job.get("metadata") or {}
+    key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    known = _JOB_STATES.get(key) if all(key) else None
+    if known is not None:
+        return known
+    state = _job_state(client, job)
+    if all(key) and not state.failed:  # a failed one carries its pod's message: read again
+        if len(_JOB_STATES) >= _JOB_STATES_MAX:
+            _JOB_STATES.clear()
+        _JOB_STATES[key] = state
+    return state
+
+
+def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    complete = _condition(job, "Complete")
+    failed = _condition(job, "Failed")
+    status = job.get("status") or {}
+    finished = parse_time(status.get("completionTime")) or parse_time(
+        (complete or failed or {}).get("lastTransitionTime")
+    )
+    reason = message = ""
+    if failed is not None:
+        reason = str(failed.get("reason") or "Failed")
+        pod = _pod_failure(client, meta["namespace"], meta["name"])
+        message = pod or f"{reason}: {failed.get('message') or ''}".strip(": ")
+    try:
+        attempt = int(labels.get(ch.LABEL_ATTEMPT, "0"))
+    except ValueError:
+        attempt = 0
+    return JobState(
+        name=meta["name"],
+        checkpoint=labels.get(ch.LABEL_CHECKPOINT),
+        checkpoint_uid=labels.get(ch.LABEL_CHECKPOINT_UID),
+        step=labels.get(ch.LABEL_STEP),
+        attempt=attempt,
+        succeeded=complete is not None,
+        failed=failed is not None,
+        finished_at=finished,
+        reason=reason,
+        message=message,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def secret_state(client: KubeClient, namespace: str, name: str) -> SecretState:
+    """Whether the credentials Secret exists and which keys it lacks; the values are never
+    kept, logged or put in status."""
+    found = client.get("Secret", namespace, name)
+    if found is None:
+        return SecretState(found=False)
+    keys = set(found.get("data") or {}) | set(found.get("stringData") or {})
+    return SecretState(True, tuple(k for k in SECRET_KEYS if k not in keys))
+
+
+# The reads of a round are independent: issued together, a round costs about one request's
+# latency instead of the sum of eight (the Job-complete -> next-action latency of the
+# operator is mostly this round).
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rtrl-observe")
+
+
+def _concurrently(
+    reads: dict[str, Callable[[], Any]], inline: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Run ``reads``: those named in ``inline`` (served from memory) here, the others
+    together on the pool, or here too when only one is left."""
+    remote = [name for name in reads if name not in inline]
+    if len(remote) <= 1:
+        return {name: read() for name, read in reads.items()}
+    futures = {name: _READERS.submit(reads[name]) for name in remote}
+    got = {name: read() for name, read in reads.items() if name in inline}
+    return {**got, **{name: future.result() for name, future in futures.items()}}
+
+
+def _needs_stable_service(
+    rollout: dict[str, Any],
+    services: frozenset[str],
+    checkpoints: list[dict[str, Any]],
+    rlcycle: str,
+) -> bool:
+    """With the gatewayapi router, while a canary is about to start (or runs) without its
+    canary Service: the plan copies the stable Service's ports into it."""
+    if rollout.get("router") != "gatewayapi" or not rollout.get("service"):
+        return False
+    if canary_service_name(str(rollout["service"])) in services:
+        return False
+    return any(
+        (c.get("spec") or {}).get("rlCycle") == rlcycle
+        and (c.get("status") or {}).get("phase") in ("Evaluated", "Canary")
+        for c in checkpoints
+    )
+
+
+def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
+    meta = rlcycle["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    spec = rlcycle.get("spec") or {}
+    mine = {ch.LABEL_RLCYCLE: name}
+    target = spec.get("target") or {}
+    rollout = spec.get("rollout") or {}
+    storage = spec.get("storage") or {}
+    reads: dict[str, Callable[[], Any]] = {
+        "checkpoints": lambda: client.list("Checkpoint", namespace),
+        "jobs": lambda: [job_state(client, j) for j in client.list("Job", namespace, mine)],
+        "services": lambda: client.list("Service", namespace, mine),
+        "config_maps": lambda: client.list("ConfigMap", namespace, mine),
+    }
+    if target.get("deployment"):
+        deployment_name = str(target["deployment"])
+        reads["target"] = lambda: client.get("Deployment", namespace, deployment_name)
+        reads["canary"] = lambda: client.get("Deployment", namespace, f"{deployment_name}-canary")
+    if rollout.get("router") == "gatewayapi" and rollout.get("httpRoute"):
+        reads["route"] = lambda: client.get("HTTPRoute", namespace, str(rollout["httpRoute"]))
+    if storage.get("credentialsSecret"):
+        reads["secret"] = lambda: secret_state(client, namespace, str(storage["credentialsSecret"]))
+    kinds = {
+        "checkpoints": "Checkpoint",
+        "jobs": "Job",
+        "services": "Service",
+        "config_maps": "ConfigMap",
+        "target": "Deployment",
+        "canary": "Deployment",
+    }
+    inline = frozenset(
+        read for read, kind in kinds.items() if not client.reads_remotely(kind, namespace)
+    )
+    got = _concurrently(reads, inline)
+    checkpoints = got["checkpoints"]
+    jobs = got["jobs"]
+    services = frozenset(s["metadata"]["name"] for s in got["services"])
+    config_maps = frozenset(c["metadata"]["name"] for c in got["config_maps"])
+    dep, canary, route = got.get("target"), got.get("canary"), got.get("route")
+    secret = got.get("secret")
+    deployment = DeploymentState(found=False)
+    if dep is not None:
+        containers = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+            "containers"
+        ) or []
+        container = next((c for c in containers if c.get("name") == target.get("container")), None)
+        env_name = target.get("checkpointEnv") or "MODEL_URI"
+        value = None
+        if container is not None:
+            value = next(
+                (e.get("value") for e in container.get("env") or [] if e.get("name") == env_name),
+                None,
+            )
+        deployment = DeploymentState(True, container is not None, value)
+    stable_service = None
+    if _needs_stable_service(rollout, services, checkpoints, name):
+        # Not a child: the cache does not keep it. Read once per canary, before its Service.
+        stable_service = KubeClient.get(client, "Service", namespace, str(rollout["service"]))
+    observed = Observed(
+        rlcycle=rlcycle,
+        checkpoints=checkpoints,
+        jobs=jobs,
+        services=services,
+        config_maps=config_maps,
+        deployment=deployment,
+        secret=secret,
+        target=dep,
+        canary=canary,
+        http_route=route,
+        stable_service=stable_service,
+    )
+    wanted = results_to_read(observed)
+    if not wanted:
+        return observed
+    results = {
+        uri: read_committed_json(
+            uri, endpoint_url=storage.get("endpoint"), region=storage.get("region")
+        )
+        for uri in wanted
+    }
+    return Observed(**{**observed.__dict__, "results": results})
+
+
+__all__ = ["KubeError", "observe"]

@@ -1,0 +1,221 @@
+"""The stage step's configuration: a typed object built from the RLCycle's own API types.
+
+The operator hands a Job pod the ``data`` and ``reward`` parts of the RLCycle spec (as a
+config file) plus per-cycle flags (checkpoint, time, output). The fields, their defaults and
+their validation are those of :class:`~rtrl.core.api.rlcycle.DataSpec` and
+:class:`~rtrl.core.api.rlcycle.RewardSpec`, reused rather than redefined, so a config the API
+server accepted is exactly a config this step accepts, and a bad one is rejected with the
+same field path ``rtrl validate`` would print.
+
+The config file may be a whole RLCycle manifest, an RLCycle ``spec``, or a mapping with
+``data`` and/or ``reward`` (YAML or JSON). Flags override the file; ``--shards`` fills
+``data.shards``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from rtrl.core.api.common import parse_duration
+from rtrl.core.api.rlcycle import DataSpec, RewardSpec
+from rtrl.core.store import parse_store_uri
+from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
+
+# DataSpec fields (camelCase, as in YAML) that a flag may override -> the flag's name.
+DATA_FLAGS: dict[str, str] = {
+    "shards": "--shards",
+    "maturity": "--maturity",
+    "maxBadFraction": "--max-bad-fraction",
+    "minInteractions": "--min-interactions",
+    "minTokens": "--min-tokens",
+}
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Everything one run of ``rtrl-job stage`` needs, validated.
+
+    Times are timezone-aware UTC. ``since`` is the readiness watermark (see
+    :mod:`rtrl_trainer.stage`): rows that became ready at or before it were staged by an
+    earlier cycle.
+    """
+
+    data: DataSpec
+    reward: RewardSpec
+    checkpoint: str
+    out: str
+    now: datetime
+    since: datetime | None = None
+    previous_checkpoint: str | None = None
+    exclude_checkpoints: tuple[str, ...] = ()
+    ranks: int = 1
+    endpoint_url: str | None = None
+    # Share of the selected on-policy interactions held out for the eval step (by a hash
+    # of interaction_id), never trained on.
+    heldout_fraction: float = 0.0
+
+    @property
+    def maturity(self) -> timedelta:
+        return timedelta(seconds=parse_duration(self.data.maturity))
+
+    @property
+    def cutoff(self) -> datetime:
+        """Interactions created after this are too recent for their feedback to be final."""
+        return self.now - self.maturity
+
+    @property
+    def window_start(self) -> datetime | None:
+        """Interactions created before this are too old to learn from (``data.window``)."""
+        if self.data.window is None:
+            return None
+        return self.now - timedelta(seconds=parse_duration(self.data.window))
+
+    @property
+    def admits_previous(self) -> bool:
+        """Whether rows of the previous checkpoint may enter the training set at all."""
+        return (
+            self.previous_checkpoint is not None
+            and self.previous_checkpoint not in self.exclude_checkpoints
+            and self.data.max_off_policy_fraction > 0
+        )
+
+
+def time_arg(text: str) -> datetime:
+    """argparse type of the steps' ``--now`` / ``--since`` flags."""
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 instant (``2026-01-05T12:00:00Z``); a naive one is taken as UTC."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-01-05T12:00:00Z)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def format_time(value: datetime | None) -> str | None:
+    """``value`` as ISO 8601 UTC with a ``Z`` (the form stage.json uses), or None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def build_config(
+    *,
+    config_file: Path | None,
+    checkpoint: str,
+    out: str,
+    now: datetime,
+    shards: str | None = None,
+    maturity: str | None = None,
+    max_bad_fraction: float | None = None,
+    min_interactions: int | None = None,
+    min_tokens: int | None = None,
+    since: datetime | None = None,
+    previous_checkpoint: str | None = None,
+    exclude_checkpoints: Iterable[str] = (),
+    ranks: int = 1,
+    endpoint_url: str | None = None,
+    heldout_fraction: float = 0.0,
+) -> StageConfig:
+    """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
+    naming the field (and the file or flag it came from) when anything is wrong."""
+    data_doc: dict[str, Any] = {}
+    reward_doc: dict[str, Any] = {}
+    base = ""
+    where = "flags"
+    if config_file is not None:
+        found, base = load_sections(config_file, ("data", "reward"))
+        data_doc, reward_doc = found["data"], found["reward"]
+        where = str(config_file)
+    prefix = f"{base}." if base else ""
+    overrides = {
+        "shards": shards,
+        "maturity": maturity,
+        "maxBadFraction": max_bad_fraction,
+        "minInteractions": min_interactions,
+        "minTokens": min_tokens,
+    }
+    flags: dict[str, str] = {}
+    data_doc = dict(data_doc)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        # The file may spell the field in snake_case (populate_by_name); the flag wins.
+        for spelled in (key, _snake(key)):
+            data_doc.pop(spelled, None)
+        data_doc[key] = value
+        flags[key] = DATA_FLAGS[key]
+    if "shards" not in data_doc and "shards" not in {_snake(k) for k in data_doc}:
+        raise ConfigError(
+            f"{prefix}data.shards: required: pass --shards URI or set data.shards in the "
+            "config file"
+        )
+    data = validate_section(DataSpec, data_doc, where=where, path=f"{prefix}data", flags=flags)
+    reward = validate_section(RewardSpec, reward_doc, where=where, path=f"{prefix}reward")
+
+    excluded = tuple(dict.fromkeys(exclude_checkpoints))
+    for flag, value in (
+        ("--checkpoint", checkpoint),
+        ("--previous-checkpoint", previous_checkpoint),
+        *(("--exclude-checkpoint", e) for e in excluded),
+    ):
+        if value is not None and (not value or value != value.strip()):
+            raise ConfigError(f"{flag}: {value!r} is not a checkpoint id")
+    if checkpoint in excluded:
+        raise ConfigError(
+            f"--checkpoint {checkpoint!r} is also given as --exclude-checkpoint: a rolled-back "
+            "checkpoint's interactions are never staged"
+        )
+    if previous_checkpoint is not None and previous_checkpoint == checkpoint:
+        raise ConfigError("--previous-checkpoint must differ from --checkpoint")
+    if ranks < 1:
+        raise ConfigError(f"--ranks: must be at least 1, got {ranks}")
+    if since is not None and since > now:
+        raise ConfigError(
+            f"--since {format_time(since)} is after --now {format_time(now)}: nothing can be "
+            "ready yet"
+        )
+    _check_out(out, data.shards)
+    return StageConfig(
+        data=data,
+        reward=reward,
+        checkpoint=checkpoint,
+        out=out,
+        now=now,
+        since=since,
+        previous_checkpoint=previous_checkpoint,
+        exclude_checkpoints=excluded,
+        ranks=ranks,
+        endpoint_url=endpoint_url,
+        heldout_fraction=heldout_fraction,
+    )
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
+def _check_out(out: str, shards: str) -> None:
+    try:
+        target = parse_store_uri(out)
+    except ValueError as exc:
+        raise ConfigError(f"--out: {exc}") from None
+    source = parse_store_uri(shards)
+    if target.scheme != source.scheme or target.bucket != source.bucket:
+        return
+    inside = target.path == source.path or target.path.startswith(source.path.rstrip("/") + "/")
+    if inside or not source.path:
+        # The training set's Parquet files would be listed as shards by the next cycle.
+        raise ConfigError(
+            f"--out {out} is inside the shard source {shards}; write the training set elsewhere"
+        )
