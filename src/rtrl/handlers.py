@@ -34,12 +34,13 @@ from typing import Any
 
 import kopf
 
+from rtrl.core.api import names
+
 from .core.api.rlcycle import Router
 from .kube import KubeClient, KubeError, apply, observe
 from .kube.apply import EVENTS, RejectedError, write_status
 from .kube.cache import CHILD_KINDS, CHILD_LABEL, CachingClient, ObjectCache, copy_json
 from .metrics import forget, observe_plan
-from .planning import children as ch
 from .planning import plan, plan_rejected
 from .planning.canary import route_rules
 from .planning.plan import validate_spec
@@ -173,7 +174,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         _Process.trace = open(os.environ["RTRL_ROUND_TRACE"], "a", buffering=1)  # noqa: SIM115
     # No handler requires it any more (see _without_finalizer); named so that kopf removes
     # it from RLCycles an earlier rtrl put it on.
-    settings.persistence.finalizer = ch.FINALIZER
+    settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rtrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="rtrl.io", key="last-handled-configuration"
@@ -362,7 +363,7 @@ async def job_cache(body: kopf.Body, **_: Any) -> None:
     _feed("Job", body)  # kept only with the rtrl.io/rlcycle label (dropped if it loses it)
     # A finished Job wakes its RLCycle from here, the first handler kopf runs for an event
     # (before it works out the event's causes): the reaction starts a little sooner.
-    rlcycle = (body.get("metadata", {}).get("labels") or {}).get(ch.LABEL_RLCYCLE)
+    rlcycle = (body.get("metadata", {}).get("labels") or {}).get(names.LABEL_RLCYCLE)
     if rlcycle and _finished(body.get("status") or {}):
         round_ended = wake(body.get("metadata", {}).get("namespace"), rlcycle)
         if round_ended is not None:
@@ -395,8 +396,10 @@ async def config_map_cache(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments", registry=registry)
-@kopf.on.event("", "v1", "services", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
-@kopf.on.event("", "v1", "configmaps", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
+@kopf.on.event("", "v1", "services", labels={names.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
+@kopf.on.event(
+    "", "v1", "configmaps", labels={names.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry
+)
 async def child_deleted(body: kopf.Body, type: str | None, **_: Any) -> None:
     if type == "DELETED":
         _feed(str(body.get("kind")), body, type)
@@ -439,7 +442,7 @@ def release_route(namespace: str, rlcycle: Mapping[str, Any]) -> None:
                     exc)  # fmt: skip
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
+@kopf.on.event("batch", "v1", "jobs", labels={names.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry)
 async def job_deleted(
     labels: Mapping[str, str],
     namespace: str | None,
@@ -451,14 +454,14 @@ async def job_deleted(
     starting does not."""
     if type == "DELETED":
         _feed("Job", body, type)
-        wake(namespace, labels.get(ch.LABEL_RLCYCLE))
+        wake(namespace, labels.get(names.LABEL_RLCYCLE))
 
 
 @kopf.on.event(
-    "apps", "v1", "deployments", labels={ch.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry
+    "apps", "v1", "deployments", labels={names.LABEL_RLCYCLE: kopf.PRESENT}, registry=registry
 )
 async def canary_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    wake(namespace, labels.get(ch.LABEL_RLCYCLE))
+    wake(namespace, labels.get(names.LABEL_RLCYCLE))
 
 
 @kopf.on.event(GROUP, VERSION, "checkpoints", registry=registry)

@@ -25,7 +25,7 @@ from tests.integration.conftest import KubeAPI, write_kubeconfig
 from tests.integration.cycle_world import RTRL, rlcycle
 
 import rtrl.kubectl_plugin as plugin
-from rtrl.planning import children, rollout
+from rtrl.core.api import names
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,9 +132,9 @@ def rlc(kube_api: KubeAPI) -> dict[str, Any]:
 
 # --- what the operator reads -----------------------------------------------------------------
 def test_the_plugin_writes_what_the_operator_reads() -> None:
-    assert plugin.ANNOTATION_TRIGGER == children.ANNOTATION_TRIGGER
-    assert plugin.ANNOTATION_PROMOTE == rollout.ANNOTATION_PROMOTE
-    assert plugin.ANNOTATION_ROLLBACK == rollout.ANNOTATION_ROLLBACK
+    assert plugin.ANNOTATION_TRIGGER == names.ANNOTATION_TRIGGER
+    assert plugin.ANNOTATION_PROMOTE == names.ANNOTATION_PROMOTE
+    assert plugin.ANNOTATION_ROLLBACK == names.ANNOTATION_ROLLBACK
 
 
 # --- status and history ----------------------------------------------------------------------

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from rtrl.core.api import names
 from rtrl.kube.cache import CachingClient, ObjectCache
 from rtrl.kube.client import KubeClient, KubeError
-from rtrl.planning import children as ch
 
 NS = "default"
 
@@ -26,7 +26,7 @@ def obj(kind: str, name: str, rv: int, phase: str | None = None, **meta: Any) ->
 
 
 def job(name: str, rv: int, **meta: Any) -> dict[str, Any]:
-    return obj("Job", name, rv, labels={ch.LABEL_RLCYCLE: "composer"}, **meta)
+    return obj("Job", name, rv, labels={names.LABEL_RLCYCLE: "composer"}, **meta)
 
 
 def phase(cache: ObjectCache, name: str) -> Any:
@@ -85,7 +85,7 @@ def test_the_operators_delete_hides_the_object_at_once() -> None:
     # an answer that is not the object (a Status): the kind is read live until a list
     cache.deleted("Job", NS, "k", {"kind": "Status", "status": "Success"})
     assert not cache.usable("Job", NS)
-    cache.absorb_list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}, [], 20)
+    cache.absorb_list("Job", NS, {names.LABEL_RLCYCLE: "composer"}, [], 20)
     assert cache.usable("Job", NS)
 
 
@@ -93,9 +93,9 @@ def test_a_live_list_drops_what_it_no_longer_holds_but_not_newer_objects() -> No
     cache = synced()
     cache.feed("Job", None, job("ghost", 3))  # deleted while the watch was down
     cache.wrote("Job", job("new", 12))  # created after the list was taken
-    cache.absorb_list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}, [job("kept", 9)], 10)
-    names = sorted(j["metadata"]["name"] for j in cache.list("Job", NS))
-    assert names == ["kept", "new"]
+    cache.absorb_list("Job", NS, {names.LABEL_RLCYCLE: "composer"}, [job("kept", 9)], 10)
+    kept = sorted(j["metadata"]["name"] for j in cache.list("Job", NS))
+    assert kept == ["kept", "new"]
 
 
 def test_only_the_operators_children_are_kept() -> None:
@@ -105,7 +105,7 @@ def test_only_the_operators_children_are_kept() -> None:
     cache.feed("Job", None, job("mine", 4))
     cache.feed("Job", "MODIFIED", obj("Job", "mine", 5))  # lost its label
     assert cache.get("Job", NS, "mine") is None
-    assert cache.list("Job", NS, {ch.LABEL_RLCYCLE: "composer"}) == []
+    assert cache.list("Job", NS, {names.LABEL_RLCYCLE: "composer"}) == []
 
 
 def test_not_usable_before_the_initial_listing_or_with_opaque_resource_versions() -> None:
@@ -145,7 +145,7 @@ def test_caching_client_reads_its_own_writes_without_a_request(
     )
     kube.create(job("j", 0))
     kube.patch("Checkpoint", NS, "c1", {"status": {"phase": "Training"}}, sub="status")
-    assert [j["metadata"]["name"] for j in kube.list("Job", NS, {ch.LABEL_RLCYCLE: "composer"})]
+    assert [j["metadata"]["name"] for j in kube.list("Job", NS, {names.LABEL_RLCYCLE: "composer"})]
     assert phase(cache, "c1") == "Training"
     assert kube.get("Checkpoint", NS, "c1") is not None
     assert kube.cached_reads == 2 and sent == [] and not kube.write_failed

@@ -142,7 +142,9 @@ def test_the_checker_catches_violations() -> None:
     assert violations("rtrl_trainer.train", "from rtrl.kube import jobs") == [
         "rtrl_trainer.train imports rtrl.kube: the Job side may not use kube"
     ]
-    assert violations("rtrl.handlers.rlcycle", "from ..kube import x\nfrom ..core.api import y") == []
+    assert (
+        violations("rtrl.handlers.rlcycle", "from ..kube import x\nfrom ..core.api import y") == []
+    )
     assert violations("rtrl.core.api.__init__", "from .common import x", is_package=True) == []
     assert violations("rtrl.core.api.__init__", "from ...kube import x", is_package=True) == [
         "rtrl.core.api.__init__ imports rtrl.kube: core.api may not import kube"

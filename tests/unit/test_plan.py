@@ -15,6 +15,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from rtrl.core.api import names
 from rtrl.core.api.cron import parse_cron
 from rtrl.core.api.yamlfile import load
 from rtrl.planning import (
@@ -157,10 +158,10 @@ class World:
                     labels = meta["labels"]
                     self.jobs[meta["name"]] = JobState(
                         name=meta["name"],
-                        checkpoint=labels[ch.LABEL_CHECKPOINT],
-                        checkpoint_uid=labels[ch.LABEL_CHECKPOINT_UID],
-                        step=labels[ch.LABEL_STEP],
-                        attempt=int(labels[ch.LABEL_ATTEMPT]),
+                        checkpoint=labels[names.LABEL_CHECKPOINT],
+                        checkpoint_uid=labels[names.LABEL_CHECKPOINT_UID],
+                        step=labels[names.LABEL_STEP],
+                        attempt=int(labels[names.LABEL_ATTEMPT]),
                     )
                     self.created.append(f"Job/{meta['name']}")
                     self.manifests = getattr(self, "manifests", {})
@@ -563,12 +564,12 @@ def test_trigger_annotation_starts_one_cycle_per_value() -> None:
     world = World()
     run_cycle(world)
     world.now = T0 + timedelta(hours=1)
-    world.rlcycle["metadata"]["annotations"] = {ch.ANNOTATION_TRIGGER: "2026-11-29T01:00:00Z"}
+    world.rlcycle["metadata"]["annotations"] = {names.ANNOTATION_TRIGGER: "2026-11-29T01:00:00Z"}
     world.reconcile()
     assert world.rlcycle["status"]["cycle"] == 2
     assert world.rlcycle["status"]["lastTrigger"] == "2026-11-29T01:00:00Z"
     ck = world.checkpoint("composer-2")
-    assert ck["metadata"]["annotations"][ch.ANNOTATION_TRIGGER] == "2026-11-29T01:00:00Z"
+    assert ck["metadata"]["annotations"][names.ANNOTATION_TRIGGER] == "2026-11-29T01:00:00Z"
     world.finish("stage", result=STAGE_OK)
     world.finish  # noqa: B018
     world.reconcile()
@@ -682,7 +683,7 @@ def test_step_jobs_follow_the_contract() -> None:
     assert job["metadata"]["ownerReferences"][0]["uid"] == ck["metadata"]["uid"]
     stage = world.manifests["composer-1-stage-0"]["spec"]["template"]["spec"]["containers"][0]
     assert "--checkpoint=composer-0" in stage["args"]
-    assert "--now=" + ck["metadata"]["annotations"][ch.ANNOTATION_STARTED] in stage["args"]
+    assert "--now=" + ck["metadata"]["annotations"][names.ANNOTATION_STARTED] in stage["args"]
     assert "--ranks=16" in stage["args"]
 
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
-from rtrl.planning import children as ch
 from rtrl.planning.canary import canary_service_name
 from rtrl.planning.timeutil import parse_time
 
@@ -76,14 +76,14 @@ def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
         pod = _pod_failure(client, meta["namespace"], meta["name"])
         message = pod or f"{reason}: {failed.get('message') or ''}".strip(": ")
     try:
-        attempt = int(labels.get(ch.LABEL_ATTEMPT, "0"))
+        attempt = int(labels.get(names.LABEL_ATTEMPT, "0"))
     except ValueError:
         attempt = 0
     return JobState(
         name=meta["name"],
-        checkpoint=labels.get(ch.LABEL_CHECKPOINT),
-        checkpoint_uid=labels.get(ch.LABEL_CHECKPOINT_UID),
-        step=labels.get(ch.LABEL_STEP),
+        checkpoint=labels.get(names.LABEL_CHECKPOINT),
+        checkpoint_uid=labels.get(names.LABEL_CHECKPOINT_UID),
+        step=labels.get(names.LABEL_STEP),
         attempt=attempt,
         succeeded=complete is not None,
         failed=failed is not None,
@@ -146,7 +146,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     meta = rlcycle["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     spec = rlcycle.get("spec") or {}
-    mine = {ch.LABEL_RLCYCLE: name}
+    mine = {names.LABEL_RLCYCLE: name}
     target = spec.get("target") or {}
     rollout = spec.get("rollout") or {}
     storage = spec.get("storage") or {}

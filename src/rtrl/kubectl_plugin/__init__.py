@@ -33,22 +33,21 @@ from kubernetes.client import ApiClient
 
 from .. import __version__
 from ..cli import main as rtrl_main
+from ..core.api.names import (
+    ANNOTATION_PROMOTE,
+    ANNOTATION_ROLLBACK,
+    ANNOTATION_TRIGGER,
+    PRE_CANARY_PHASES,
+    RUNNING_PHASES,
+)
 from ..kube.client import KubeClient, KubeError, path
 from . import render
 
-ANNOTATION_TRIGGER = "rtrl.io/trigger"
-ANNOTATION_PROMOTE = "rtrl.io/promote"
-ANNOTATION_ROLLBACK = "rtrl.io/rollback"
 FIELD_MANAGER = "kubectl-rtrl"
 MERGE_PATCH = "application/merge-patch+json"
 RESOURCE = "rlcycle.rtrl.io"
 DOCS = "docs/kubectl.md"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-# Phases of a Checkpoint whose cycle is still running (as the operator's planning.reading).
-RUNNING = {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
-# RLCycle phases before a canary: a rollback or a pin cancels the running cycle (its Jobs
-# are stopped) and acts at once.
-STEP_PHASES = ("Pending", "Staging", "Training", "Evaluating")
 # How a GitOps controller shows on an object it applies: (where, key or manager, tool).
 GITOPS_MARKS = (
     ("annotation", "argocd.argoproj.io/tracking-id", "Argo CD"),
@@ -258,7 +257,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = render.status(rlc)
     candidate = session.checkpoint(str(st["candidate"])) if st.get("candidate") else None
     role = "Candidate"
-    if candidate is None or render.status(candidate).get("phase") not in RUNNING:
+    if candidate is None or render.status(candidate).get("phase") not in RUNNING_PHASES:
         owned = [c for c in session.checkpoints_of(args.name) if render.spec(c).get("rlCycle")]
         candidate = candidate or (owned[0] if owned else None)
         role = "Last cycle"
@@ -353,7 +352,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         effect = f"the canary of {candidate} is aborted: all traffic back to {serving}"
     elif phase == "Promoting":
         effect = f"once {candidate} is promoted, it is rolled back to {serving}"
-    elif phase in STEP_PHASES:
+    elif phase in PRE_CANARY_PHASES:
         effect = (
             f"the running cycle (phase {phase}) is cancelled and its Jobs stopped, then "
             f"{serving} is rolled back to its parent"
@@ -399,7 +398,7 @@ def pin(args: argparse.Namespace, session: Session, rlc: dict[str, Any], target:
     session.patch_rlcycle(args.name, {"spec": {"pin": target}})
     print(f"{RESOURCE}/{args.name} pinned to {target} (spec.pin: {target})")
     running = render.status(rlc).get("phase")
-    if running in STEP_PHASES:
+    if running in PRE_CANARY_PHASES:
         note(
             f"a cycle is running (phase {running}): it is cancelled and its Jobs stopped, "
             f"and {target} serves at once"

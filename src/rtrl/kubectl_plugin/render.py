@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rtrl.abtable import KUBECTL_HEADERS, ab_table
+from rtrl.core.api.names import GROUP
 from rtrl.planning.timeutil import parse_time
 
 # A condition's healthy state: these are listed as one line; anything else stands out.
@@ -240,7 +241,7 @@ def render_status(
     annotations = md.get("annotations") or {}
     for verb, key in (("trigger", "lastTrigger"), ("rollback", "lastRollback"),
                       ("promote", "lastPromote")):  # fmt: skip
-        requested = annotations.get(f"rtrl.io/{verb}")
+        requested = annotations.get(f"{GROUP}/{verb}")
         if requested and requested != st.get(key):
             pairs.append((f"Pending {verb}", f"rtrl.io/{verb}={requested} (not yet handled)"))
     lines = [f"RLCycle {md.get('namespace', '')}/{md.get('name')}:".replace(" /", " ")]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import (
     Create,
@@ -32,7 +33,6 @@ from rtrl.planning import (
     PatchStatus,
     results_to_read,
 )
-from rtrl.planning import children as ch
 from rtrl.planning.actions import Action
 from rtrl.planning.canary import env_value
 from rtrl.planning.timeutil import iso, parse_time
@@ -280,10 +280,10 @@ class LocalCluster:
         failed = "Failed" in conds
         return JobState(
             name=meta["name"],
-            checkpoint=labels.get(ch.LABEL_CHECKPOINT),
-            checkpoint_uid=labels.get(ch.LABEL_CHECKPOINT_UID),
-            step=labels.get(ch.LABEL_STEP),
-            attempt=int(labels.get(ch.LABEL_ATTEMPT, "0") or 0),
+            checkpoint=labels.get(names.LABEL_CHECKPOINT),
+            checkpoint_uid=labels.get(names.LABEL_CHECKPOINT_UID),
+            step=labels.get(names.LABEL_STEP),
+            attempt=int(labels.get(names.LABEL_ATTEMPT, "0") or 0),
             succeeded="Complete" in conds,
             failed=failed,
             finished_at=parse_time(done.get("lastTransitionTime")),
@@ -294,16 +294,18 @@ class LocalCluster:
     def observe(self, rlcycle_name: str) -> Observed:
         rlcycle = self.objects[("RLCycle", rlcycle_name)]
         spec = rlcycle.get("spec") or {}
-        mine = {ch.LABEL_RLCYCLE: rlcycle_name}
+        mine = {names.LABEL_RLCYCLE: rlcycle_name}
         target = spec.get("target") or {}
         dep = self.get("Deployment", str(target.get("deployment")))
         canary = self.get("Deployment", f"{target.get('deployment')}-canary")
         state = DeploymentState(found=False)
         if dep is not None:
             container = str(target.get("container"))
-            names = [c.get("name") for c in dep["spec"]["template"]["spec"]["containers"]]
+            containers = [c.get("name") for c in dep["spec"]["template"]["spec"]["containers"]]
             env_name = str(target.get("checkpointEnv") or "MODEL_URI")
-            state = DeploymentState(True, container in names, env_value(dep, container, env_name))
+            state = DeploymentState(
+                True, container in containers, env_value(dep, container, env_name)
+            )
         observed = Observed(
             rlcycle=copy.deepcopy(rlcycle),
             checkpoints=[copy.deepcopy(c) for c in self.list_objects("Checkpoint")],

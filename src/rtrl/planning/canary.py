@@ -29,11 +29,11 @@ import copy
 import re
 from typing import Any
 
+from rtrl.core.api import names
 from rtrl.core.api.rlcycle import AssignmentUnit, RLCycleSpec, Router
 
 from . import children as ch
 
-LABEL_ARM = f"{ch.GROUP_PREFIX}/arm"
 CHECKPOINT_ID_ENV = "RTRL_CHECKPOINT_ID"
 
 
@@ -104,7 +104,11 @@ def set_env_patch(
 
 
 def canary_labels(rlcycle: str, checkpoint: str) -> dict[str, str]:
-    return {LABEL_ARM: "canary", ch.LABEL_RLCYCLE: rlcycle, ch.LABEL_CHECKPOINT: checkpoint}
+    return {
+        names.LABEL_ARM: "canary",
+        names.LABEL_RLCYCLE: rlcycle,
+        names.LABEL_CHECKPOINT: checkpoint,
+    }
 
 
 def canary_deployment(
@@ -143,7 +147,7 @@ def canary_deployment(
         "metadata": {
             "name": canary_name(spec.target.deployment),
             "namespace": meta["namespace"],
-            "labels": {**ch.labels(rlc, meta["name"]), LABEL_ARM: "canary"},
+            "labels": {**ch.labels(rlc, meta["name"]), names.LABEL_ARM: "canary"},
             "ownerReferences": [ch.owner("Checkpoint", meta["name"], meta["uid"])],
         },
         "spec": {
@@ -170,7 +174,7 @@ def canary_service(
         "metadata": {
             "name": canary_service_name(spec.rollout.service),
             "namespace": meta["namespace"],
-            "labels": {**ch.labels(rlc, meta["name"]), LABEL_ARM: "canary"},
+            "labels": {**ch.labels(rlc, meta["name"]), names.LABEL_ARM: "canary"},
             "ownerReferences": [ch.owner("Checkpoint", meta["name"], meta["uid"])],
         },
         "spec": {

@@ -15,20 +15,19 @@ from typing import Any
 
 from rtrl.core.api import API_VERSION
 from rtrl.core.api.common import parse_duration
+from rtrl.core.api.names import (
+    ANNOTATION_STARTED,
+    ANNOTATION_TRIGGER,
+    LABEL_ATTEMPT,
+    LABEL_CHECKPOINT,
+    LABEL_CHECKPOINT_UID,
+    LABEL_RLCYCLE,
+    LABEL_STEP,
+    MANAGED_BY,
+)
 from rtrl.core.api.rlcycle import RLCycleSpec
 
 from .timeutil import iso
-
-GROUP_PREFIX = "rtrl.io"
-LABEL_RLCYCLE = f"{GROUP_PREFIX}/rlcycle"
-LABEL_CHECKPOINT = f"{GROUP_PREFIX}/checkpoint"
-LABEL_CHECKPOINT_UID = f"{GROUP_PREFIX}/checkpoint-uid"
-LABEL_STEP = f"{GROUP_PREFIX}/step"
-LABEL_ATTEMPT = f"{GROUP_PREFIX}/attempt"
-ANNOTATION_TRIGGER = f"{GROUP_PREFIX}/trigger"
-ANNOTATION_STARTED = f"{GROUP_PREFIX}/started-at"
-FINALIZER = f"{GROUP_PREFIX}/finalizer"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "rtrl"}
 
 STEPS = ("stage", "train", "eval")
 RESULT_FILES = {"stage": "stage.json", "train": "train.json", "eval": "eval.json"}

@@ -24,16 +24,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rtrl.core.api import names
 from rtrl.core.api.checkpoint import DataSummary, EvalSummary, GateResult, TrainingSummary
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.errors import error_message, format_loc
+from rtrl.core.api.names import API_VERSION, STEP_PHASE
+from rtrl.core.api.names import RUNNING_PHASES as RUNNING
 from rtrl.core.api.rlcycle import RLCycleMeta, RLCycleSpec
 
 from . import children as ch
 from .actions import Action, Create, Delete, Emit, PatchStatus
 from .conditions import Conditions
 from .observed import JobState, Observed
-from .reading import RUNNING
 from .reading import active as _active
 from .reading import current_step as _current_step
 from .reading import fresh as _fresh
@@ -42,7 +44,6 @@ from .reading import owned as _owned
 from .reading import phase as _phase
 from .reading import step_jobs as _step_jobs
 from .rollout import (
-    ANNOTATION_ROLLBACK,
     READY_POLL_SECONDS,
     drive_canary,
     pending_annotation,
@@ -51,9 +52,7 @@ from .rollout import (
 from .schedule import next_run
 from .timeutil import iso, parse_time
 
-STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
-CHECKPOINT_API = "rtrl.io/v1alpha1"
 MAX_BACKOFF = 3600.0
 # Why eval.json failed a candidate (its "reason"), as the Checkpoint's condition reason.
 EVAL_FAILURES = ("EvalGatesFailed", "SandboxUnsafe")
@@ -222,8 +221,8 @@ class _Planner:
         canary is rolled back by the rollout instead.)"""
         if self.spec.pin:
             return f"cancelled: spec.pin is set to {self.spec.pin}"
-        token = pending_annotation(self, ANNOTATION_ROLLBACK, "lastRollback")
-        return f"cancelled by {ANNOTATION_ROLLBACK}={token}" if token else ""
+        token = pending_annotation(self, names.ANNOTATION_ROLLBACK, "lastRollback")
+        return f"cancelled by {names.ANNOTATION_ROLLBACK}={token}" if token else ""
 
     def cancel(self, ck: dict[str, Any], why: str) -> None:
         name = _meta(ck)["name"]
@@ -309,18 +308,18 @@ class _Planner:
     def last_start(self) -> datetime | None:
         starts = [parse_time(self.status.get("cycleStartedAt"))]
         starts += [
-            parse_time((_meta(c).get("annotations") or {}).get(ch.ANNOTATION_STARTED))
+            parse_time((_meta(c).get("annotations") or {}).get(names.ANNOTATION_STARTED))
             for c in self.owned
         ]
         known = [s for s in starts if s is not None]
         return max(known) if known else None
 
     def pending_trigger(self) -> str | None:
-        value = (self.meta.get("annotations") or {}).get(ch.ANNOTATION_TRIGGER)
+        value = (self.meta.get("annotations") or {}).get(names.ANNOTATION_TRIGGER)
         if not value:
             return None
         used = {self.status.get("lastTrigger")} | {
-            (_meta(c).get("annotations") or {}).get(ch.ANNOTATION_TRIGGER) for c in self.owned
+            (_meta(c).get("annotations") or {}).get(names.ANNOTATION_TRIGGER) for c in self.owned
         }
         return None if value in used else str(value)
 
@@ -341,7 +340,7 @@ class _Planner:
                 self.out.soon(READY_POLL_SECONDS)
             self.conditions.set("Progressing", False, "Pinned", f"pinned to {self.spec.pin}")
             return self.finish("Pinned", f"pinned to {self.spec.pin}; no cycles start")
-        token = pending_annotation(self, ANNOTATION_ROLLBACK, "lastRollback")
+        token = pending_annotation(self, names.ANNOTATION_ROLLBACK, "lastRollback")
         if token is not None:
             return self.manual_rollback(token)
         if self.spec.suspend:
@@ -367,9 +366,9 @@ class _Planner:
         parent_name = (serving.get("spec") or {}).get("parent")
         parent = self.checkpoint(parent_name) if parent_name else None
         self.status["lastRollback"] = token
-        self.act(PatchStatus(CHECKPOINT_API, "RLCycle", self.name, {"lastRollback": token}))
+        self.act(PatchStatus(API_VERSION, "RLCycle", self.name, {"lastRollback": token}))
         if parent is None:
-            message = f"{ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
+            message = f"{names.ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
             self.event("RollbackImpossible", message, warning=True)
             return self.finish("Idle", message)
         serve(self, parent["spec"]["uri"], str(parent_name))
@@ -377,12 +376,12 @@ class _Planner:
             serving,
             phase="RolledBack",
             reason="ManualRollback",
-            message=f"{ANNOTATION_ROLLBACK}={token}",
+            message=f"{names.ANNOTATION_ROLLBACK}={token}",
             completedAt=iso(self.now),
         )
         self.event(
             "RolledBack",
-            f"{name} rolled back to {parent_name} ({ANNOTATION_ROLLBACK}={token})",
+            f"{name} rolled back to {parent_name} ({names.ANNOTATION_ROLLBACK}={token})",
             warning=True,
         )
         self.status["serving"] = parent_name
@@ -397,7 +396,7 @@ class _Planner:
         )
         name = manifest["metadata"]["name"]
         self.act(Create(manifest))
-        why = f"triggered by {ch.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"
+        why = f"triggered by {names.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"
         self.event("CycleStarted", f"cycle {cycle} ({why}): training {name} from {parent}")
         self.status.update(
             cycle=cycle,
@@ -436,7 +435,7 @@ class _Planner:
         meta = _meta(ck)
         name = meta["name"]
         self.status["candidate"] = name
-        started = (meta.get("annotations") or {}).get(ch.ANNOTATION_STARTED)
+        started = (meta.get("annotations") or {}).get(names.ANNOTATION_STARTED)
         if started:
             self.status["cycleStartedAt"] = started
         created = parse_time(self.meta.get("creationTimestamp")) or self.now
@@ -534,7 +533,7 @@ class _Planner:
         name = _meta(ck)["name"]
         status = {k: v for k, v in fields.items() if v is not None}
         status["observedGeneration"] = int(_meta(ck).get("generation") or 0)
-        self.act(PatchStatus(CHECKPOINT_API, "Checkpoint", name, status))
+        self.act(PatchStatus(API_VERSION, "Checkpoint", name, status))
 
     def step_failed(self, ck: dict[str, Any], step: str, job: JobState) -> Plan:
         name = _meta(ck)["name"]
@@ -617,7 +616,7 @@ class _Planner:
                     self.act(Delete("batch/v1", "Job", job.name))
             if ch.config_map_name(name) in self.obs.config_maps:
                 self.act(Delete("v1", "ConfigMap", ch.config_map_name(name)))
-            self.act(Delete(CHECKPOINT_API, "Checkpoint", name))
+            self.act(Delete(API_VERSION, "Checkpoint", name))
             self.status["candidate"] = None
             return self.end_cycle(f"cycle {self.status['cycle']}: insufficient data: {message}")
         quarantined = doc.get("quarantined") or None
@@ -719,7 +718,7 @@ class _Planner:
             name = _meta(ck)["name"]
             if name in protected:
                 continue
-            self.act(Delete(CHECKPOINT_API, "Checkpoint", name))
+            self.act(Delete(API_VERSION, "Checkpoint", name))
             self.event(
                 "CheckpointPruned",
                 f"{name} deleted: more than historyLimit={limit} "

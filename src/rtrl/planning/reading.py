@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtrl.core.api.names import RUNNING_PHASES as RUNNING
+
 from . import children as ch
 from .observed import JobState, Observed
 
-RUNNING = {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
 STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rtrl.core.api.checkpoint import MetricComparison
 from rtrl.core.api.common import parse_duration
+from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK, API_VERSION
 from rtrl.core.api.rlcycle import Router
 
 from . import canary as cn
@@ -35,8 +36,6 @@ from .timeutil import iso, parse_time
 if TYPE_CHECKING:
     from .plan import Plan, _Planner  # the planner drives the rollout through these
 
-ANNOTATION_ROLLBACK = f"{ch.GROUP_PREFIX}/rollback"
-ANNOTATION_PROMOTE = f"{ch.GROUP_PREFIX}/promote"
 READY_POLL_SECONDS = 5.0
 
 
@@ -410,7 +409,7 @@ def promote(p: _Planner, ck: dict[str, Any], records: list[dict[str, Any]]) -> P
     if previous is not None and (previous.get("status") or {}).get("phase") != "Superseded":
         p.act(
             PatchStatus(
-                "rtrl.io/v1alpha1",
+                API_VERSION,
                 "Checkpoint",
                 str(parent),
                 {"phase": "Superseded", "reason": "Superseded", "message": f"superseded by {name}"},

@@ -1,0 +1,55 @@
+"""The API's names besides its types, spelled once: the group and version, the labels and
+annotations rtrl puts on objects and reads back, its finalizer, and which phases mean a cycle
+is still running. The operator, the kubectl plugin and the demo all read them from here."""
+
+from __future__ import annotations
+
+from .common import API_VERSION, GROUP, VERSION
+
+__all__ = [
+    "ANNOTATION_PROMOTE",
+    "ANNOTATION_ROLLBACK",
+    "ANNOTATION_STARTED",
+    "ANNOTATION_TRIGGER",
+    "API_VERSION",
+    "FINALIZER",
+    "GROUP",
+    "LABEL_ARM",
+    "LABEL_ATTEMPT",
+    "LABEL_CHECKPOINT",
+    "LABEL_CHECKPOINT_UID",
+    "LABEL_RLCYCLE",
+    "LABEL_STEP",
+    "MANAGED_BY",
+    "PRE_CANARY_PHASES",
+    "RUNNING_PHASES",
+    "STEP_PHASE",
+    "VERSION",
+]
+
+# Labels on every object an RLCycle owns (selectors and kubectl -l read them).
+LABEL_RLCYCLE = f"{GROUP}/rlcycle"
+LABEL_CHECKPOINT = f"{GROUP}/checkpoint"
+LABEL_CHECKPOINT_UID = f"{GROUP}/checkpoint-uid"
+LABEL_STEP = f"{GROUP}/step"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_ARM = f"{GROUP}/arm"  # stable or canary, on the canary's pods
+MANAGED_BY = {"app.kubernetes.io/managed-by": "rtrl"}
+
+# Annotations a user (or `kubectl rtrl`) writes to ask for something once; the value is a
+# token, handled once and recorded in status.
+ANNOTATION_TRIGGER = f"{GROUP}/trigger"
+ANNOTATION_PROMOTE = f"{GROUP}/promote"
+ANNOTATION_ROLLBACK = f"{GROUP}/rollback"
+# Written by the operator on a Checkpoint: when its cycle started.
+ANNOTATION_STARTED = f"{GROUP}/started-at"
+FINALIZER = f"{GROUP}/finalizer"
+
+# The Checkpoint phase while each Job step runs.
+STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}
+# Checkpoint phases of a cycle still running (None: not yet written).
+RUNNING_PHASES = frozenset(
+    {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
+)
+# RLCycle phases before a canary: a rollback or a pin cancels the running cycle at once.
+PRE_CANARY_PHASES = ("Pending", "Staging", "Training", "Evaluating")
