@@ -80,7 +80,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -102,7 +101,7 @@ from rtrl.core.shards.dedup import hash_strings
 from rtrl.core.shards.layout import PartitionFilter, parse_partitions
 from rtrl.core.shards.report import FileReport, ValidationReport
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS, declared_range
-from rtrl.core.store import ObjectStore, StoreError, open_store
+from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.config import StageConfig, build_config, format_time, time_arg
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
@@ -118,6 +117,7 @@ from rtrl_trainer.packed import (
 )
 from rtrl_trainer.read_ahead import read_ahead
 from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
+from rtrl_trainer.runner import run_step
 from rtrl_trainer.spec_file import ConfigError
 from rtrl_trainer.stage_write import (
     HELDOUT_DIR,
@@ -126,10 +126,6 @@ from rtrl_trainer.stage_write import (
     Worker,
     parquet_writer,
 )
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 RESULT_NAME = "stage.json"
 HELDOUT_NAME = f"{HELDOUT_DIR}/part-00000.parquet"
@@ -925,41 +921,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``rtrl-job stage``: build the config, run the step, print a one-line summary."""
+    return run_step("stage", lambda: _run(args), failures=(StageError,))
+
+
+def _run(args: argparse.Namespace) -> str:
     now = args.now if args.now is not None else datetime.now(UTC).replace(microsecond=0)
-    try:
-        if args.work_dir is not None and not args.work_dir.is_dir():
-            raise ConfigError(f"--work-dir {args.work_dir}: not a directory")
-        config = build_config(
-            config_file=args.config,
-            checkpoint=args.checkpoint,
-            out=args.out,
-            now=now,
-            shards=args.shards,
-            maturity=args.maturity,
-            max_bad_fraction=args.max_bad_fraction,
-            min_interactions=args.min_interactions,
-            min_tokens=args.min_tokens,
-            since=args.since,
-            previous_checkpoint=args.previous_checkpoint,
-            exclude_checkpoints=args.exclude_checkpoint,
-            ranks=args.ranks,
-            endpoint_url=args.endpoint_url,
-            heldout_fraction=args.heldout_fraction,
-        )
-        doc = stage(config, work_dir=args.work_dir)
-    except ConfigError as exc:
-        print(f"rtrl-job stage: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except StageError as exc:
-        print(f"stage: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except StoreError as exc:
-        print(f"stage: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_FAILED
-    except OSError as exc:
-        # The local scratch disk (full, unwritable): the step failed, not its inputs.
-        print(f"stage: local I/O failed: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_FAILED
+    if args.work_dir is not None and not args.work_dir.is_dir():
+        raise ConfigError(f"--work-dir {args.work_dir}: not a directory")
+    config = build_config(
+        config_file=args.config,
+        checkpoint=args.checkpoint,
+        out=args.out,
+        now=now,
+        shards=args.shards,
+        maturity=args.maturity,
+        max_bad_fraction=args.max_bad_fraction,
+        min_interactions=args.min_interactions,
+        min_tokens=args.min_tokens,
+        since=args.since,
+        previous_checkpoint=args.previous_checkpoint,
+        exclude_checkpoints=args.exclude_checkpoint,
+        ranks=args.ranks,
+        endpoint_url=args.endpoint_url,
+        heldout_fraction=args.heldout_fraction,
+    )
+    doc = stage(config, work_dir=args.work_dir)
     verdict = "sufficient" if doc["sufficient"] else "insufficient"
-    print(f"stage: {verdict}: {doc['message']} -> {config.out}")
-    return EXIT_OK
+    return f"stage: {verdict}: {doc['message']} -> {config.out}"
