@@ -51,12 +51,13 @@ def run_step(
     classes (e.g. ``StageError``): like a ``StoreError`` they exit 1 with one line on
     stderr, ``prefix`` put before the message (e.g. ``"cannot evaluate: "``).
     """
+    failed: tuple[type[Exception], ...] = (*failures, StoreError)
     try:
         result = body()
     except ConfigError as exc:
         print(f"rtrl-job {name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (*failures, StoreError) as exc:
+    except failed as exc:
         print(f"{name}: {prefix}{one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
