@@ -1,9 +1,10 @@
 """The operator's reaction time, API requests per cycle and idle RSS, next to a kopf no-op
 operator measured in the same run.
 
-Everything runs against the integration tests' emulated API server
-(``tests/integration/kube_emulator.py``), served over HTTP from a thread of this process, with
-Jobs played by the tests' ``JobRunner`` (every step succeeds at once and commits its canned
+Everything runs against the emulated API server
+(``src/rtrl_localkube/emulator.py``), served over HTTP from a thread of this process, with
+Jobs played by ``rtrl_localkube.job_runner.JobRunner`` (every step succeeds at once and
+commits its canned
 result, ``cycle_world.commit_result``). The operator is its own process (``rtrl operator
 --namespace default --standalone --liveness none``, ``RTRL_RESYNC_SECONDS=--resync``), and so
 is the baseline (``kopf run --standalone -n default bench/operator_noop.py``, whose only
@@ -85,12 +86,8 @@ import psutil
 import yaml
 from kubernetes.dynamic import DynamicClient
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # the integration tests' harness lives in tests/
-
-from tests.integration.conftest import KubeAPI, write_kubeconfig  # noqa: E402
-from tests.integration.cycle_world import (  # noqa: E402
+from rtrl_localkube.api import KubeAPI, write_kubeconfig
+from rtrl_localkube.cycle_world import (
     NAME,
     RESULTS,
     RTRL,
@@ -99,15 +96,8 @@ from tests.integration.cycle_world import (  # noqa: E402
     deployment,
     rlcycle,
 )
-from tests.integration.job_runner import JobRunner, Succeed  # noqa: E402
-
-try:  # plays the Deployment controller for the canary rollout, where there is one
-    from tests.integration.deployment_controller import (  # type: ignore[import-not-found]
-        DeploymentController,
-    )
-except ImportError:  # pragma: no cover - before the Canary issue
-    DeploymentController = None
-from tests.integration.kube_emulator import (  # noqa: E402
+from rtrl_localkube.deployment_controller import DeploymentController
+from rtrl_localkube.emulator import (
     KOPF_PEERING_CRDS,
     PROJECT_CRDS,
     EmulatorServer,
@@ -115,6 +105,7 @@ from tests.integration.kube_emulator import (  # noqa: E402
     KubeEmulator,
     load_crds,
 )
+from rtrl_localkube.job_runner import JobRunner, Succeed
 
 MB = 1_000_000
 BIN = Path(sys.executable).parent
@@ -124,6 +115,7 @@ LABEL = "rtrl.io/rlcycle"
 NOOP_LABEL = "rtrl.io/bench"
 STEPS = tuple(RESULTS)  # the steps with canned results: stage, train, eval (, analyze...)
 FINISHED = {"Evaluated", "Rejected", "Promoted", "RolledBack", "Superseded", "Failed"}
+REPO = Path(__file__).resolve().parents[1]
 NOOP = REPO / "bench" / "operator_noop.py"
 RTRL_OPERATOR = ["operator", "--namespace", NAMESPACE, "--standalone", "--liveness", "none"]
 
@@ -754,11 +746,9 @@ class Bench:
         return result
 
     def deployment_controller(self) -> contextlib.AbstractContextManager[Any]:
-        """The tests' stand-in for the Deployment controller (canary Deployments get ready),
-        where the harness has one; it polls every Deployment, so only while cycles run."""
-        if DeploymentController is None:
-            return contextlib.nullcontext()
-        return DeploymentController(self.api)  # type: ignore[no-any-return]
+        """The stand-in for the Deployment controller (canary Deployments get ready); it
+        polls every Deployment, so only while cycles run."""
+        return DeploymentController(self.api)
 
     def rtrl_cycles(self, cycles: int) -> tuple[Process, dict[str, Any]]:
         root = self.tmp / "world"

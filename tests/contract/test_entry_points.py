@@ -80,7 +80,7 @@ def test_the_operator_process_does_not_import_pyarrow() -> None:
         "build_parser('operator').parse_args(['operator', '-n', 'default'])\n"
         "import rtrl.handlers\n"
         "assert 'pyarrow' not in sys.modules, 'the operator imported pyarrow'\n"
-        "assert 'rtrl.local.demo' not in sys.modules, 'the operator imported the demo'\n"
+        "assert 'rtrl_demo.demo' not in sys.modules, 'the operator imported the demo'\n"
     )
     out = _run(sys.executable, "-c", code)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Fixtures of the suites that run against the real control plane (``tests/cluster``).
+"""Fixtures of the suites that run against the real control plane (``rtrl_localkube``).
 
 One control plane and one kubelet serve the whole session (starting them takes ~10 s); each
 test gets a namespace of its own, deleted afterwards by the real namespace controller. The
@@ -22,10 +22,10 @@ import kubernetes
 import pytest
 from kubernetes.dynamic import DynamicClient
 
-from tests.cluster.api import KubeAPI
-from tests.cluster.controlplane import ControlPlane, binaries_dir
-from tests.cluster.kubelet import Kubelet
-from tests.cluster.tools import Cli, OperatorProcess
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_localkube.tools import Cli, OperatorProcess
 
 RELEASE = "rtrl"
 RELEASE_NAMESPACE = "rtrl-system"
@@ -101,7 +101,7 @@ def namespace(admin: Cli, request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def kube(controlplane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[KubeAPI]:
-    """The generic test client (``tests/cluster/api.py``) on the real server, as the admin."""
+    """The generic test client (``src/rtrl_localkube/api.py``) on the real server, as the admin."""
     kubeconfig = controlplane.kubeconfig(tmp_path / "admin.kubeconfig", namespace=namespace)
     api_client = kubernetes.config.new_client_from_config(config_file=os.fspath(kubeconfig))
     try:

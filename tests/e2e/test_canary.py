@@ -15,8 +15,7 @@ import pytest
 
 from rtrl.core.shards import write_shards
 from rtrl.planning.timeutil import parse_time
-from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import (
+from rtrl_localkube.cycle_world import (
     ANALYSIS_ROLLBACK,
     NAME,
     RTRL,
@@ -29,7 +28,8 @@ from tests.integration.cycle_world import (
     status,
     wait_phase,
 )
-from tests.integration.job_runner import Hang, JobRunner, Run
+from rtrl_localkube.job_runner import Hang, JobRunner, Run
+from tests.integration.conftest import KubeAPI
 from tests.trainer.helpers import rows
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,8 +45,8 @@ def target_env(kube_api: KubeAPI, deployment: str = "composer-vllm") -> dict[str
 def test_canary_steps_then_promotes(
     kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
 ) -> None:
-    from tests.integration.cycle_world import ANALYSIS_PROMOTE, commit_result
-    from tests.integration.job_runner import Succeed
+    from rtrl_localkube.cycle_world import ANALYSIS_PROMOTE, commit_result
+    from rtrl_localkube.job_runner import Succeed
 
     script_all(job_runner, tmp_path)
     wait = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from rtrl.planning.timeutil import parse_time
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Kubelet
-from tests.cluster.tools import Cli, OperatorProcess
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.cycle_world import NAME, RTRL
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_localkube.tools import Cli, OperatorProcess
 from tests.e2e.world import serve_arms, set_up
-from tests.integration.cycle_world import NAME, RTRL
 
 pytestmark = pytest.mark.timeout(600)
 

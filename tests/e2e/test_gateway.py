@@ -2,7 +2,7 @@
 HTTPRoute the operator writes, and every backendRef resolves, through a Service port that
 exists, to ready endpoints of the right pods (the real EndpointSlice controller's view).
 With ``unit: user``, the route as the server stored it keeps every user in one arm when
-routed by the Gateway API's matching rules (``tests/cluster/gateway.py``)."""
+routed by the Gateway API's matching rules (``src/rtrl_localkube/gateway.py``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from rtrl.core.api.rlcycle import RLCycleSpec
-from rtrl.planning.canary import CANARY_RULE, bucket_regex, route_rules
-from tests.cluster import gateway
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Kubelet
-from tests.cluster.tools import OperatorProcess
+from rtrl.planning.manifests.canary import CANARY_RULE, bucket_regex, route_rules
+from rtrl_localkube import gateway
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.cycle_world import RTRL
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_localkube.tools import OperatorProcess
 from tests.e2e.world import set_up
-from tests.integration.cycle_world import RTRL
 
 pytestmark = pytest.mark.timeout(300)
 

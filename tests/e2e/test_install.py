@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rtrl.core.api.yamlfile import load
-from tests.cluster.api import KubeAPI
-from tests.cluster.controlplane import ControlPlane, binaries_dir
-from tests.cluster.tools import Cli, OperatorProcess
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.tools import Cli, OperatorProcess
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(300)

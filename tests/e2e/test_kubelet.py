@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Fail, Kubelet
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.kubelet import Fail, Kubelet
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from rtrl.core.api.yamlfile import load, load_all
-from rtrl.manifests import validate_document
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.tools import Cli
+from rtrl.validation import validate_document
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.tools import Cli
 from tests.conftest import REPO, console_script
 from tests.contract.mutants import MODEL_ONLY, MUTATIONS, set_at
 

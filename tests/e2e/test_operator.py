@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from rtrl.core.api.yamlfile import load
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Hang, Kubelet
-from tests.cluster.tools import Cli, OperatorProcess
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.cycle_world import NAME, RTRL, condition
+from rtrl_localkube.kubelet import Hang, Kubelet
+from rtrl_localkube.tools import Cli, OperatorProcess
 from tests.conftest import REPO
 from tests.contract.mutants import MODEL_ONLY, set_at
 from tests.e2e.world import set_up
-from tests.integration.cycle_world import NAME, RTRL, condition
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.controlplane import free_port
+from rtrl_localkube.controlplane import free_port
+from rtrl_localkube.cycle_world import NAME, base_checkpoint, deployment, rlcycle, script_all
+from rtrl_localkube.job_runner import JobRunner
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import NAME, base_checkpoint, deployment, rlcycle, script_all
-from tests.integration.job_runner import JobRunner
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,10 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.tools import Cli
-from tests.conftest import console_script
-from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import (
+from rtrl_localkube.cycle_world import (
     NAME,
     RTRL,
     base_checkpoint,
@@ -27,7 +24,10 @@ from tests.integration.cycle_world import (
     script_all,
     status,
 )
-from tests.integration.job_runner import JobRunner
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.tools import Cli
+from tests.conftest import console_script
+from tests.integration.conftest import KubeAPI
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,8 +12,7 @@ import pytest
 
 from rtrl.core.api.checkpoint import Checkpoint
 from rtrl.core.api.rlcycle import RLCycle
-from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import (
+from rtrl_localkube.cycle_world import (
     EVAL_FAIL,
     NAME,
     RTRL,
@@ -28,7 +27,8 @@ from tests.integration.cycle_world import (
     status,
     wait_phase,
 )
-from tests.integration.job_runner import Fail, JobRunner
+from rtrl_localkube.job_runner import Fail, JobRunner
+from tests.integration.conftest import KubeAPI
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,9 +14,15 @@ import pytest
 
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
-from rtrl.planning import children as ch
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Kubelet
+from rtrl.planning.manifests.jobs import (
+    CONFIG_FILE,
+    CREDENTIAL_KEYS,
+    CREDENTIALS_MOUNT,
+    checkpoint_manifest,
+    job_manifest,
+)
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.kubelet import Kubelet
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,11 +52,11 @@ def step_job(namespace: str, endpoint: str, bucket: str) -> dict[str, Any]:
     }
     spec = RLCycleSpec.model_validate(raw)
     rlcycle = {"metadata": {"name": "composer", "namespace": namespace, "uid": "rlc-uid"}}
-    checkpoint = ch.checkpoint_manifest(
+    checkpoint = checkpoint_manifest(
         rlcycle, spec, cycle=1, parent="composer-0", now=datetime.now(UTC), trigger=None
     )
     checkpoint["metadata"]["uid"] = "ck-uid"
-    job = ch.job_manifest(
+    job = job_manifest(
         rlcycle, spec, checkpoint, step="stage", attempt=0, args=[f"s3://{bucket}/composer/"]
     )
     del job["metadata"]["ownerReferences"]  # no Checkpoint here: the collector would take it
@@ -78,7 +84,7 @@ def test_a_step_reaches_the_store_with_the_secret_as_files(
                           "AWS_SECRET_ACCESS_KEY": base64.b64encode(SECRET.encode()).decode(),
                           "unrelated": base64.b64encode(b"not mounted").decode()}})  # fmt: skip
     kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "composer-1-config"},
-                 "data": {ch.CONFIG_FILE: "{}"}})  # fmt: skip
+                 "data": {CONFIG_FILE: "{}"}})  # fmt: skip
     job = step_job(kube.namespace, moto_endpoint, bucket)
     name = job["metadata"]["name"]
     kube.create(job)
@@ -97,8 +103,8 @@ def test_a_step_reaches_the_store_with_the_secret_as_files(
     assert not [e for e in container["env"] if "valueFrom" in e]
     (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
     assert volume["secret"]["defaultMode"] == 0o440
-    assert [i["key"] for i in volume["secret"]["items"]] == list(ch.CREDENTIAL_KEYS)
-    assert {"name": volume["name"], "mountPath": ch.CREDENTIALS_MOUNT, "readOnly": True} in [
+    assert [i["key"] for i in volume["secret"]["items"]] == list(CREDENTIAL_KEYS)
+    assert {"name": volume["name"], "mountPath": CREDENTIALS_MOUNT, "readOnly": True} in [
         {k: m[k] for k in ("name", "mountPath", "readOnly") if k in m}
         for m in container["volumeMounts"]
     ]

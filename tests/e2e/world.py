@@ -1,7 +1,7 @@
 """A namespace in which an RLCycle can run for real on the real control plane: a base model and
 the interactions it served in a ``file://`` store, the inference Deployment, the base
 Checkpoint and the RLCycle of examples/rlcycle.yaml made small enough for one CPU (the
-namespace of tests/integration/cycle_world.py, with real data and a real model).
+namespace of src/rtrl_localkube/cycle_world.py, with real data and a real model).
 
 Users are the one stand-in: :func:`serve_arms` writes the interactions each arm of a canary
 would have logged, with the canary's edit persistence shifted, as new shard files next to
@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.shards.schema import TIMESTAMP
 from rtrl.core.store import open_store
-from tests.cluster.api import KubeAPI
-from tests.integration.cycle_world import base_checkpoint, deployment, rlcycle
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.cycle_world import base_checkpoint, deployment, rlcycle
 from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
 
 

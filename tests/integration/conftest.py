@@ -1,8 +1,9 @@
 """Fixtures for the operator's integration tests: a Kubernetes API per test, and helpers.
 
-``kube_api`` starts a fresh :class:`~tests.integration.kube_emulator.KubeEmulator` for each test
+``kube_api`` starts a fresh :class:`~rtrl_localkube.emulator.KubeEmulator` for each test
 (about 5 ms), writes a kubeconfig for it, points ``KUBECONFIG`` at it and yields a
-:class:`KubeAPI`. See ``kube_emulator.py`` for what the emulator does and does not emulate.
+:class:`KubeAPI`. See ``rtrl_localkube/emulator.py`` for what the emulator does and does
+not emulate.
 
 Running kopf against it (see ``test_harness.py::test_kopf_operator_end_to_end``):
 
@@ -33,11 +34,11 @@ import kopf.testing
 import kubernetes
 import pytest
 from kubernetes.dynamic import DynamicClient
-from tests.cluster.api import KubeAPI, write_kubeconfig
-from tests.integration.job_runner import JobRunner
-from tests.integration.kube_emulator import EmulatorServer, KubeEmulator, default_emulator
 
 from rtrl import handlers
+from rtrl_localkube.api import KubeAPI, write_kubeconfig
+from rtrl_localkube.emulator import EmulatorServer, KubeEmulator, default_emulator
+from rtrl_localkube.job_runner import JobRunner
 
 T = TypeVar("T")
 
@@ -87,7 +88,7 @@ def job_runner(kube_api: KubeAPI, tmp_path: Path) -> Iterator[JobRunner]:
 def deployment_controller(kube_api: KubeAPI) -> Iterator[Any]:
     """Deployments of ``kube_api``'s namespace reported ready as soon as they change;
     ``.never_ready`` lists name patterns that stay unready."""
-    from tests.integration.deployment_controller import DeploymentController
+    from rtrl_localkube.deployment_controller import DeploymentController
 
     with DeploymentController(kube_api) as controller:
         yield controller

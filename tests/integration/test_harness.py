@@ -12,7 +12,8 @@ import kopf.testing
 import kubernetes
 import pytest
 from tests.integration.conftest import KubeAPI
-from tests.integration.job_runner import Fail, Hang, JobRunner, Succeed
+
+from rtrl_localkube.job_runner import Fail, Hang, JobRunner, Succeed
 
 pytestmark = pytest.mark.timeout(60)
 

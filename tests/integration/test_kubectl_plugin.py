@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI, write_kubeconfig
-from tests.integration.cycle_world import RTRL, rlcycle
 
 import rtrl.kubectl_plugin as plugin
 from rtrl.core.api import names
+from rtrl_localkube.cycle_world import RTRL, rlcycle
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import (
+
+from rtrl_localkube.cycle_world import (
     NAME,
     events,
     script_all,
@@ -20,7 +21,7 @@ from tests.integration.cycle_world import (
     status,
     wait_phase,
 )
-from tests.integration.job_runner import JobRunner
+from rtrl_localkube.job_runner import JobRunner
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 from tests.integration.conftest import KubeAPI
-from tests.integration.cycle_world import (
+
+from rtrl_localkube.cycle_world import (
     NAME,
     RTRL,
     STAGE_OK,
@@ -34,7 +35,7 @@ from tests.integration.cycle_world import (
     setup_namespace,
     status,
 )
-from tests.integration.job_runner import JobRunner, Succeed
+from rtrl_localkube.job_runner import JobRunner, Succeed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,5 +1,5 @@
-"""The demo's serving fleet (``rtrl-job serve --requests`` behind
-:class:`rtrl.local.fleet.ServingFleet`): one process answers many ticks, each as a process of
+"""The demo's serving fleet (``python -m rtrl_demo.serve --requests`` behind
+:class:`rtrl_demo.fleet.ServingFleet`): one process answers many ticks, each as a process of
 its own would, and a bad or crashed request fails that request only."""
 
 from __future__ import annotations
@@ -7,16 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from rtrl.local.fleet import ServingFleet
+from rtrl_demo.fleet import SERVE, ServingFleet
 
 ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-RTRL_JOB = Path(sys.executable).parent / "rtrl-job"
 
 
 def rows(root: Path) -> list[dict[str, object]]:
@@ -40,7 +38,7 @@ def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> N
     finally:
         fleet.close()
     alone = subprocess.run(
-        [str(RTRL_JOB), "serve", f"--shards={(tmp_path / 'c').as_uri()}/", *tick],
+        [*SERVE, f"--shards={(tmp_path / 'c').as_uri()}/", *tick],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,

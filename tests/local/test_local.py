@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rtrl.local.cluster import LocalCluster, PatchConflictError, json_patch, merge_patch
 from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
-from rtrl_trainer import sim
+from rtrl_demo import sim
+from rtrl_localkube.cluster import LocalCluster, PatchConflictError, json_patch, merge_patch
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
-"""The gatewayapi router's HTTPRoute rules (``rtrl.planning.canary.route_rules`` and
+"""The gatewayapi router's HTTPRoute rules (``rtrl.planning.manifests.canary.route_rules`` and
 ``route_weight``) in both units of assignment: weighted backendRefs per request, and the
 header-matched rule that keeps each user (or session) in one arm; routed through the
-Gateway API matching stand-in of ``tests/cluster/gateway.py``."""
+Gateway API matching stand-in of ``src/rtrl_localkube/gateway.py``."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
-from rtrl.planning.canary import (
+from rtrl.planning.manifests.canary import (
     CANARY_RULE,
     bucket_regex,
     bucket_weight,
     route_rules,
     route_weight,
 )
-from tests.cluster import gateway
+from rtrl_localkube import gateway
 from tests.conftest import REPO
 
 HEADER = "x-rtrl-bucket"

@@ -9,7 +9,7 @@ import fnmatch
 import threading
 from typing import Any
 
-from tests.integration.conftest import KubeAPI
+from rtrl_localkube.api import KubeAPI
 
 
 class DeploymentController:

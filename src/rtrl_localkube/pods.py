@@ -1,7 +1,7 @@
 """Run a pod's containers as local processes: what a kubelet and its container runtime do,
 as far as rtrl's pods need it. Used by the kubelet stand-in of the real control plane
-(``tests/cluster/kubelet.py``) and by the Job runner of the emulated one
-(``tests/integration/job_runner.py``).
+(``src/rtrl_localkube/kubelet.py``) and by the Job runner of the emulated one
+(``src/rtrl_localkube/job_runner.py``).
 
 How a pod spec maps onto this machine:
 
@@ -63,9 +63,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl.local.jobs import expand_vars
-from rtrl.local.jobs import rewrite as rewrite_for_local
-from tests.cluster.controlplane import die_with_parent
+from rtrl_localkube.controlplane import die_with_parent
+from rtrl_localkube.podprocess import expand_vars
+from rtrl_localkube.podprocess import rewrite as rewrite_for_local
 
 BIN = Path(sys.executable).parent
 # An interpreter of this Python version that other users can run (the venv's may not be).

@@ -4,7 +4,7 @@ Everything above the pod is the real controllers' work: the Job controller creat
 pods, retries them and writes the Job's status; the Deployment and ReplicaSet controllers
 create and count serving pods; the garbage collector deletes what a deleted owner owned. What
 this module does is only what a kubelet does for those pods, with local processes instead of
-containers (see ``tests/cluster/pods.py`` for how a pod spec maps onto this machine):
+containers (see ``src/rtrl_localkube/pods.py`` for how a pod spec maps onto this machine):
 
 - It registers its Node (Ready, with the machine's CPUs and memory) and renews the Node's
   Lease, as a kubelet does, so the node lifecycle controller keeps it.
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.pods import CancelledError, PodRunner, Termination, job_of
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.pods import CancelledError, PodRunner, Termination, job_of
 
 NODE = "rtrl-node"
 LEASE_SECONDS = 40
@@ -62,7 +62,7 @@ MAX_GRACE_SECONDS = 3.0
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 # Each pod gets an address of this node's pod CIDR, as with a CNI plugin: the API rejects
 # loopback addresses in EndpointSlices. Nothing listens on them (every pod shares the host's
-# network namespace and is reached as 127.0.0.1, see tests/cluster/pods.py).
+# network namespace and is reached as 127.0.0.1, see src/rtrl_localkube/pods.py).
 POD_CIDR = ipaddress.ip_network("10.244.0.0/16")
 
 

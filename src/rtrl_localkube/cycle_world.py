@@ -11,13 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Outcome, Succeed
-from tests.conftest import REPO
-
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import open_store
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.kubelet import Outcome, Succeed
 
+REPO = Path(__file__).resolve().parents[2]
 RTRL = "rtrl.io/v1alpha1"
 NAME = "composer"
 

@@ -1,9 +1,9 @@
 """``rtrl demo``: the real-time RL loop on one machine, with simulated users.
 
 The operator's own planning core (:func:`rtrl.planning.plan`) decides every step; a
-:class:`~rtrl.local.cluster.LocalCluster` applies its actions like the API server, and the
+:class:`~rtrl_localkube.cluster.LocalCluster` applies its actions like the API server, and the
 Jobs it creates run their real ``rtrl-job`` commands as subprocesses on a ``file://``
-store. Only the users are simulated (``rtrl-job serve``, docs/demo.md). Simulated time
+store. Only the users are simulated (``python -m rtrl_demo.serve``, docs/demo.md). Simulated time
 advances in ticks; in each tick the users interact with whatever the target and canary
 Deployments serve at that moment, split by a hash of their user id.
 """
@@ -23,13 +23,13 @@ from typing import Any
 from rtrl.abtable import ab_table
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
-from rtrl.planning.canary import CHECKPOINT_ID_ENV, env_value
-from rtrl.planning.children import result_uri
+from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
+from rtrl.planning.manifests.names import result_uri
 from rtrl.planning.timeutil import iso
+from rtrl_localkube.cluster import LocalCluster
+from rtrl_localkube.podprocess import BIN, run_pod
 
-from .cluster import LocalCluster
-from .fleet import ServingFleet
-from .jobs import BIN, run_pod
+from .fleet import SERVE, ServingFleet
 
 NAME = "demo"
 DEPLOYMENT = "demo-serve"
@@ -127,7 +127,7 @@ def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
             "rollout": {
                 "router": "replicas",
                 # the simulated fleet assigns each user whole to one arm, by a hash of the
-                # user id (rtrl_trainer/serve.py)
+                # user id (rtrl_demo/serve.py)
                 "unit": "user",
                 "steps": [{"weight": 50, "minDuration": "2h", "minSamples": min_samples}],
                 "readyTimeout": "30m",
@@ -237,9 +237,9 @@ class Demo:
         def tick(seconds: float) -> None:
             self.progress.tick(label, kind, seconds)
 
-        if argv[:2] == ["rtrl-job", "serve"]:
+        if tuple(argv[: len(SERVE)]) == SERVE:
             log = self.work / "logs" / f"{name}-0.log"
-            result = self.fleet.run(argv[2:], log, on_tick=tick)
+            result = self.fleet.run(argv[len(SERVE) :], log, on_tick=tick)
         else:
             result = run_pod(manifest, lambda _: None, self.work / "logs", extra_env=self.env,
                              on_tick=tick)  # fmt: skip
@@ -271,7 +271,7 @@ class Demo:
         """The users interact for one tick with what is deployed now (or with ``arms``)."""
         stable, canary, share = arms or self.arms()
         argv = [
-            "rtrl-job", "serve", f"--shards={self.store}interactions/",
+            *SERVE, f"--shards={self.store}interactions/",
             f"--serving={stable[0]}={stable[1]}", f"--users={self.args.users}",
             f"--start={iso(self.cluster.now)}", f"--duration={int(self.tick.total_seconds())}s",
             f"--seed={self.args.seed * 100_003 + self.serve_calls}",
@@ -356,7 +356,7 @@ class Demo:
         self.out.mkdir(parents=True, exist_ok=True)
         base = f"{self.store}models/demo-0/"
         if read_committed_json(f"{base}config.json") is None:
-            self.job(["rtrl-job", "serve", f"--base-out={base}", f"--seed={self.args.seed}",
+            self.job([*SERVE, f"--base-out={base}", f"--seed={self.args.seed}",
                       f"--pretrain-steps={self.args.pretrain_steps}"],
                      "base model (pre-training)", "base")  # fmt: skip
         self.cluster.create(deployment_manifest(base, "demo-0"))

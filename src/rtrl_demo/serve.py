@@ -1,9 +1,9 @@
-"""``rtrl-job serve``: the demo's serving fleet and its users, in one step.
+"""``python -m rtrl_demo.serve``: the demo's serving fleet and its users, in one step.
 
 Real interactions come from a vLLM Deployment and a logging pipeline; the demo has
 neither, so this step samples real completions from the serving checkpoint (and the
 canary's, for the users the split sends there), lets the simulated users of
-:mod:`rtrl_trainer.sim` judge them, and writes the interactions as shard rows with the
+:mod:`rtrl_demo.sim` judge them, and writes the interactions as shard rows with the
 serving log-probs, exactly as the logging pipeline would (``checkpoint=<id>/date=/hour=``).
 
 ``--base-out URI`` instead builds the demo's base model: a tiny GPT-2 pre-trained on the
@@ -36,6 +36,8 @@ from rtrl.core.api.common import parse_duration
 from rtrl.core.store import open_store
 
 from . import sim
+
+PROG = "python -m rtrl_demo.serve"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +123,7 @@ def build_base(out: str, seed: int, steps: int) -> None:
         for path in sorted(Path(tmp).iterdir()):
             os.chmod(path, 0o644)
             files[path.name] = path
-        open_store(out).commit("", files, {"kind": "checkpoint", "committedBy": "rtrl-job serve"})
+        open_store(out).commit("", files, {"kind": "checkpoint", "committedBy": "rtrl_demo.serve"})
     print(f"base model committed to {out}", file=sys.stderr)
 
 
@@ -194,7 +196,7 @@ def serve(args: argparse.Namespace) -> int:
     from rtrl.core.shards import INTERACTION_SCHEMA, write_shards
 
     if not (args.shards and args.serving and args.start):
-        print("rtrl-job serve: --shards, --serving and --start are required", file=sys.stderr)
+        print("rtrl_demo.serve: --shards, --serving and --start are required", file=sys.stderr)
         return 2
     start = datetime.fromisoformat(args.start.replace("Z", "+00:00")).astimezone(UTC)
     duration = parse_duration(args.duration)
@@ -270,7 +272,7 @@ def serve_requests(requests: IO[str]) -> int:
     its ``log``; answer each on the original stdout, which nothing else writes to."""
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    parser = argparse.ArgumentParser(prog="rtrl-job serve")
+    parser = argparse.ArgumentParser(prog=PROG)
     add_arguments(parser)
     for line in requests:
         if not line.strip():
@@ -289,7 +291,7 @@ def _run_request(parser: argparse.ArgumentParser, argv: list[str], log: Path) ->
         try:
             args = parser.parse_args(argv)
             if args.requests:
-                print("rtrl-job serve: a request cannot hold --requests", file=sys.stderr)
+                print("rtrl_demo.serve: a request cannot hold --requests", file=sys.stderr)
                 return 2
             return run(args)
         except SystemExit as exc:  # argparse's usage errors (2), or an exit of the step's
@@ -313,3 +315,13 @@ def run(args: argparse.Namespace) -> int:
         build_base(args.base_out, args.seed, args.pretrain_steps)
         return 0
     return serve(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="the demo's model server and users")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

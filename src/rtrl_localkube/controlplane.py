@@ -7,7 +7,7 @@ is emulated: the API server validates, defaults, runs CEL and admission (the def
 OwnerReferencesPermissionEnforcement, as on OpenShift), authorises with RBAC and signs
 service-account tokens; the controller manager runs the real Job, Deployment, ReplicaSet,
 garbage-collector, namespace, TTL-after-finished, EndpointSlice and service-account
-controllers. Only the kubelet is a stand-in (``tests/cluster/kubelet.py``): no container
+controllers. Only the kubelet is a stand-in (``src/rtrl_localkube/kubelet.py``): no container
 runtime exists here.
 
 Identities: ``admin`` (group ``system:masters``) for the tests themselves, and

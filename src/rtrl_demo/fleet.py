@@ -1,4 +1,4 @@
-"""The demo's serving fleet: one ``rtrl-job serve --requests`` process for the whole run.
+"""The demo's serving fleet: one ``python -m rtrl_demo.serve --requests`` process for the whole run.
 
 A serving fleet stays up between the demo's ticks, and so does this process: each tick (and
 the base model's pre-training) is one request to it, instead of a process that imports torch
@@ -13,11 +13,15 @@ import json
 import os
 import select
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .jobs import BIN, PodResult, pod_env, tail
+from rtrl_localkube.podprocess import PodResult, pod_env, tail
+
+# The model server's command line: this Python, so the same environment as the demo's.
+SERVE = (sys.executable, "-m", "rtrl_demo.serve")
 
 
 class ServingFleet:
@@ -36,7 +40,7 @@ class ServingFleet:
             self.work.mkdir(parents=True, exist_ok=True)
             with (self.work / "serving-fleet.log").open("ab") as log:
                 self.proc = subprocess.Popen(
-                    [os.fspath(BIN / "rtrl-job"), "serve", "--requests"],
+                    [*SERVE, "--requests"],
                     env=self.env,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -48,7 +52,7 @@ class ServingFleet:
     def run(
         self, argv: list[str], log: Path, on_tick: Callable[[float], None] | None = None
     ) -> PodResult:
-        """``rtrl-job serve ARGV``, its output in ``log``."""
+        """``python -m rtrl_demo.serve ARGV``, its output in ``log``."""
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from rtrl.planning import (
     results_to_read,
 )
 from rtrl.planning.actions import Action
-from rtrl.planning.canary import env_value
+from rtrl.planning.manifests.canary import env_value
 from rtrl.planning.timeutil import iso, parse_time
 
 

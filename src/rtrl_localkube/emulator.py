@@ -74,7 +74,7 @@ from kmock._internal import apps, enums, rendering
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT_CRDS = sorted((REPO / "crds").glob("*.yaml"))
-KOPF_PEERING_CRDS = Path(__file__).with_name("kopf-peering-crds.yaml")
+KOPF_PEERING_CRDS = REPO / "charts" / "rtrl-operator" / "files" / "kopf-peering-crds.yaml"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.cluster.controlplane import REPO, ControlPlane, die_with_parent
+from rtrl_localkube.controlplane import REPO, ControlPlane, die_with_parent
 
 TOOLS_BIN = REPO / ".tools" / "bin"
 

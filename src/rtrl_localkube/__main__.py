@@ -1,7 +1,7 @@
-"""``python -m tests.cluster [DIR]``: the test control plane and its kubelet, kept running
+"""``python -m rtrl_localkube [DIR]``: the test control plane and its kubelet, kept running
 for a developer to poke with kubectl, helm or ``rtrl operator`` until Ctrl-C.
 
-    $ .venv/bin/python -m tests.cluster /tmp/rtrl-cluster
+    $ .venv/bin/python -m rtrl_localkube /tmp/rtrl-cluster
     export KUBECONFIG=/tmp/rtrl-cluster/admin.kubeconfig
 """
 
@@ -14,8 +14,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tests.cluster.controlplane import ControlPlane, binaries_dir
-from tests.cluster.kubelet import Kubelet
+from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.kubelet import Kubelet
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ Outcomes:
 - ``Hang()`` keeps the Pod running until the Job is deleted (or its deadline passes).
 
 ``Run()`` runs the pod's first container as a local process the way the real control
-plane's kubelet stand-in does (``tests/cluster/pods.py`` says how a pod spec maps onto this
+plane's kubelet stand-in does (``src/rtrl_localkube/pods.py`` says how a pod spec maps onto this
 machine); its output goes to ``<log_dir>/<namespace>/<pod>/<container>.log``, and
 :meth:`JobRunner.logs` joins a Job's.
 - ``activeDeadlineSeconds`` kills the Job's Pods (``DeadlineExceeded``) and fails the Job.
@@ -42,11 +42,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.dynamic.exceptions import NotFoundError
-from tests.cluster.kubelet import Fail, Hang, Outcome, Run, Succeed, now_rfc3339
-from tests.cluster.pods import CancelledError, PodRunner, Termination, kill_group
+
+from rtrl_localkube.kubelet import Fail, Hang, Outcome, Run, Succeed, now_rfc3339
+from rtrl_localkube.pods import CancelledError, PodRunner, Termination, kill_group
 
 if TYPE_CHECKING:
-    from tests.cluster.api import KubeAPI
+    from rtrl_localkube.api import KubeAPI
 
 __all__ = ["Fail", "Hang", "JobRunner", "Run", "Succeed"]
 

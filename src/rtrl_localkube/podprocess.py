@@ -1,4 +1,4 @@
-"""Run a Job's pod on this machine: the kubelet of :class:`~rtrl.local.cluster.LocalCluster`.
+"""Run a Job's pod on this machine: the kubelet of :class:`~rtrl_localkube.cluster.LocalCluster`.
 
 The pod template's first container runs as a local subprocess, once per completion index
 (one after the other), with the container's environment: ``value`` entries with Kubernetes
