@@ -23,7 +23,14 @@ import pytest
 
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
-from rtrl.planning import children as ch
+from rtrl.planning.manifests.jobs import (
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    SCRATCH,
+    checkpoint_manifest,
+    job_manifest,
+)
+from rtrl.planning.manifests.names import config_map_name
 from rtrl_trainer import tasks
 from tests.cluster import pods
 from tests.cluster.api import KubeAPI
@@ -54,17 +61,17 @@ def eval_job(namespace: str) -> dict[str, Any]:
         raw["training"].pop(key, None)
     spec = RLCycleSpec.model_validate(raw)
     rlcycle = {"metadata": {"name": "composer", "namespace": namespace, "uid": "rlc-uid"}}
-    checkpoint = ch.checkpoint_manifest(
+    checkpoint = checkpoint_manifest(
         rlcycle, spec, cycle=1, parent="composer-0", now=datetime.now(UTC), trigger=None
     )
     checkpoint["metadata"]["uid"] = "ck-uid"
     args = [
         "eval",
-        "--samples", f"{ch.CONFIG_MOUNT}/samples.jsonl",
+        "--samples", f"{CONFIG_MOUNT}/samples.jsonl",
         "--suite", "tasks",
-        "--results", f"{ch.SCRATCH}/results.jsonl",
+        "--results", f"{SCRATCH}/results.jsonl",
     ]  # fmt: skip
-    job = ch.job_manifest(rlcycle, spec, checkpoint, step="eval", attempt=0, args=args)
+    job = job_manifest(rlcycle, spec, checkpoint, step="eval", attempt=0, args=args)
     del job["metadata"]["ownerReferences"]  # no Checkpoint here: the collector would take it
     return job
 
@@ -89,8 +96,8 @@ def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
     kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
                  "data": {k: base64.b64encode(v).decode() for k, v in keys.items()}})  # fmt: skip
     kube.create({"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": ch.config_map_name("composer-1")},
-                 "data": {ch.CONFIG_FILE: "{}", "samples.jsonl": samples.read_text()}})  # fmt: skip
+                 "metadata": {"name": config_map_name("composer-1")},
+                 "data": {CONFIG_FILE: "{}", "samples.jsonl": samples.read_text()}})  # fmt: skip
     job = eval_job(kube.namespace)
     name = job["metadata"]["name"]
     kube.create(job)

@@ -31,7 +31,8 @@ from rtrl.planning import (
     plan,
     results_to_read,
 )
-from rtrl.planning import children as ch
+from rtrl.planning.manifests.jobs import CREDENTIALS_MOUNT
+from rtrl.planning.manifests.names import result_uri, step_out
 from rtrl.planning.schedule import next_cron
 from tests.conftest import REPO
 
@@ -219,7 +220,7 @@ class World:
         )  # fmt: skip
         if result is not None:
             ck = self.checkpoints[job.checkpoint or ""]
-            self.results[ch.result_uri(ck["spec"]["uri"], step)] = result
+            self.results[result_uri(ck["spec"]["uri"], step)] = result
         return job.name
 
     def checkpoint(self, name: str) -> dict[str, Any]:
@@ -291,7 +292,7 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     ck = world.checkpoint("composer-1")
     assert ck["status"]["phase"] == "Training"
     assert ck["status"]["data"] == {
-        "manifest": ch.step_out(ck["spec"]["uri"], "stage"),
+        "manifest": step_out(ck["spec"]["uri"], "stage"),
         "interactions": 2000,
         "tokens": 90000,
         "onPolicyFraction": 0.95,
@@ -673,8 +674,8 @@ def test_step_jobs_follow_the_contract() -> None:
     assert env["MASTER_ADDR"]["value"] == "composer-1-train-0-0.composer-1-train"
     # credentials as files of the Secret, not env (tests/unit/test_step_credentials.py)
     assert "AWS_SECRET_ACCESS_KEY" not in env
-    assert env["RTRL_STORAGE_CREDENTIALS_DIR"]["value"] == ch.CREDENTIALS_MOUNT
-    assert {"name": "storage-credentials", "mountPath": ch.CREDENTIALS_MOUNT,
+    assert env["RTRL_STORAGE_CREDENTIALS_DIR"]["value"] == CREDENTIALS_MOUNT
+    assert {"name": "storage-credentials", "mountPath": CREDENTIALS_MOUNT,
             "readOnly": True} in container["volumeMounts"]  # fmt: skip
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

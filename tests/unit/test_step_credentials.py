@@ -12,7 +12,13 @@ import pytest
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import s3
-from rtrl.planning import children as ch
+from rtrl.planning.manifests.jobs import (
+    CREDENTIAL_KEYS,
+    CREDENTIALS_DIR_ENV,
+    checkpoint_manifest,
+    job_manifest,
+)
+from rtrl.planning.manifests.names import STEPS
 from tests.conftest import REPO
 
 STARTED = datetime(2026, 11, 29, tzinfo=UTC)
@@ -27,15 +33,15 @@ def spec(**storage: Any) -> RLCycleSpec:
 
 def manifests(cycle_spec: RLCycleSpec) -> dict[str, dict[str, Any]]:
     rlcycle = {"metadata": {"name": "composer", "namespace": "ml", "uid": "rlc-uid"}}
-    checkpoint = ch.checkpoint_manifest(
+    checkpoint = checkpoint_manifest(
         rlcycle, cycle_spec, cycle=1, parent="composer-0", now=STARTED, trigger=None
     )
     checkpoint["metadata"]["uid"] = "ck-uid"
     return {
-        step: ch.job_manifest(
+        step: job_manifest(
             rlcycle, cycle_spec, checkpoint, step=step, attempt=0, args=[step, "--out=x"]
         )
-        for step in ch.STEPS
+        for step in STEPS
     }
 
 
@@ -43,7 +49,7 @@ def pod(job: dict[str, Any]) -> dict[str, Any]:
     return dict(job["spec"]["template"]["spec"])
 
 
-@pytest.mark.parametrize("step", ch.STEPS)
+@pytest.mark.parametrize("step", STEPS)
 def test_no_step_carries_credentials_in_its_environment(step: str) -> None:
     job = manifests(spec())[step]
     (container,) = pod(job)["containers"]
@@ -57,7 +63,7 @@ def test_no_step_carries_credentials_in_its_environment(step: str) -> None:
     assert env["AWS_DEFAULT_REGION"]["value"] == "us-east-1"  # endpoint and region stay env
 
 
-@pytest.mark.parametrize("step", ch.STEPS)
+@pytest.mark.parametrize("step", STEPS)
 def test_the_secret_is_a_read_only_volume_of_the_two_keys(step: str) -> None:
     spec_ = pod(manifests(spec())[step])
     (volume,) = [v for v in spec_["volumes"] if "secret" in v]
@@ -88,5 +94,5 @@ def test_without_a_credentials_secret_nothing_is_mounted() -> None:
 
 
 def test_the_pod_and_the_store_agree_on_the_contract() -> None:
-    assert ch.CREDENTIALS_DIR_ENV == s3.CREDENTIALS_DIR_ENV
-    assert ch.CREDENTIAL_KEYS == (s3.ACCESS_KEY_FILE, s3.SECRET_KEY_FILE)
+    assert CREDENTIALS_DIR_ENV == s3.CREDENTIALS_DIR_ENV
+    assert CREDENTIAL_KEYS == (s3.ACCESS_KEY_FILE, s3.SECRET_KEY_FILE)

@@ -8,7 +8,8 @@ demo runner, so both make the same decisions.
 
 from .actions import Action, Create, Delete, Emit, Patch, PatchStatus
 from .observed import DeploymentState, JobState, Observed, SecretState
-from .plan import Plan, plan, plan_rejected, results_to_read
+from .plan import plan, plan_rejected, results_to_read
+from .round import Plan
 
 __all__ = [
     "Action",

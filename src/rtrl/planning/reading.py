@@ -7,7 +7,7 @@ from typing import Any
 
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
 
-from . import children as ch
+from .manifests.names import STEPS
 from .observed import JobState, Observed
 
 STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
@@ -40,7 +40,7 @@ def current_step(checkpoint: dict[str, Any]) -> str | None:
     """The step whose Job the cycle waits for: stage, train, eval, then ``analyze-<k>`` (the
     k-th canary analysis, k = the analyses judged so far) while the canary runs."""
     status = checkpoint.get("status") or {}
-    for step in ch.STEPS:
+    for step in STEPS:
         if STEP_SUMMARY[step] not in status:
             return step
     if status.get("phase") in ("Evaluated", "Canary"):

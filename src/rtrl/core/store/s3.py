@@ -63,7 +63,7 @@ _STREAM_ATTEMPTS = 3
 
 
 # The directory of a step's credential files (the credentialsSecret volume); the name is the
-# one rtrl.planning.children puts in every step pod's env.
+# one rtrl.planning.manifests.jobs puts in every step pod's env.
 CREDENTIALS_DIR_ENV = "RTRL_STORAGE_CREDENTIALS_DIR"
 ACCESS_KEY_FILE = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_FILE = "AWS_SECRET_ACCESS_KEY"

@@ -1,36 +1,36 @@
-"""Names, labels, store locations and manifests of what a cycle creates. Pure functions of
-the RLCycle and the Checkpoint, so that every reconcile derives the same fixed names and
-"already exists" means "already done".
-
-A cycle's artifacts sit under ``<storage.artifacts>cycles/<checkpoint>-<start time>/``:
-``stage/`` (training set, stage.json), ``model/`` (the checkpoint, train.json, and the
-Checkpoint's ``spec.uri``) and ``eval/`` (eval.json). The start time makes a retried cycle
-number (after insufficient data) write to fresh locations, never onto an earlier attempt.
-"""
+"""The manifests of a cycle's own objects: its Checkpoint, the ConfigMap with the spec it
+started with, the training step's headless Service and the step Jobs (with their
+``rtrl-job`` arguments). Names and store locations come from :mod:`.names`."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from rtrl.core.api import API_VERSION
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import (
     ANNOTATION_STARTED,
     ANNOTATION_TRIGGER,
+    API_VERSION,
     LABEL_ATTEMPT,
     LABEL_CHECKPOINT,
     LABEL_CHECKPOINT_UID,
-    LABEL_RLCYCLE,
     LABEL_STEP,
-    MANAGED_BY,
 )
 from rtrl.core.api.rlcycle import RLCycleSpec
 
-from .timeutil import iso
+from ..timeutil import iso
+from .names import (
+    checkpoint_name,
+    config_map_name,
+    job_name,
+    labels,
+    model_uri,
+    owner,
+    service_name,
+    step_out,
+)
 
-STEPS = ("stage", "train", "eval")
-RESULT_FILES = {"stage": "stage.json", "train": "train.json", "eval": "eval.json"}
 CONFIG_MOUNT = "/etc/rtrl"
 CONFIG_FILE = "rlcycle.yaml"
 SCRATCH = "/scratch"
@@ -48,74 +48,6 @@ CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # the step runs as uid 1000, which reads them through group 1000. 0440 is the mode the files
 # really get; other users (the eval sandbox's task user, where it has one) cannot read them.
 CREDENTIALS_MODE = 0o440
-
-
-def checkpoint_name(rlcycle: str, cycle: int) -> str:
-    return f"{rlcycle}-{cycle}"
-
-
-def job_name(checkpoint: str, step: str, attempt: int) -> str:
-    return f"{checkpoint}-{step}-{attempt}"
-
-
-def config_map_name(checkpoint: str) -> str:
-    return f"{checkpoint}-config"
-
-
-def service_name(checkpoint: str) -> str:
-    return f"{checkpoint}-train"
-
-
-def model_uri(spec: RLCycleSpec, checkpoint: str, started: datetime) -> str:
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    base = (
-        spec.storage.artifacts
-        if spec.storage.artifacts.endswith("/")
-        else f"{spec.storage.artifacts}/"
-    )
-    return f"{base}cycles/{checkpoint}-{stamp}/model/"
-
-
-def run_prefix(checkpoint_uri: str) -> str:
-    """The cycle's prefix, from its Checkpoint's ``spec.uri`` (``.../model/``)."""
-    return checkpoint_uri.rstrip("/").removesuffix("/model") + "/"
-
-
-def step_out(checkpoint_uri: str, step: str) -> str:
-    return checkpoint_uri if step == "train" else f"{run_prefix(checkpoint_uri)}{step}/"
-
-
-def result_name(step: str) -> str:
-    """The result document of a step; ``analyze-<k>`` is the k-th canary analysis."""
-    return "analysis.json" if step.startswith("analyze") else RESULT_FILES[step]
-
-
-def result_uri(checkpoint_uri: str, step: str) -> str:
-    return f"{step_out(checkpoint_uri, step)}{result_name(step)}"
-
-
-def same_uri(a: str | None, b: str | None) -> bool:
-    return a is not None and b is not None and a.rstrip("/") == b.rstrip("/")
-
-
-def owner(kind: str, name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
-    api_version = API_VERSION
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": name,
-        "uid": uid,
-        "controller": controller,
-        "blockOwnerDeletion": True,
-    }
-
-
-def labels(rlcycle: str, checkpoint: str | None = None, **extra: str) -> dict[str, str]:
-    out = {**MANAGED_BY, LABEL_RLCYCLE: rlcycle}
-    if checkpoint is not None:
-        out[LABEL_CHECKPOINT] = checkpoint
-    out.update(extra)
-    return out
 
 
 def checkpoint_manifest(

@@ -1,7 +1,7 @@
 """The canary rollout of a Checkpoint that passed eval, and its promotion or rollback.
 
 Manifests and patches here are pure functions of the observed objects; the decisions live
-in :mod:`rtrl.planning.plan`. The rollout's own record is the Checkpoint's
+in :mod:`rtrl.planning.rollout`. The rollout's own record is the Checkpoint's
 ``status.rollout`` (one entry per step: weight, start, analyses judged, the last decision
 and its A/B numbers), so a restarted operator knows which step it is in, how many analyses
 it has judged, and whether a promotion or rollback was already decided.
@@ -27,22 +27,15 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from rtrl.core.api import names
 from rtrl.core.api.rlcycle import AssignmentUnit, RLCycleSpec, Router
 
-from . import children as ch
+from .names import canary_name, canary_service_name, labels, owner
 
 CHECKPOINT_ID_ENV = "RTRL_CHECKPOINT_ID"
-
-
-def canary_name(deployment: str) -> str:
-    return f"{deployment}-canary"
-
-
-def canary_service_name(service: str) -> str:
-    return f"{service}-canary"
 
 
 def canary_split(stable_replicas: int, weight: int) -> tuple[int, float]:
@@ -53,6 +46,19 @@ def canary_split(stable_replicas: int, weight: int) -> tuple[int, float]:
         return 1, 100.0
     replicas = max(1, round(stable * weight / max(1, 100 - weight)))
     return replicas, 100.0 * replicas / (stable + replicas)
+
+
+def canary_weight(
+    spec: RLCycleSpec, target: Mapping[str, Any] | None, weight: int
+) -> tuple[int, float]:
+    """Canary replicas for ``weight`` next to the target's replicas, and the share (percent)
+    of traffic the canary gets: the replicas' share, or ``weight`` itself when the
+    gatewayapi router's HTTPRoute weights it."""
+    stable = int(((target or {}).get("spec") or {}).get("replicas", 1))
+    replicas, share = canary_split(stable, weight)
+    if spec.rollout.router == Router.GATEWAY_API:
+        share = float(weight)
+    return replicas, share
 
 
 def _container(deployment: dict[str, Any], name: str) -> tuple[int, dict[str, Any]] | None:
@@ -111,6 +117,18 @@ def canary_labels(rlcycle: str, checkpoint: str) -> dict[str, str]:
     }
 
 
+def _canary_metadata(name: str, rlcycle: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Metadata of the canary Deployment and Service: the canary arm's labels, owned by the
+    Checkpoint (garbage-collected with it)."""
+    meta = checkpoint["metadata"]
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": {**labels(rlcycle, meta["name"]), names.LABEL_ARM: "canary"},
+        "ownerReferences": [owner("Checkpoint", meta["name"], meta["uid"])],
+    }
+
+
 def canary_deployment(
     spec: RLCycleSpec,
     target: dict[str, Any],
@@ -144,12 +162,7 @@ def canary_deployment(
     body = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": canary_name(spec.target.deployment),
-            "namespace": meta["namespace"],
-            "labels": {**ch.labels(rlc, meta["name"]), names.LABEL_ARM: "canary"},
-            "ownerReferences": [ch.owner("Checkpoint", meta["name"], meta["uid"])],
-        },
+        "metadata": _canary_metadata(canary_name(spec.target.deployment), rlc, checkpoint),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": arm},
@@ -171,12 +184,7 @@ def canary_service(
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": canary_service_name(spec.rollout.service),
-            "namespace": meta["namespace"],
-            "labels": {**ch.labels(rlc, meta["name"]), names.LABEL_ARM: "canary"},
-            "ownerReferences": [ch.owner("Checkpoint", meta["name"], meta["uid"])],
-        },
+        "metadata": _canary_metadata(canary_service_name(spec.rollout.service), rlc, checkpoint),
         "spec": {
             "selector": canary_labels(rlc, meta["name"]),
             "ports": [

@@ -1,0 +1,109 @@
+"""The canary's analysis Jobs (``rtrl-job analyze``): when the next one is due, the
+arguments that make every attempt of one analysis judge the same data, and forgetting the
+Jobs of analyses already judged. :mod:`.rollout` decides when to run them and what their
+verdicts mean."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from rtrl.core.api.common import parse_duration
+
+from .actions import Delete
+from .manifests import canary as cn
+from .manifests.jobs import CONFIG_FILE, CONFIG_MOUNT
+from .manifests.names import step_out
+from .reading import meta, step_jobs
+from .round import Round
+from .timeutil import iso, parse_time
+
+
+def forget_analyses(r: Round, ck: dict[str, Any], judged: int) -> None:
+    """Delete the Jobs of analyses judged before the last one: an analysis runs every few
+    minutes for hours, its verdict is in ``status.rollout`` and its analysis.json in the
+    store. The last judged one stays (its logs, and its end time schedules the next)."""
+    for job in r.obs.jobs:
+        step = job.step or ""
+        if job.checkpoint != meta(ck)["name"] or job.deleting or not job.finished:
+            continue
+        index = step.removeprefix("analyze-")
+        if step.startswith("analyze-") and index.isdigit() and int(index) < judged - 1:
+            r.act(Delete("batch/v1", "Job", job.name))
+
+
+def analysis_due(
+    r: Round, ck: dict[str, Any], record: dict[str, Any], min_duration: str, judged: int
+) -> datetime:
+    started = parse_time(record.get("startedAt")) or r.now
+    due = started + timedelta(seconds=parse_duration(min_duration))
+    if int(record.get("analyses") or 0) > 0 and judged > 0:
+        previous = [j for j in step_jobs(r.obs, ck, f"analyze-{judged - 1}") if j.finished]
+        last = max((j.finished_at for j in previous if j.finished_at), default=None)
+        if last is not None:
+            interval = parse_duration(r.spec.rollout.analysis.interval)
+            due = max(due, last + timedelta(seconds=interval))
+    return due
+
+
+def step_args(r: Round, ck: dict[str, Any], share: float) -> list[str]:
+    """``--step START=SHARE`` for every step so far: the analysis stratifies by step and its
+    sample-ratio test spans them all. Earlier steps' shares are what their weights give
+    with today's stable replicas (the current step's is the share just reached)."""
+    records = (ck.get("status") or {}).get("rollout") or []
+    if not records:
+        return [f"--weight-since={iso(r.now)}"]
+    args = []
+    for i, record in enumerate(records):
+        reached = (
+            share
+            if i == len(records) - 1
+            else cn.canary_weight(r.spec, r.obs.target, int(record["weight"]))[1]
+        )
+        start = record.get("readyAt") or record["startedAt"]
+        args.append(f"--step={start}={reached:.2f}")
+    return args
+
+
+def lineage(r: Round, name: str, limit: int = 20) -> list[str]:
+    """The checkpoints that served before ``name``, newest first: its parent, that one's
+    parent, ... (the stable arm's history, for pre-exposure covariates)."""
+    by_name = {meta(dict(c))["name"]: c for c in r.obs.checkpoints}
+    found: list[str] = []
+    current = by_name.get(name)
+    while current is not None and len(found) < limit:
+        parent = (current.get("spec") or {}).get("parent")
+        if not parent or parent in found or parent == name:
+            break
+        found.append(str(parent))
+        current = by_name.get(parent)
+    return found
+
+
+def analyze_args(
+    r: Round,
+    ck: dict[str, Any],
+    analysis: str,
+    *,
+    share: float,
+    since: datetime,
+    max_reached: bool,
+) -> list[str]:
+    """Every attempt of one analysis judges the same data: ``--now`` is when it was planned."""
+    baseline = (ck.get("spec") or {}).get("parent")
+    args = [
+        "analyze",
+        f"--shards={r.spec.data.shards}",
+        f"--baseline={baseline}",
+        f"--canary={meta(ck)['name']}",
+        f"--out={step_out(ck['spec']['uri'], analysis)}",
+        f"--canary-weight={share:.2f}",
+        f"--since={iso(since)}",
+        *step_args(r, ck, share),
+        *[f"--pre-exposure-from={a}" for a in lineage(r, str(baseline))],
+        f"--config={CONFIG_MOUNT}/{CONFIG_FILE}",
+        f"--now={iso(r.now)}",
+    ]
+    if max_reached:
+        args.append("--max-duration-reached")
+    return args

@@ -1,0 +1,302 @@
+"""A cycle from its start to its end: the Checkpoint ``<rlcycle>-<n>`` is created (parent:
+the serving checkpoint), then driven through its step Jobs one after the other, stage ->
+train -> eval. A step is done when its Job succeeded *and* its result document is committed
+in the store; the summary is then written into the Checkpoint's status, which is how the
+next round knows the step is behind it. A failed Job is retried as a new attempt after a
+doubling delay; when the attempts are spent the Checkpoint is Failed. Insufficient data
+ends the attempt without a Checkpoint: it and its Jobs are deleted, the RLCycle says
+``InsufficientData`` and the next schedule tick tries again. A pin or a rollback asked for
+before the canary cancels the cycle. (The canary that follows a passed eval is
+:mod:`.rollout`'s.)
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from rtrl.core.api import names
+from rtrl.core.api.checkpoint import DataSummary, EvalSummary, GateResult, TrainingSummary
+from rtrl.core.api.common import parse_duration
+from rtrl.core.api.names import API_VERSION, STEP_PHASE
+
+from .actions import Create, Delete
+from .manifests import jobs
+from .manifests.names import config_map_name, result_uri, service_name
+from .observed import JobState
+from .reading import fresh as _fresh
+from .reading import meta as _meta
+from .reading import phase as _phase
+from .reading import step_jobs as _step_jobs
+from .round import Plan, Round
+from .schedule import next_run
+from .timeutil import iso
+
+STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
+MAX_BACKOFF = 3600.0
+# Why eval.json failed a candidate (its "reason"), as the Checkpoint's condition reason.
+EVAL_FAILURES = ("EvalGatesFailed", "SandboxUnsafe")
+
+
+def cancel_reason(r: Round) -> str:
+    """A pin or a rollback asked for while a cycle is still before its canary: serving
+    must change now, not after hours of training, so the cycle is cancelled. (A running
+    canary is rolled back by the rollout instead.)"""
+    if r.spec.pin:
+        return f"cancelled: spec.pin is set to {r.spec.pin}"
+    token = r.pending_annotation(names.ANNOTATION_ROLLBACK, "lastRollback")
+    return f"cancelled by {names.ANNOTATION_ROLLBACK}={token}" if token else ""
+
+
+def cancel(r: Round, ck: dict[str, Any], why: str) -> None:
+    name = _meta(ck)["name"]
+    for job in r.obs.jobs:
+        if job.checkpoint == name and not job.finished and not job.deleting:
+            r.act(Delete("batch/v1", "Job", job.name))
+    r.patch_checkpoint(ck, phase="Failed", reason="Cancelled", message=why, completedAt=iso(r.now))
+    r.event("CycleCancelled", f"{name}: {why}", warning=True)
+    r.owned = [c for c in r.owned if _meta(c)["name"] != name]
+
+
+def start(r: Round, trigger: str | None) -> Plan:
+    cycle = r.status["cycle"] + 1
+    parent = _meta(r.serving)["name"]
+    manifest = jobs.checkpoint_manifest(
+        r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger
+    )
+    name = manifest["metadata"]["name"]
+    r.act(Create(manifest))
+    why = f"triggered by {names.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"
+    r.event("CycleStarted", f"cycle {cycle} ({why}): training {name} from {parent}")
+    r.status.update(
+        cycle=cycle,
+        candidate=name,
+        cycleStartedAt=iso(r.now),
+        lastTrigger=trigger if trigger is not None else r.status.get("lastTrigger"),
+    )
+    due = next_run(r.spec.schedule, r.now, r.now)
+    r.status["nextRun"] = iso(due) if due else None
+    r.conditions.set("Progressing", True, "CycleStarted", f"cycle {cycle} started")
+    r.set_ready(parent)
+    r.set_degraded()
+    r.out.soon(0)  # the Checkpoint's uid is needed for its children
+    return r.finish("Staging", f"cycle {cycle}: creating {name}")
+
+
+def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
+    name = _meta(ck)["name"]
+    phase = STEP_PHASE[step]
+    jobs = _step_jobs(r.obs, ck, step)
+    for stale in [j for j in jobs if not _fresh(j, ck)]:
+        r.act(Delete("batch/v1", "Job", stale.name))
+    jobs = [j for j in jobs if _fresh(j, ck)]
+    ck_status = dict(ck.get("status") or {})
+    if _phase(ck) != phase:
+        started = ck_status.get("startedAt") or r.status.get("cycleStartedAt")
+        r.patch_checkpoint(
+            ck,
+            phase=phase,
+            reason=f"{STEP_TITLE[step]}Running",
+            message=f"{step} step running",
+            startedAt=started,
+        )
+    r.conditions.set("Progressing", True, f"{STEP_TITLE[step]}Running", f"{name}: {step}")
+    if not jobs:
+        create_step(r, ck, step, 0)
+        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name}")
+    job = jobs[-1]
+    if not job.finished:
+        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name} ({job.name})")
+    if job.succeeded:
+        return step_succeeded(r, ck, step, job)
+    return step_failed(r, ck, step, job)
+
+
+def create_step(
+    r: Round, ck: dict[str, Any], step: str, attempt: int, args: list[str] | None = None
+) -> None:
+    name = _meta(ck)["name"]
+    if config_map_name(name) not in r.obs.config_maps:
+        text = json.dumps(r.rlc.get("spec") or {}, indent=2, sort_keys=True) + "\n"
+        r.act(Create(jobs.config_map_manifest(r.rlc, ck, text)))
+    if step == "train" and service_name(name) not in r.obs.services:
+        r.act(Create(jobs.service_manifest(r.rlc, ck)))
+    if args is None:
+        args = jobs.step_args(
+            step,
+            r.spec,
+            ck,
+            r.serving_of(ck),
+            previous=(r.serving_of(ck).get("spec") or {}).get("parent"),
+            excluded=r.rolled_back(),
+        )
+    job = jobs.job_manifest(r.rlc, r.spec, ck, step=step, attempt=attempt, args=args)
+    r.act(Create(job))
+    again = f" (attempt {attempt + 1} of {r.spec.jobs.backoff_limit + 1})" if attempt else ""
+    r.event(
+        f"{STEP_TITLE.get(step, 'Analysis')}Started",
+        f"{job['metadata']['name']}{again}",
+        kind="Checkpoint",
+        name=name,
+    )
+
+
+def step_failed(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Plan:
+    name = _meta(ck)["name"]
+    limit = r.spec.jobs.backoff_limit
+    why = job.message or job.reason or "failed"
+    if job.attempt < limit:
+        delay = min(MAX_BACKOFF, parse_duration(r.spec.jobs.backoff) * 2**job.attempt)
+        retry_at = (job.finished_at or r.now) + timedelta(seconds=delay)
+        if retry_at > r.now:
+            r.out.soon((retry_at - r.now).total_seconds())
+            return r.finish(
+                STEP_PHASE[step],
+                f"cycle {r.status['cycle']}: {job.name} failed ({why}); retrying at "
+                f"{iso(retry_at)}",
+            )
+        r.event(
+            f"{STEP_TITLE[step]}Retrying",
+            f"{job.name} failed: {why}",
+            warning=True,
+            kind="Checkpoint",
+            name=name,
+        )
+        create_step(r, ck, step, job.attempt + 1)
+        return r.finish(STEP_PHASE[step], f"cycle {r.status['cycle']}: retrying {step}")
+    message = f"{step} failed after {job.attempt + 1} attempt(s): {job.name}: {why}"
+    return fail(r, ck, f"{STEP_TITLE[step]}Failed", message)
+
+
+def fail(r: Round, ck: dict[str, Any], reason: str, message: str) -> Plan:
+    name = _meta(ck)["name"]
+    r.patch_checkpoint(ck, phase="Failed", reason=reason, message=message, completedAt=iso(r.now))
+    r.event(reason, message, warning=True, kind="Checkpoint", name=name)
+    r.event("CycleFailed", f"{name}: {message}; the serving model is unchanged", warning=True)
+    r.conditions.set("Degraded", True, "CycleFailed", f"{name}: {message}")
+    r.conditions.set("Progressing", False, "CycleFailed", message)
+    return end_cycle(r, f"cycle {r.status['cycle']} failed: {message}")
+
+
+def end_cycle(r: Round, message: str) -> Plan:
+    due = r.schedule_next()
+    if due is not None:
+        r.out.soon((due - r.now).total_seconds())
+    phase = "Suspended" if r.spec.suspend else ("Pinned" if r.spec.pin else "Idle")
+    if r.spec.pin:  # phase and condition agree: the pin is why nothing progresses now
+        r.conditions.set("Progressing", False, "Pinned", f"pinned to {r.spec.pin}")
+    return r.finish(phase, message)
+
+
+def step_succeeded(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Plan:
+    uri = result_uri(ck["spec"]["uri"], step)
+    doc = r.obs.results.get(uri)
+    if isinstance(doc, str):  # the store could not be read: look again soon
+        r.out.soon(10)
+        return r.finish(STEP_PHASE[step], f"cannot read {uri}: {doc}")
+    if doc is None:
+        return fail(
+            r, ck, "ResultMissing", f"{job.name} succeeded but {uri} holds no committed result"
+        )
+    try:
+        if step == "stage":
+            return staged(r, ck, dict(doc), uri)
+        if step == "train":
+            return trained(r, ck, dict(doc), uri)
+        return evaluated(r, ck, dict(doc), uri)
+    except (KeyError, TypeError, ValueError) as exc:
+        return fail(r, ck, "ResultInvalid", f"{uri} is not a valid {step} result: {exc}")
+
+
+def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
+    name = _meta(ck)["name"]
+    if not doc.get("sufficient"):
+        message = str(doc.get("message") or "not enough matured interactions")
+        r.conditions.set("InsufficientData", True, "InsufficientData", message)
+        r.conditions.set("Progressing", False, "InsufficientData", message)
+        r.event("InsufficientData", f"{name}: {message}; retrying at the next tick")
+        for job in r.obs.jobs:
+            if job.checkpoint == name:
+                r.act(Delete("batch/v1", "Job", job.name))
+        if config_map_name(name) in r.obs.config_maps:
+            r.act(Delete("v1", "ConfigMap", config_map_name(name)))
+        r.act(Delete(API_VERSION, "Checkpoint", name))
+        r.status["candidate"] = None
+        return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
+    quarantined = doc.get("quarantined") or None
+    summary = DataSummary(
+        manifest=doc.get("out") or uri.rsplit("/", 1)[0] + "/",
+        interactions=int(doc["interactions_used"]),
+        tokens=int(doc["tokens_used"]),
+        on_policy_fraction=doc.get("on_policy_fraction"),
+        quarantined=quarantined if isinstance(quarantined, dict) else None,
+        files_bad=len(doc.get("quarantined_files") or []),
+    )
+    r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
+    r.patch_summary(
+        ck,
+        "data",
+        summary,
+        phase="Training",
+        reason="Staged",
+        message=str(doc.get("message") or ""),
+    )
+    r.event("Staged", f"{name}: {doc.get('message')}", kind="Checkpoint", name=name)
+    r.out.soon(0)
+    return r.finish(
+        "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
+    )
+
+
+def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
+    name = _meta(ck)["name"]
+    summary = TrainingSummary.model_validate(doc["summary"])
+    text = f"{summary.steps} steps on {summary.tokens} tokens" + (
+        f", loss {summary.loss:.4g}, kl {summary.kl:.3g}"
+        if summary.loss is not None and summary.kl is not None
+        else ""
+    )
+    r.patch_summary(ck, "training", summary, phase="Evaluating", reason="Trained", message=text)
+    r.event("Trained", f"{name}: {text}", kind="Checkpoint", name=name)
+    r.out.soon(0)
+    return r.finish("Evaluating", f"cycle {r.status['cycle']}: trained {name}")
+
+
+def evaluated(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
+    name = _meta(ck)["name"]
+    gates = [
+        GateResult.model_validate({k: g[k] for k in GateResult.model_fields})
+        for g in doc.get("gates") or []
+    ]
+    summary = EvalSummary(
+        verdict="Passed" if doc["passed"] else "Failed", report=uri, gates=gates[:64] or None
+    )
+    message = str(doc.get("message") or summary.verdict)
+    if doc.get("gates_source") == "default":  # spec.eval.gates unset
+        message += " (default gates)"
+    passed = bool(doc["passed"])
+    # SandboxUnsafe: the code suites were not scored (a sandbox guarantee is missing)
+    failure = str(doc["reason"]) if doc.get("reason") in EVAL_FAILURES else "EvalGatesFailed"
+    phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", failure)
+    r.patch_summary(
+        ck,
+        "eval",
+        summary,
+        phase=phase,
+        reason=reason,
+        message=message,
+        completedAt=None if passed else iso(r.now),
+    )
+    r.event(reason, f"{name}: {message}", warning=not passed, kind="Checkpoint", name=name)
+    if passed:
+        r.conditions.set("Progressing", True, reason, f"{name}: {message}; canary next")
+        r.out.soon(0)
+        return r.finish("Canary", f"cycle {r.status['cycle']}: {name} passed eval")
+    r.conditions.set("Progressing", False, reason, f"{name}: {message}")
+    serving = _meta(r.serving)["name"]
+    text = (
+        f"cycle {r.status['cycle']}: {name} rejected by eval ({message}); {serving} keeps serving"
+    )
+    r.event("CycleCompleted", text, warning=True)
+    return end_cycle(r, text)

@@ -1,0 +1,70 @@
+"""What the spec names must exist before any Job is created: the target Deployment and its
+container, the credentials Secret with its keys, a pinned Checkpoint, and the Checkpoint
+the target serves. A problem here makes the RLCycle ``Invalid`` with the field to fix."""
+
+from __future__ import annotations
+
+from .manifests.names import same_uri
+from .reading import meta
+from .round import Round
+
+
+def check_environment(r: Round) -> tuple[str, str]:
+    """``(reason, message)`` of the first problem, or ``("", "")``; on success the round's
+    ``serving`` Checkpoint is set (and ``status.serving``)."""
+    spec, dep = r.spec, r.obs.deployment
+    target = spec.target
+    ns = r.meta.get("namespace")
+    if not dep.found:
+        return (
+            "DeploymentNotFound",
+            f"spec.target.deployment: Deployment {target.deployment} not found in namespace {ns}",
+        )
+    if not dep.has_container:
+        return (
+            "ContainerNotFound",
+            f"spec.target.container: Deployment {target.deployment} has no container "
+            f"{target.container}",
+        )
+    secret = r.obs.secret
+    if spec.storage.credentials_secret and secret is not None:
+        if not secret.found:
+            return (
+                "SecretNotFound",
+                f"spec.storage.credentialsSecret: Secret {spec.storage.credentials_secret} "
+                f"not found in namespace {ns}",
+            )
+        if secret.missing_keys:
+            return (
+                "SecretIncomplete",
+                f"spec.storage.credentialsSecret: Secret {spec.storage.credentials_secret} "
+                f"lacks key(s) {', '.join(secret.missing_keys)}",
+            )
+    if spec.pin and r.checkpoint(spec.pin) is None:
+        return (
+            "PinnedCheckpointNotFound",
+            f"spec.pin: Checkpoint {spec.pin} not found in namespace {ns}",
+        )
+    if not dep.serving_uri:
+        return (
+            "CheckpointEnvMissing",
+            f"spec.target.checkpointEnv: container {target.container} of Deployment "
+            f"{target.deployment} has no value for {target.checkpoint_env}",
+        )
+    serving = [
+        c for c in r.obs.checkpoints if same_uri(c.get("spec", {}).get("uri"), dep.serving_uri)
+    ]
+    if not serving:
+        return (
+            "ServingCheckpointUnknown",
+            f"spec.target: Deployment {target.deployment} serves {dep.serving_uri}, and no "
+            f"Checkpoint in namespace {ns} has that spec.uri; register the base model as "
+            "a Checkpoint (see examples/checkpoint-base.yaml)",
+        )
+    # Several Checkpoints may share a URI (re-registered); the newest cycle wins.
+    r.serving = max(
+        (dict(c) for c in serving),
+        key=lambda c: (int((c.get("spec") or {}).get("cycle") or 0), meta(c)["name"]),
+    )
+    r.status["serving"] = meta(r.serving)["name"]
+    return "", ""

@@ -1,0 +1,85 @@
+"""No cycle is running: serve the pinned checkpoint, take a manual rollback, stay suspended,
+wait for the schedule, or start the next cycle when it is due or triggered."""
+
+from __future__ import annotations
+
+from rtrl.core.api import names
+from rtrl.core.api.names import API_VERSION
+
+from .actions import PatchStatus
+from .cycle import start
+from .reading import meta as _meta
+from .rollout import serve
+from .round import READY_POLL_SECONDS, Plan, Round
+from .timeutil import iso
+
+
+def pending_trigger(r: Round) -> str | None:
+    value = (r.meta.get("annotations") or {}).get(names.ANNOTATION_TRIGGER)
+    if not value:
+        return None
+    used = {r.status.get("lastTrigger")} | {
+        (_meta(c).get("annotations") or {}).get(names.ANNOTATION_TRIGGER) for c in r.owned
+    }
+    return None if value in used else str(value)
+
+
+def idle(r: Round) -> Plan:
+    due = r.schedule_next()
+    r.set_degraded()
+    serving = _meta(r.serving)["name"]
+    r.set_ready(serving)
+    if r.spec.pin:
+        r.status["nextRun"] = None
+        pinned = r.checkpoint(r.spec.pin) or {}
+        if not serve(r, pinned["spec"]["uri"], r.spec.pin):
+            r.event("Pinned", f"{r.spec.target.deployment} set to {r.spec.pin}")
+            r.out.soon(READY_POLL_SECONDS)
+        r.conditions.set("Progressing", False, "Pinned", f"pinned to {r.spec.pin}")
+        return r.finish("Pinned", f"pinned to {r.spec.pin}; no cycles start")
+    token = r.pending_annotation(names.ANNOTATION_ROLLBACK, "lastRollback")
+    if token is not None:
+        return manual_rollback(r, token)
+    if r.spec.suspend:
+        r.conditions.set("Progressing", False, "Suspended", "spec.suspend is true")
+        return r.finish("Suspended", "suspended: no cycle starts until spec.suspend is false")
+    trigger = pending_trigger(r)
+    if trigger is None and (due is None or due > r.now):
+        r.conditions.set("Progressing", False, "Idle", "waiting for the next cycle")
+        if due is not None:
+            r.out.soon((due - r.now).total_seconds())
+        when = f"next cycle at {iso(due)}" if due else "the cron schedule never fires"
+        return r.finish("Idle", f"{serving} serving; {when}")
+    return start(r, trigger)
+
+
+def manual_rollback(r: Round, token: str) -> Plan:
+    """``rtrl.io/rollback`` with no canary running: serve the checkpoint the serving one
+    superseded. The token is recorded first, so a crash can lose this rollback (the
+    status shows it was taken; annotate again) but never roll back twice."""
+    serving = r.serving
+    name = _meta(serving)["name"]
+    parent_name = (serving.get("spec") or {}).get("parent")
+    parent = r.checkpoint(parent_name) if parent_name else None
+    r.status["lastRollback"] = token
+    r.act(PatchStatus(API_VERSION, "RLCycle", r.name, {"lastRollback": token}))
+    if parent is None:
+        message = f"{names.ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
+        r.event("RollbackImpossible", message, warning=True)
+        return r.finish("Idle", message)
+    serve(r, parent["spec"]["uri"], str(parent_name))
+    r.patch_checkpoint(
+        serving,
+        phase="RolledBack",
+        reason="ManualRollback",
+        message=f"{names.ANNOTATION_ROLLBACK}={token}",
+        completedAt=iso(r.now),
+    )
+    r.event(
+        "RolledBack",
+        f"{name} rolled back to {parent_name} ({names.ANNOTATION_ROLLBACK}={token})",
+        warning=True,
+    )
+    r.status["serving"] = parent_name
+    r.out.soon(READY_POLL_SECONDS)
+    return r.finish("RollingBack", f"rolling back {name} to {parent_name}")

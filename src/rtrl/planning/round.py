@@ -1,0 +1,189 @@
+"""One reconcile round of one RLCycle: what was observed, the clock, and the plan being
+built, with the primitives every decision uses.
+
+The decisions themselves live in one module per area (environment, cycle, rollout, idle,
+history); each is a set of functions taking the :class:`Round`, like Argo Rollouts'
+``rolloutContext``: one object carries what a round knows and what it has decided so far,
+so that the areas share it without calling back into each other or into the dispatch in
+:mod:`.plan` (no import circle), and a decision reads as "given this round, do that".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from rtrl.core.api.names import ANNOTATION_STARTED, API_VERSION
+from rtrl.core.api.names import RUNNING_PHASES as RUNNING
+from rtrl.core.api.rlcycle import RLCycleSpec
+
+from .actions import Action, Emit, PatchStatus
+from .conditions import Conditions
+from .observed import Observed
+from .reading import meta, owned, phase
+from .schedule import next_run
+from .timeutil import iso, parse_time
+
+READY_POLL_SECONDS = 5.0
+
+
+@dataclass
+class Plan:
+    """What to do, in order, then the RLCycle's status to write; ``requeue_after`` says
+    when to look again without an event (None: only on events and the periodic resync)."""
+
+    actions: list[Action] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+
+    def soon(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+
+class Round:
+    """The context of one round: ``obs`` and ``now`` (what it decides from), ``out`` (the
+    plan being built), ``status`` (the RLCycle's status being written), ``conditions``,
+    the owned Checkpoints (oldest first), and, once the spec validated and the environment
+    checked, ``spec`` and ``serving`` (the Checkpoint the target serves)."""
+
+    spec: RLCycleSpec
+    serving: dict[str, Any]
+
+    def __init__(self, observed: Observed, now: datetime):
+        self.obs = observed
+        self.now = now
+        self.rlc = dict(observed.rlcycle)
+        self.meta = meta(self.rlc)
+        self.name = str(self.meta["name"])
+        self.generation = int(self.meta.get("generation") or 0)
+        self.old = dict(self.rlc.get("status") or {})
+        self.conditions = Conditions(self.old.get("conditions"), now, self.generation)
+        self.out = Plan()
+        self.status: dict[str, Any] = {
+            "cycle": int(self.old.get("cycle") or 0),
+            "serving": self.old.get("serving"),
+            "candidate": self.old.get("candidate"),
+            "lastPromoted": self.old.get("lastPromoted"),
+            "canaryWeight": int(self.old.get("canaryWeight") or 0),
+            "cycleStartedAt": self.old.get("cycleStartedAt"),
+            "nextRun": None,
+            "lastTrigger": self.old.get("lastTrigger"),
+            "lastRollback": self.old.get("lastRollback"),
+            "lastPromote": self.old.get("lastPromote"),
+            "observedGeneration": self.generation,
+        }
+        self.owned = owned(observed, self.name)
+        promoted = [c for c in self.owned if phase(c) in ("Promoted", "Superseded")]
+        if promoted:  # read back from the Checkpoints, not only from the status
+            self.status["lastPromoted"] = meta(promoted[-1])["name"]
+        if self.owned:
+            self.status["cycle"] = max(
+                self.status["cycle"], int(self.owned[-1]["spec"].get("cycle") or 0)
+            )
+
+    # --- building the plan ---------------------------------------------------------------
+    def act(self, action: Action) -> None:
+        self.out.actions.append(action)
+
+    def event(
+        self,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        kind: str = "RLCycle",
+        name: str | None = None,
+    ) -> None:
+        self.act(Emit(kind, name or self.name, reason, message, warning))
+
+    def finish(self, phase: str, message: str) -> Plan:
+        self.status["phase"] = phase
+        self.status["message"] = message
+        self.status["conditions"] = self.conditions.to_list()
+        self.out.status = self.status
+        return self.out
+
+    def invalid(self, reason: str, message: str) -> Plan:
+        if self.conditions.previous_status("InvalidSpec") != "True" or (
+            self.old.get("message") != message
+        ):
+            self.event(reason, message, warning=True)
+        self.conditions.set("InvalidSpec", True, reason, message)
+        self.conditions.set("Ready", False, reason, message)
+        self.conditions.set("Progressing", False, "InvalidSpec", "no Jobs start until it is fixed")
+        return self.finish("Invalid", message)
+
+    def patch_summary(self, ck: dict[str, Any], key: str, summary: Any, **fields: Any) -> None:
+        dumped = summary.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.patch_checkpoint(ck, **{key: dumped}, **fields)
+
+    def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
+        name = meta(ck)["name"]
+        status = {k: v for k, v in fields.items() if v is not None}
+        status["observedGeneration"] = int(meta(ck).get("generation") or 0)
+        self.act(PatchStatus(API_VERSION, "Checkpoint", name, status))
+
+    # --- lookups -------------------------------------------------------------------------
+    def checkpoint(self, name: str) -> dict[str, Any] | None:
+        for c in self.obs.checkpoints:
+            if meta(c).get("name") == name:
+                return dict(c)
+        return None
+
+    def serving_of(self, ck: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint this cycle trains from: its parent (which served when it began)."""
+        parent = (ck.get("spec") or {}).get("parent")
+        found = self.checkpoint(parent) if parent else None
+        return found if found is not None else self.serving
+
+    def rolled_back(self) -> list[str]:
+        """Checkpoints rolled back: their interactions are never staged again."""
+        return [meta(c)["name"] for c in self.obs.checkpoints if phase(dict(c)) == "RolledBack"]
+
+    def pending_annotation(self, key: str, status_key: str) -> str | None:
+        """The RLCycle's annotation ``key`` when its value is not yet the one recorded in
+        ``status.<status_key>`` (a request not yet taken)."""
+        value = (self.meta.get("annotations") or {}).get(key)
+        return str(value) if value and value != self.status.get(status_key) else None
+
+    # --- status --------------------------------------------------------------------------
+    def last_start(self) -> datetime | None:
+        starts = [parse_time(self.status.get("cycleStartedAt"))]
+        starts += [
+            parse_time((meta(c).get("annotations") or {}).get(ANNOTATION_STARTED))
+            for c in self.owned
+        ]
+        known = [s for s in starts if s is not None]
+        return max(known) if known else None
+
+    def schedule_next(self) -> datetime | None:
+        """The next scheduled start after the last one, written as ``status.nextRun``."""
+        created = parse_time(self.meta.get("creationTimestamp")) or self.now
+        due = next_run(self.spec.schedule, self.last_start(), created)
+        self.status["nextRun"] = iso(due) if due else None
+        return due
+
+    def set_ready(self, serving: str) -> None:
+        self.conditions.set(
+            "Ready", True, "Serving", f"{serving} serves {self.spec.target.deployment}"
+        )
+
+    def set_degraded(self) -> None:
+        finished = [c for c in self.owned if phase(c) not in RUNNING]
+        last = finished[-1] if finished else None
+        cancelled = last is not None and (last.get("status") or {}).get("reason") == "Cancelled"
+        if last is not None and phase(last) == "Failed" and not cancelled:
+            status = last.get("status") or {}
+            self.conditions.set(
+                "Degraded",
+                True,
+                "CycleFailed",
+                f"{meta(last)['name']}: "
+                f"{status.get('message') or status.get('reason') or 'failed'}",
+            )
+        else:
+            self.conditions.set("Degraded", False, "AsExpected", "")
