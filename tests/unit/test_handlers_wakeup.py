@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rtrl.handlers import Wakeup
 from rtrl.kube.client import KubeClient, _ThrottledRefresh
+from rtrl.kube.reconcile import Wakeup
 
 
 def test_a_wakeup_hands_over_to_the_round_it_starts() -> None:

@@ -4,7 +4,8 @@ event decides without a request to the API server.
 :class:`ObjectCache` holds, per kind, the newest version known of each object, where
 "newest" is by ``metadata.resourceVersion``. Three sources feed it:
 
-- the watch streams (kopf's, through ``rtrl.handlers``): every event's object, and DELETED;
+- the watch streams (kopf's, through ``rtrl.handlers`` and ``rtrl.kube.watch``): every
+  event's object, and DELETED;
 - the operator's own writes: the object a create or patch answers, and a delete's result;
 - live reads (a round that reads the cluster): every object listed or got, and the objects
   a list no longer contains.
@@ -35,6 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..core.api.names import LABEL_RLCYCLE
 from .client import KubeClient, KubeError
 
 log = logging.getLogger("rtrl.kube")
@@ -42,7 +44,7 @@ log = logging.getLogger("rtrl.kube")
 # The kinds the operator watches and a round reads (see rtrl.handlers for the watches).
 CACHED_KINDS = ("RLCycle", "Checkpoint", "Job", "Deployment", "Service", "ConfigMap")
 # Kinds of which only the operator's children are kept: objects with this label.
-CHILD_LABEL = "rtrl.io/rlcycle"
+CHILD_LABEL = LABEL_RLCYCLE
 CHILD_KINDS = frozenset({"Job", "Service", "ConfigMap"})
 # How long a deleted object's tombstone is kept (a late answer or event is older than this).
 TOMBSTONE_SECONDS = 300.0
@@ -345,17 +347,11 @@ class CachingClient(KubeClient):
         return gone
 
     def patch(
-        self,
-        kind: str,
-        namespace: str,
-        name: str,
-        patch: Any,
-        *,
-        sub: str = "",
-        json_patch: bool = False,
+        self, kind: str, namespace: str, name: str, patch: Any, **options: Any
     ) -> dict[str, Any] | None:
+        """:meth:`KubeClient.patch` (``options``: its ``sub`` and ``json_patch``)."""
         try:
-            patched = super().patch(kind, namespace, name, patch, sub=sub, json_patch=json_patch)
+            patched = super().patch(kind, namespace, name, patch, **options)
         except KubeError:
             self._failed(kind, namespace)  # e.g. a JSON patch whose test no longer holds
             raise

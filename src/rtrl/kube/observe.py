@@ -9,7 +9,7 @@ from typing import Any
 from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
-from rtrl.planning.canary import canary_service_name
+from rtrl.planning.manifests.names import canary_service_name
 from rtrl.planning.timeutil import parse_time
 
 from .client import KubeClient, KubeError

@@ -1,0 +1,253 @@
+"""The reconciler: one per RLCycle, woken by watch events, running observe -> plan -> apply
+-> write status in rounds.
+
+Each RLCycle has one reconciler (kopf runs it as a daemon, see ``rtrl.handlers``), so
+decisions about one RLCycle are never made twice at once. It sleeps until something relevant
+changes (the RLCycle, one of its Jobs or Checkpoints: the watch handlers wake it, see
+:mod:`rtrl.kube.watch`), the plan asks to look again (``requeue_after``), or the periodic
+resync is due; then it observes, plans, applies and writes the status. The reconciler keeps
+nothing between rounds but a wake-up flag: all state is read back from the cluster (or the
+watch cache) and the store, so the operator can be killed at any moment.
+
+A round reads the kinds kopf watches from :class:`rtrl.kube.cache.ObjectCache`, which the
+index handlers feed with every watch event before any other handler sees it (kopf runs no
+handler and starts no daemon until every index has listed its kind), and which the round's
+own writes update with what the API answered; see that module for the consistency rule. A
+round reads everything live instead when it is the reconciler's first, when the last one
+failed or met a conflict, and every ``RTRL_LIVE_READ_SECONDS`` (default 300 s).
+
+This module holds no kopf code: ``rtrl.handlers`` registers the handlers that call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from ..metrics import observe_plan
+from ..planning import plan, plan_rejected
+from ..settings import Settings
+from .apply import RejectedError, apply, write_status
+from .cache import CachingClient, ObjectCache
+from .client import KubeClient, KubeError
+from .observe import observe
+
+log = logging.getLogger("rtrl.operator")
+
+
+class Wakeup:
+    """A reconciler's wake-up flag. Unlike an ``asyncio.Event`` behind ``wait_for``, whose
+    waiter resumes a few loop turns after ``set``, a waiting reconciler resumes at the next
+    turn. Set and waited on in the event loop only.
+
+    :meth:`set` returns a future that the reconciler resolves when the round this wake-up
+    starts has ended: a handler that awaits it keeps kopf from carrying on with its event
+    (Python work on the event loop) while the round runs in its thread, so the round does
+    not wait for the GIL behind it (see ``rtrl.handlers.job_cache``)."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.woken: float | None = None  # when first set since the last take (for the trace)
+        self._future: asyncio.Future[None] | None = None
+        self._next_round: asyncio.Future[None] | None = None
+
+    def set(self) -> asyncio.Future[None]:
+        if not self.pending:
+            self.woken = time.perf_counter()
+        self.pending = True
+        if self._future is not None:
+            resolve(self._future)
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+        return self._next_round
+
+    def take(self) -> tuple[float | None, asyncio.Future[None] | None]:
+        """Clear the flag for a round that starts now: when it was set, and the future to
+        resolve when that round ends."""
+        taken = self.woken, self._next_round
+        self.pending, self.woken, self._next_round = False, None, None
+        return taken
+
+    def close(self) -> None:
+        """The reconciler stops: nobody waits for a round that will not run."""
+        if self._next_round is not None:
+            resolve(self._next_round)
+
+    async def wait(self, timeout: float) -> None:
+        """Until set (at once if it is) or ``timeout`` seconds have passed."""
+        if self.pending:
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(timeout, resolve, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Process:
+    """Per-process wiring, made at startup (:func:`start`): the API client, the settings,
+    the wake-up flags, the watch cache."""
+
+    client: KubeClient | None = None
+    settings = Settings()
+    wakeups: dict[tuple[str, str], Wakeup] = {}
+    # What an object's last event looked like outside its status, by uid: an event that
+    # changed only the status (most of them: the operator's own status writes) wakes nobody.
+    # Only a filter for wake-ups; no decision reads it.
+    seen: dict[str, tuple[Any, ...]] = {}
+    # The watched objects a round reads (see the module docstring).
+    cache = ObjectCache()
+    # RTRL_ROUND_TRACE: a file that gets one JSON line per round (bench/operator_latency.py).
+    trace: Any = None
+
+
+def start(settings: Settings) -> None:
+    """The operator starts (again, in tests): fresh client, flags and cache."""
+    Process.client = KubeClient.from_environment()
+    Process.settings = settings
+    Process.wakeups.clear()
+    Process.seen.clear()
+    Process.cache = ObjectCache()
+    # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
+    # (kopf works through each watch event in Python), a round waiting for the GIL would
+    # wait up to the default 5 ms switch interval.
+    sys.setswitchinterval(settings.switch_interval)
+    if Process.trace is not None:
+        Process.trace.close()
+        Process.trace = None
+    if settings.round_trace:
+        Process.trace = open(settings.round_trace, "a", buffering=1)  # noqa: SIM115
+
+
+def client() -> KubeClient:
+    if Process.client is None:
+        Process.client = KubeClient.from_environment()
+    return Process.client
+
+
+def wake(namespace: str | None, name: str | None) -> asyncio.Future[None] | None:
+    """Wake the reconciler of RLCycle ``namespace/name``, if it runs; the future of the
+    round that will follow (see :class:`Wakeup`)."""
+    if namespace and name:
+        flag = Process.wakeups.get((namespace, name))
+        if flag is not None:
+            return flag.set()
+    return None
+
+
+class RLCycleGoneError(Exception):
+    """The RLCycle was deleted (or is being deleted): its reconciler ends."""
+
+
+def reconcile_once(
+    namespace: str, name: str, *, live: bool = True, woken: float | None = None
+) -> float | None:
+    """One round for one RLCycle; returns when to look again (seconds), None for the resync.
+
+    ``live``: read the cluster rather than the cache; ``woken``: when an event woke the
+    reconciler for this round (``time.perf_counter``, for the trace). Raises
+    :class:`KubeError` after a write that failed or met a conflict (so that the next round
+    reads live), :class:`RLCycleGoneError` when there is nothing left to reconcile."""
+    kube = CachingClient(client(), Process.cache, live=live)
+    marks = {"t0": time.perf_counter()}
+    if woken is not None:
+        marks["woken"] = woken
+    try:
+        rlcycle = kube.get("RLCycle", namespace, name)
+        if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
+            raise RLCycleGoneError(f"{namespace}/{name}")
+        observed = observe(kube, rlcycle)
+        marks["observed"] = time.perf_counter()
+        now = datetime.now(UTC)
+        decided = plan(observed, now)
+        marks["planned"] = time.perf_counter()
+        try:
+            apply(kube, rlcycle, decided.actions)
+        except RejectedError as exc:
+            # Not transient: say so in the status, and look again at the resync (or when the
+            # spec changes), not after the error back-off. The refused write changed nothing.
+            log.warning("reconcile %s/%s: %s", namespace, name, exc)
+            decided = plan_rejected(observed, now, str(exc))
+            apply(kube, rlcycle, decided.actions)
+            kube.write_failed = False
+        marks["applied"] = time.perf_counter()
+        write_status(kube, rlcycle, decided.status)
+        observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)
+        if kube.write_failed:
+            raise KubeError("a write met a conflict; the next round reads live")
+        return decided.requeue_after
+    finally:
+        if Process.trace is not None:
+            _trace_round(namespace, name, marks, kube)
+
+
+def _trace_round(namespace: str, name: str, marks: dict[str, float], kube: CachingClient) -> None:
+    record = {
+        "rlcycle": f"{namespace}/{name}",
+        **marks,
+        "t1": time.perf_counter(),
+        "live": kube.live,
+        "requests": kube.requests,
+        "cached_reads": kube.cached_reads,
+    }
+    with contextlib.suppress(OSError, ValueError):
+        Process.trace.write(json.dumps(record) + "\n")
+
+
+async def run(namespace: str, name: str, stopped: object) -> None:
+    """The reconciler of RLCycle ``namespace/name``: rounds until ``stopped`` is true or
+    the RLCycle is gone."""
+    flag = Process.wakeups.setdefault((namespace, name), Wakeup())
+    # kopf starts no daemon before every index has listed its kind: the cache is complete.
+    Process.cache.mark_synced()
+    last_live: float | None = None  # the first round reads live
+    try:
+        while not stopped:
+            woken, round_ended = flag.take()
+            started = time.monotonic()
+            live = last_live is None or started - last_live >= Process.settings.live_read_seconds
+            try:
+                delay = await asyncio.to_thread(
+                    reconcile_once, namespace, name, live=live, woken=woken
+                )
+                if live:
+                    last_live = started
+            except RLCycleGoneError:
+                log.info("%s/%s is gone; its children go with it (garbage collection), its "
+                         "stored artifacts stay", namespace, name)  # fmt: skip
+                return
+            except KubeError as exc:
+                last_live = None
+                delay = Process.settings.error_backoff_seconds
+                log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
+            except Exception:
+                last_live = None
+                delay = Process.settings.error_backoff_seconds
+                log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)
+            finally:
+                if round_ended is not None:
+                    resolve(round_ended)
+            log.debug("reconciled %s/%s in %.3fs", namespace, name, time.monotonic() - started)
+            if delay is not None and delay <= 0:
+                continue
+            resync = Process.settings.resync_seconds
+            timeout = resync if delay is None else min(delay, resync)
+            await flag.wait(timeout)
+    finally:
+        flag.close()
+        if Process.wakeups.get((namespace, name)) is flag:
+            del Process.wakeups[(namespace, name)]

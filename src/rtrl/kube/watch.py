@@ -1,0 +1,139 @@
+"""What the operator does with a watch event: feed the watch cache, and wake the reconciler
+of the RLCycle the event concerns when it may change a decision.
+
+kopf's index handlers (``rtrl.handlers``) feed the cache with every event before any other
+handler sees it (they block every other handler until their kind is listed); the event
+handlers feed it deletions, which indexes never see, and wake reconcilers. An event that
+changed only an object's status (most of them: the operator's own status writes) wakes
+nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.api import names
+from ..core.api.rlcycle import Router
+from ..metrics import forget
+from ..planning.manifests.canary import route_rules
+from ..planning.plan import validate_spec
+from .cache import CHILD_KINDS, CHILD_LABEL, copy_json
+from .client import KubeError
+from .reconcile import Process, client, wake
+
+log = logging.getLogger("rtrl.operator")
+# How long the Job index handler waits for the round a finished Job started (see job_event).
+HAND_OVER_SECONDS = 0.1
+
+
+def feed(kind: str, body: Mapping[str, Any], type_: str | None = None) -> None:
+    labels = body.get("metadata", {}).get("labels") or {}
+    kept = type_ != "DELETED" and (kind not in CHILD_KINDS or CHILD_LABEL in labels)
+    # copied only when the cache may keep it: not for the cluster's other ConfigMaps and
+    # Services, which are only looked at for their name and resourceVersion
+    Process.cache.feed(kind, type_, copy_json(body) if kept else body)
+
+
+def changed_beyond_status(body: Mapping[str, Any], type_: str | None) -> bool:
+    """True unless the event only changed the object's status (or nothing)."""
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid"))
+    if type_ == "DELETED":
+        Process.seen.pop(uid, None)
+        return True
+    shape = (
+        meta.get("generation"),
+        tuple(sorted((meta.get("annotations") or {}).items())),
+        tuple(sorted((meta.get("labels") or {}).items())),
+        bool(meta.get("deletionTimestamp")),
+    )
+    before = Process.seen.get(uid)
+    Process.seen[uid] = shape
+    return before != shape
+
+
+def _rlcycle_label(body: Mapping[str, Any]) -> str | None:
+    return (body.get("metadata", {}).get("labels") or {}).get(names.LABEL_RLCYCLE)
+
+
+async def job_indexed(body: Mapping[str, Any]) -> None:
+    """Every Job event, first of all handlers: into the cache (kept only with the
+    rtrl.io/rlcycle label, dropped if it loses it); a finished Job wakes its RLCycle from
+    here, before kopf works out the event's causes, so the reaction starts a little sooner."""
+    feed("Job", body)
+    rlcycle = _rlcycle_label(body)
+    if rlcycle and _finished(body.get("status") or {}):
+        round_ended = wake(body.get("metadata", {}).get("namespace"), rlcycle)
+        if round_ended is not None:
+            # kopf carries on with this event (on the event loop) once the round that reacts
+            # to it has ended, or after HAND_OVER_SECONDS: the round does not share the GIL
+            # with that work. Other objects' events are handled meanwhile.
+            await asyncio.wait([round_ended], timeout=HAND_OVER_SECONDS)
+
+
+def _finished(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def child_event(body: Mapping[str, Any], type_: str | None) -> None:
+    """A Deployment, Service or ConfigMap event: only its deletion is news to the cache."""
+    if type_ == "DELETED":
+        feed(str(body.get("kind")), body, type_)
+
+
+def child_job_event(body: Mapping[str, Any], type_: str | None) -> None:
+    """Only a finished (see :func:`job_indexed`) or deleted Job changes a decision; its pods
+    starting does not."""
+    if type_ == "DELETED":
+        feed("Job", body, type_)
+        wake(body.get("metadata", {}).get("namespace"), _rlcycle_label(body))
+
+
+def canary_event(body: Mapping[str, Any]) -> None:
+    """Any event of a canary Deployment (labelled with its RLCycle) wakes the RLCycle."""
+    wake(body.get("metadata", {}).get("namespace"), _rlcycle_label(body))
+
+
+def checkpoint_event(body: Mapping[str, Any], type_: str | None) -> None:
+    if type_ == "DELETED":
+        feed("Checkpoint", body, type_)
+    if changed_beyond_status(body, type_):
+        namespace = body.get("metadata", {}).get("namespace")
+        wake(namespace, (body.get("spec") or {}).get("rlCycle"))
+
+
+async def rlcycle_event(body: Mapping[str, Any], type_: str | None) -> None:
+    namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    if type_ == "DELETED":
+        feed("RLCycle", body, type_)
+        if namespace:
+            forget(namespace, name)
+            await asyncio.to_thread(release_route, namespace, body)
+    if changed_beyond_status(body, type_):
+        wake(namespace, name)  # a deleted RLCycle's reconciler ends
+
+
+def release_route(namespace: str, rlcycle: Mapping[str, Any]) -> None:
+    """An RLCycle deleted mid-canary with the gatewayapi router: its canary Service goes
+    with the garbage collector, so the HTTPRoute's weight on it is given back to the stable
+    Service. Best effort, as the operator sees the deletion only while it runs."""
+    spec, _problem = validate_spec(rlcycle.get("spec"))
+    route_name = spec.rollout.http_route if spec is not None else None
+    if spec is None or spec.rollout.router != Router.GATEWAY_API or not route_name:
+        return
+    try:
+        route = client().get("HTTPRoute", namespace, route_name)
+        rules = route_rules(spec, route, 0) if route is not None else None
+        if rules is not None:
+            client().patch("HTTPRoute", namespace, route_name, {"spec": {"rules": rules}})
+            log.info("%s/%s deleted: HTTPRoute %s back to the stable Service", namespace,
+                     rlcycle.get("metadata", {}).get("name"), route_name)  # fmt: skip
+    except KubeError as exc:
+        log.warning("could not give HTTPRoute %s/%s back to stable: %s", namespace, route_name,
+                    exc)  # fmt: skip
