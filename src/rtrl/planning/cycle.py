@@ -22,7 +22,13 @@ from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
 
 from .actions import Create, Delete
-from .manifests import jobs
+from .manifests.jobs import (
+    checkpoint_manifest,
+    config_map_manifest,
+    job_manifest,
+    service_manifest,
+    step_args,
+)
 from .manifests.names import config_map_name, result_uri, service_name
 from .observed import JobState
 from .reading import fresh as _fresh
@@ -50,6 +56,7 @@ def cancel_reason(r: Round) -> str:
 
 
 def cancel(r: Round, ck: dict[str, Any], why: str) -> None:
+    """Stop the cycle's running Jobs and mark its Checkpoint Failed (reason Cancelled)."""
     name = _meta(ck)["name"]
     for job in r.obs.jobs:
         if job.checkpoint == name and not job.finished and not job.deleting:
@@ -60,9 +67,10 @@ def cancel(r: Round, ck: dict[str, Any], why: str) -> None:
 
 
 def start(r: Round, trigger: str | None) -> Plan:
+    """Create the next cycle's Checkpoint; its Jobs follow once it has a uid."""
     cycle = r.status["cycle"] + 1
     parent = _meta(r.serving)["name"]
-    manifest = jobs.checkpoint_manifest(
+    manifest = checkpoint_manifest(
         r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger
     )
     name = manifest["metadata"]["name"]
@@ -85,6 +93,7 @@ def start(r: Round, trigger: str | None) -> Plan:
 
 
 def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
+    """One step of the running cycle: its Job created, awaited, retried or judged."""
     name = _meta(ck)["name"]
     phase = STEP_PHASE[step]
     jobs = _step_jobs(r.obs, ck, step)
@@ -116,14 +125,17 @@ def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
 def create_step(
     r: Round, ck: dict[str, Any], step: str, attempt: int, args: list[str] | None = None
 ) -> None:
+    """Create attempt ``attempt`` of a step's Job (and the cycle's ConfigMap, and for
+    training its Service, when missing); ``args`` default to the step's own. The canary's
+    analysis Jobs are created here too, with their arguments."""
     name = _meta(ck)["name"]
     if config_map_name(name) not in r.obs.config_maps:
         text = json.dumps(r.rlc.get("spec") or {}, indent=2, sort_keys=True) + "\n"
-        r.act(Create(jobs.config_map_manifest(r.rlc, ck, text)))
+        r.act(Create(config_map_manifest(r.rlc, ck, text)))
     if step == "train" and service_name(name) not in r.obs.services:
-        r.act(Create(jobs.service_manifest(r.rlc, ck)))
+        r.act(Create(service_manifest(r.rlc, ck)))
     if args is None:
-        args = jobs.step_args(
+        args = step_args(
             step,
             r.spec,
             ck,
@@ -131,7 +143,7 @@ def create_step(
             previous=(r.serving_of(ck).get("spec") or {}).get("parent"),
             excluded=r.rolled_back(),
         )
-    job = jobs.job_manifest(r.rlc, r.spec, ck, step=step, attempt=attempt, args=args)
+    job = job_manifest(r.rlc, r.spec, ck, step=step, attempt=attempt, args=args)
     r.act(Create(job))
     again = f" (attempt {attempt + 1} of {r.spec.jobs.backoff_limit + 1})" if attempt else ""
     r.event(
@@ -143,6 +155,7 @@ def create_step(
 
 
 def step_failed(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Plan:
+    """A step's Job failed: a new attempt after the doubling delay, or the cycle fails."""
     name = _meta(ck)["name"]
     limit = r.spec.jobs.backoff_limit
     why = job.message or job.reason or "failed"
@@ -180,6 +193,8 @@ def fail(r: Round, ck: dict[str, Any], reason: str, message: str) -> Plan:
 
 
 def end_cycle(r: Round, message: str) -> Plan:
+    """The round's end once a cycle is over (failed, rejected, promoted, rolled back): the
+    phase says what the RLCycle does until the next one is due."""
     due = r.schedule_next()
     if due is not None:
         r.out.soon((due - r.now).total_seconds())
@@ -190,6 +205,7 @@ def end_cycle(r: Round, message: str) -> Plan:
 
 
 def step_succeeded(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Plan:
+    """A step's Job succeeded: its committed result document says what it did."""
     uri = result_uri(ck["spec"]["uri"], step)
     doc = r.obs.results.get(uri)
     if isinstance(doc, str):  # the store could not be read: look again soon

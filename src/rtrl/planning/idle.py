@@ -15,6 +15,7 @@ from .timeutil import iso
 
 
 def pending_trigger(r: Round) -> str | None:
+    """The ``rtrl.io/trigger`` value not yet used by a cycle (None if there is none)."""
     value = (r.meta.get("annotations") or {}).get(names.ANNOTATION_TRIGGER)
     if not value:
         return None
@@ -25,6 +26,7 @@ def pending_trigger(r: Round) -> str | None:
 
 
 def idle(r: Round) -> Plan:
+    """No cycle running: pinned, rolling back by hand, suspended, waiting, or starting."""
     due = r.schedule_next()
     r.set_degraded()
     serving = _meta(r.serving)["name"]

@@ -90,6 +90,9 @@ def validate_name(name: str) -> str:
 
 
 def run(r: Round) -> Plan:
+    """The round: an invalid RLCycle stops here; else the history is pruned and the
+    running cycle driven (or cancelled by a pin or a rollback before its canary), or,
+    with none running, the idle decisions."""
     problem = validate_name(r.name)
     if problem:
         return r.invalid("NameInvalid", problem)
@@ -118,6 +121,7 @@ def run(r: Round) -> Plan:
 
 
 def drive(r: Round, ck: dict[str, Any]) -> Plan:
+    """A cycle is running: its status fields, then its current step or its canary."""
     meta = _meta(ck)
     name = meta["name"]
     r.status["candidate"] = name
