@@ -38,7 +38,7 @@ def cmd_crds(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .manifests import validate_file
+    from .validation import validate_file
 
     bad = 0
     for name in args.files:
@@ -176,7 +176,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "demo",
         help="run the real-time RL loop on this machine with simulated users (docs/demo.md)",
     )
-    from .local.demo import add_arguments as add_demo_arguments
+    from rtrl_demo.demo import add_arguments as add_demo_arguments
 
     add_demo_arguments(demo)
     demo.set_defaults(func=cmd_demo)
@@ -185,7 +185,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The operator's planning core, a local executor and simulated users, end to end."""
-    from .local.demo import run
+    from rtrl_demo.demo import run
 
     return run(args)
 

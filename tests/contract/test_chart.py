@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rtrl.kube import rbac
-from rtrl.manifests import validate_with_crd, validate_with_models
+from rtrl.validation import validate_with_crd, validate_with_models
 from tests.conftest import REPO
 
 CHART = REPO / "charts" / "rtrl-operator"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtrl.manifests import validate_document, validate_with_crd, validate_with_models
+from rtrl.validation import validate_document, validate_with_crd, validate_with_models
 from tests.conftest import REPO, console_script
 from tests.contract.mutants import MODEL_ONLY, MUTATIONS, Json, set_at
 
