@@ -4,13 +4,13 @@ computes the same loss on the same model and the same batches, side by side in o
 The train step's overhead over the simplest correct loop is what every cycle pays, so it is
 measured rather than assumed. Both sides train a copy of the same parent (loaded the way the
 trainer loads it: fp32, dropout off) on the same micro-batches, with the same loss function
-(rtrl_trainer.loss via rtrl_trainer.train.micro_batch_loss), gradient accumulation, clipping
-and AdamW settings:
+(rtrl_trainer.train.loss via rtrl_trainer.train.forward.micro_batch_loss), gradient
+accumulation, clipping and AdamW settings:
 
   (a) plain PyTorch: loss.backward() per micro-batch, clip_grad_norm_, torch.optim.AdamW
       (bf16: autocast with fp32 weights);
-  (b) rtrl: the engine of rtrl_trainer.train.build_engine (DeepSpeed, ZeRO-2 by default)
-      driven by rtrl_trainer.train.train_step, the very loop ``rtrl-job train`` runs,
+  (b) rtrl: the engine of rtrl_trainer.train.engine.build_engine (DeepSpeed, ZeRO-2 by default)
+      driven by rtrl_trainer.train.loop.train_step, the very loop ``rtrl-job train`` runs,
       without the store round-trips around it.
 
 The start-of-cycle log-probs are computed once by the trainer's own pre-pass and shared.
@@ -44,10 +44,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rtrl_trainer import train as rtrl_train
-from rtrl_trainer.batches import Example, Schedule, step_micro_batches, step_tokens
-from rtrl_trainer.loss import STAT_NAMES, LossSettings
-from rtrl_trainer.train_config import build_config
+from rtrl_trainer.train.batches import Schedule, step_micro_batches, step_tokens
+from rtrl_trainer.train.collectives import distributed_env
+from rtrl_trainer.train.config import build_config
+from rtrl_trainer.train.engine import build_engine, load_policy, prepare_runtime
+from rtrl_trainer.train.examples import Example
+from rtrl_trainer.train.forward import micro_batch_loss, start_logprobs
+from rtrl_trainer.train.loop import train_step
+from rtrl_trainer.train.loss import STAT_NAMES, LossSettings
 
 PEAKS = {"989": 989e12, "790": 790e12}
 
@@ -146,8 +150,8 @@ def _sync(device: torch.device) -> None:
 
 def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ranks = rtrl_train.distributed_env(os.environ)
-    rtrl_train.prepare_runtime(device.type == "cuda")
+    ranks = distributed_env(os.environ)
+    prepare_runtime(device.type == "cuda")
     import deepspeed
 
     deepspeed.init_distributed(
@@ -191,15 +195,15 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(parent)
         del model
-        engine, _, keep = rtrl_train.build_engine(parent, shape.vocab, config, schedule, ranks)
-        plain, _ = rtrl_train.load_policy(parent)
+        engine, _, keep = build_engine(parent, shape.vocab, config, schedule, ranks)
+        plain, _ = load_policy(parent)
     plain.to(device).train()
     optimizer = torch.optim.AdamW(
         plain.parameters(), lr=config.training.learning_rate, betas=(0.9, 0.999), eps=1e-8,
         weight_decay=0.0,
     )  # fmt: skip
     t0 = time.perf_counter()
-    start_lp = rtrl_train.start_logprobs(
+    start_lp = start_logprobs(
         engine, examples=examples, schedule=schedule, rank=0, device=device, keep_logits=keep
     )
     _sync(device)
@@ -209,7 +213,7 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         tokens = 0
         for rows in step_micro_batches(len(examples), schedule, step=step, rank=0):
             with torch.autocast(device.type, torch.bfloat16, enabled=shape.precision == "bf16"):
-                loss, _, n = rtrl_train.micro_batch_loss(
+                loss, _, n = micro_batch_loss(
                     plain, examples, start_lp, rows, normalizer=norms[step - 1],
                     settings=settings, device=device, keep_logits=keep,
                 )  # fmt: skip
@@ -221,7 +225,7 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         return tokens
 
     def rtrl_step(step: int) -> int:
-        stats = rtrl_train.train_step(
+        stats = train_step(
             engine, examples, start_lp,
             step_micro_batches(len(examples), schedule, step=step, rank=0),
             normalizer=norms[step - 1], settings=settings, world_size=1, device=device,

@@ -23,8 +23,8 @@ STEPS: dict[str, tuple[str, str, str]] = {
     ),
     "train": (
         "train the next checkpoint from the parent and the staged set (DeepSpeed)",
-        "rtrl_trainer.train_config",
-        "run_cli",
+        "rtrl_trainer.train.cli",
+        "run",
     ),
     "eval": (
         "evaluate a candidate checkpoint against its parent and judge the regression gates",

@@ -1,6 +1,6 @@
-"""From the staged set to micro-batches (rtrl_trainer.batches): rows to ranks, the checks
-that name a bad row, truncation, the schedule every rank agrees on, and the loss grid that
-lines each completion token up with the logits that predict it."""
+"""From the staged set to micro-batches (rtrl_trainer.train.examples and .batches): rows to
+ranks, the checks that name a bad row, truncation, the schedule every rank agrees on, and
+the loss grid that lines each completion token up with the logits that predict it."""
 
 from __future__ import annotations
 
@@ -12,18 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rtrl_trainer.batches import (
-    DataError,
-    Example,
-    assign_files,
+from rtrl_trainer.train.batches import (
     collate,
     epoch_micro_batches,
     make_schedule,
-    read_rank,
     step_micro_batches,
     step_tokens,
 )
-from rtrl_trainer.train import token_logprobs
+from rtrl_trainer.train.examples import DataError, Example, assign_files, read_rank
+from rtrl_trainer.train.forward import token_logprobs
 from tests.trainer.trainset import (
     LIST_TRAINSET_SCHEMA,
     TRAINSET_SCHEMA,

@@ -1,4 +1,4 @@
-"""The train step's config (rtrl_trainer.train_config) and the DeepSpeed config derived
+"""The train step's config (rtrl_trainer.train.config) and the DeepSpeed config derived
 from it: the RLCycle's own TrainingSpec in every accepted file form, flags over the file,
 and a bad value rejected with exit 2 naming the field."""
 
@@ -12,9 +12,9 @@ import yaml
 
 from rtrl.core.api.rlcycle import TrainingSpec
 from rtrl_trainer.cli import main
-from rtrl_trainer.deepspeed_config import deepspeed_config
 from rtrl_trainer.spec_file import ConfigError
-from rtrl_trainer.train_config import PLACEHOLDER_IMAGE, build_config, describe
+from rtrl_trainer.train.config import PLACEHOLDER_IMAGE, build_config, describe
+from rtrl_trainer.train.deepspeed_config import deepspeed_config
 from tests.conftest import REPO, console_script
 
 URIS = {"parent": "s3://models/base/", "data": "s3://runs/c1/stage/", "out": "s3://models/c1/"}

@@ -1,4 +1,4 @@
-"""The learning rule (rtrl_trainer.loss) against hand-computed values on tiny tensors: the
+"""The learning rule (rtrl_trainer.train.loss) against hand-computed values on tiny tensors: the
 first step is REINFORCE, clipping and truncation engage exactly at their boundaries, the
 KL term is non-negative and zero at the parent, and the token mean does not depend on how
 a batch is split into micro-batches."""
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rtrl_trainer.loss import STAT_NAMES, LossSettings, policy_loss, summarize
+from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, policy_loss, summarize
 
 SETTINGS = LossSettings(clip_ratio=0.2, is_truncation=2.0, kl_coef=0.1)
 

@@ -47,6 +47,8 @@ _KL_LOG_RATIO_LIMIT = 20.0
 
 @dataclass(frozen=True)
 class LossSettings:
+    """The RLCycle's ``training`` knobs of the learning rule (see the module docstring)."""
+
     clip_ratio: float
     is_truncation: float
     kl_coef: float

@@ -1,0 +1,128 @@
+"""The model's side of a training step: per-token log-probs, the loss of one micro-batch,
+and the gradient norm.
+
+The loss itself is loss.py's pure function; this module feeds it the model's numbers on the
+micro-batch's loss grid (batches.py). :func:`micro_batch_loss` is shared by the trainer and
+the benchmark's plain-PyTorch baseline, so both compute exactly the same loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rtrl_trainer.train.batches import Schedule, collate, epoch_micro_batches
+from rtrl_trainer.train.examples import Example
+from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, policy_loss
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+# A step's stats vector: the loss stats (STAT_NAMES), then these entries.
+INPUT_TOKENS = len(STAT_NAMES)
+NONFINITE = len(STAT_NAMES) + 1
+GRAD_NORM = len(STAT_NAMES) + 2  # only where DeepSpeed does not report it (ZeRO-0 fp32)
+STATS_SIZE = len(STAT_NAMES) + 3
+
+
+def token_logprobs(model: Callable[..., Any], mb: Any, keep_logits: bool) -> torch.Tensor:
+    """Log-prob of each target token of the micro-batch's loss grid, (B, K) float32."""
+    length = int(mb.input_ids.shape[1])
+    kwargs = {"logits_to_keep": length - mb.first} if keep_logits else {}
+    logits = model(input_ids=mb.input_ids, use_cache=False, **kwargs).logits
+    if not keep_logits:
+        logits = logits[:, mb.first :]
+    logits = logits[:, :-1].float()
+    picked = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    logp: torch.Tensor = picked - torch.logsumexp(logits, dim=-1)
+    return logp
+
+
+@torch.no_grad()
+def start_logprobs(
+    model: Callable[..., Any],
+    *,
+    examples: Sequence[Example],
+    schedule: Schedule,
+    rank: int,
+    device: torch.device,
+    keep_logits: bool,
+) -> list[np.ndarray]:
+    """Each row's completion log-probs under the current (parent) weights, before any
+    update. Micro-batches as in epoch 0, so the first step sees exactly these numbers;
+    filler micro-batches run too (ZeRO-3 gathers weights in collectives)."""
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(examples)
+    for rows in epoch_micro_batches(len(examples), schedule, epoch=0, rank=rank):
+        mb = collate(examples, rows, device=device)
+        logp = token_logprobs(model, mb, keep_logits)
+        if mb.rows:
+            for row, values in zip(mb.rows, mb.gather(logp), strict=True):
+                out[row] = values
+    return out
+
+
+def micro_batch_loss(
+    model: Callable[..., Any],
+    examples: Sequence[Example],
+    start_lp: Sequence[np.ndarray],
+    rows: Sequence[int],
+    *,
+    normalizer: int,
+    settings: LossSettings,
+    device: torch.device,
+    keep_logits: bool,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(loss, summed stats, input tokens) of one micro-batch: shared by the trainer and the
+    benchmark's plain-PyTorch baseline."""
+    mb = collate(examples, rows, device=device)
+    logp = token_logprobs(model, mb, keep_logits)
+    # Filler micro-batches have no rows; their loss is zero whatever "old" holds.
+    old = mb.scatter([start_lp[i] for i in mb.rows]) if mb.rows else mb.logp_serve
+    result = policy_loss(
+        logp,
+        old,
+        mb.logp_serve,
+        mb.advantages,
+        mb.mask,
+        settings=settings,
+        normalizer=normalizer,
+        logp_ref=old,
+        sample_weight=mb.sample_weight,
+    )
+    return result.loss, result.stats, mb.input_tokens
+
+
+def unsharded_grad_norm(engine: DeepSpeedEngine) -> float:
+    """The gradient norm before the step where DeepSpeed's optimizer does not record it
+    (no ZeRO, fp32: the gradients are whole, and already reduced, on every rank); 0 else."""
+    if engine.zero_optimization_stage() or engine.bfloat16_enabled():
+        return 0.0
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def grad_norm(engine: DeepSpeedEngine, stats: torch.Tensor) -> float | None:
+    """The step's gradient norm: DeepSpeed's, else the one in ``stats`` (None: unknown)."""
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        # Summed over ranks by the stats all-reduce; every rank had the same value.
+        return float(stats[GRAD_NORM]) / dist.get_world_size() if stats[GRAD_NORM] else None
+    return float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+
+
+def step_line(m: dict[str, Any], total: int) -> str:
+    """A step's one progress line."""
+    if m.get("tokens", 0) == 0:
+        return f"step {m['step']}/{total}: no tokens"
+    norm = m["grad_norm"]
+    rate = m["tokens"] / m["seconds"] if m["seconds"] > 0 else 0.0
+    return (
+        f"step {m['step']}/{total}  loss {m['loss']:+.5f}  kl {m['kl']:.2e}  "
+        f"clip {m['clip_fraction']:.3f}  trunc {m['truncation_fraction']:.3f}  "
+        f"adv {m['mean_advantage']:+.3f}  |g| {'-' if norm is None else f'{norm:.3g}'}  "
+        f"tokens {int(m['tokens'])}  {rate:,.0f} tok/s"
+    )
