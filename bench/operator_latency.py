@@ -105,7 +105,8 @@ from rtrl_localkube.emulator import (
     KubeEmulator,
     load_crds,
 )
-from rtrl_localkube.job_runner import JobRunner, Succeed
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Succeed
 
 MB = 1_000_000
 BIN = Path(sys.executable).parent

@@ -14,7 +14,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.controlplane_setup import binaries_dir
 from rtrl_localkube.kubelet import Kubelet
 
 

@@ -3,6 +3,7 @@ dynamic API, the same against the emulated API server and the real one."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,26 +161,32 @@ class KubeAPI:
         return self.wait_for(finished, timeout=timeout, message=message)
 
 
-def write_kubeconfig(path: Path, url: str, namespace: str) -> Path:
+def write_kubeconfig(
+    path: Path,
+    url: str,
+    namespace: str,
+    *,
+    token: str = "test-token",
+    name: str = "emulator",
+    user: str = "tester",
+    ca_file: Path | None = None,
+) -> Path:
+    """A kubeconfig (mode 0600: it holds a token) for the server at ``url``, as ``user``."""
+    cluster = {"server": url}
+    if ca_file is not None:
+        cluster["certificate-authority"] = os.fspath(ca_file)
+    context = {"cluster": name, "user": user, "namespace": namespace}
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-                "users": [{"name": "tester", "user": {"token": "test-token"}}],
-                "contexts": [
-                    {
-                        "name": "emulator",
-                        "context": {
-                            "cluster": "emulator",
-                            "user": "tester",
-                            "namespace": namespace,
-                        },
-                    }
-                ],
-                "current-context": "emulator",
+                "clusters": [{"name": name, "cluster": cluster}],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": name, "context": context}],
+                "current-context": name,
             }
         )
     )
+    path.chmod(0o600)
     return path

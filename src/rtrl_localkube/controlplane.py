@@ -28,8 +28,6 @@ import http.client
 import json
 import os
 import secrets
-import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -38,57 +36,25 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from .api import write_kubeconfig
+from .controlplane_setup import service_account_key
+from .processes import die_with_parent, free_port, kill_group
 
-REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 90.0
 STOP_GRACE = 10.0
 SERVICE_CIDR = "10.96.0.0/16"
 # Controllers the tests rely on are in kube-controller-manager's default set ("*"); the ones
 # that need a cloud or node CIDRs skip themselves.
 CONTROLLERS = "*"
-DIE_WITH_PARENT = shutil.which("setpriv")  # util-linux
 
 
 class ControlPlaneError(RuntimeError):
     """The control plane could not be started (the message says which part and why)."""
-
-
-def binaries_dir() -> Path | None:
-    """The directory ``make controlplane`` built (bin/ and gateway-api/), or None.
-
-    ``RTRL_CONTROLPLANE`` (set by the Makefile) wins; otherwise the newest complete build
-    under ``.tools/``, so a plain ``pytest`` after one ``make`` finds it too."""
-    configured = os.environ.get("RTRL_CONTROLPLANE")
-    if configured:
-        path = Path(configured)
-        return path if (path / "VERSION").exists() else None
-    builds = sorted(
-        (p for p in (REPO / ".tools").glob("controlplane-*") if (p / "VERSION").exists()),
-        key=lambda p: p.stat().st_mtime,
-    )
-    return builds[-1] if builds else None
-
-
-def die_with_parent(argv: list[str]) -> list[str]:
-    """``argv`` run so that it is killed when the thread that starts it dies: a test run
-    killed outright reaches neither its teardown nor its atexit hook. SIGKILL: with etcd
-    gone, the API server's graceful shutdown would wait for ever. (util-linux's setpriv, not
-    ``preexec_fn``, which is unsafe where threads run.)"""
-    return [DIE_WITH_PARENT, "--pdeathsig", "KILL", "--", *argv] if DIE_WITH_PARENT else argv
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -129,37 +95,16 @@ class ControlPlane:
         self, path: Path, *, token: str | None = None, namespace: str = "default"
     ) -> Path:
         """A kubeconfig for this server with ``token`` (the admin's by default)."""
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "rtrl-test",
-                            "cluster": {
-                                "server": self.url,
-                                "certificate-authority": os.fspath(self.ca_file),
-                            },
-                        }
-                    ],
-                    "users": [{"name": "user", "user": {"token": token or self.admin_token}}],
-                    "contexts": [
-                        {
-                            "name": "rtrl-test",
-                            "context": {
-                                "cluster": "rtrl-test",
-                                "user": "user",
-                                "namespace": namespace,
-                            },
-                        }
-                    ],
-                    "current-context": "rtrl-test",
-                }
-            )
+        token = token or self.admin_token
+        return write_kubeconfig(
+            path,
+            self.url,
+            namespace,
+            token=token,
+            name="rtrl-test",
+            user="user",
+            ca_file=self.ca_file,
         )
-        path.chmod(0o600)
-        return path
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -283,7 +228,7 @@ class ControlPlane:
         for sub in ("etcd", "certs", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         bin_dir = self.binaries / "bin"
-        key = self._service_account_key()
+        key = service_account_key(self.root / "certs" / "service-account.key")
         kcm_token = secrets.token_hex(16)
         tokens = self.root / "tokens.csv"
         tokens.write_text(
@@ -363,19 +308,6 @@ class ControlPlane:
             lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
         )
 
-    def _service_account_key(self) -> Path:
-        path = self.root / "certs" / "service-account.key"
-        key = ec.generate_private_key(ec.SECP256R1())
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.TraditionalOpenSSL,
-                serialization.NoEncryption(),
-            )
-        )
-        path.chmod(0o600)
-        return path
-
     def _spawn(self, name: str, argv: list[str]) -> None:
         argv = die_with_parent(argv)
         log = self.root / "logs" / f"{name}.log"
@@ -430,7 +362,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every process by pid: the controllers first, etcd last."""
         for process in reversed(self._processes):
-            _terminate(process.popen)
+            kill_group(process.popen, STOP_GRACE)
         self._processes.clear()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
@@ -439,28 +371,3 @@ class ControlPlane:
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
         return response.status == 200
-
-
-def _terminate(popen: subprocess.Popen[bytes]) -> None:
-    if popen.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(wait)
-            return
-
-
-def environment(kubeconfig: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command (kubectl, helm, rtrl) pointed at ``kubeconfig``."""
-    env = dict(os.environ)
-    env["KUBECONFIG"] = os.fspath(kubeconfig)
-    env.update(extra or {})
-    return env
-
-
-def iter_documents(path: Path) -> Iterator[dict[str, Any]]:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if doc:
-            yield doc

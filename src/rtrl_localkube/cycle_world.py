@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import open_store
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.kubelet import Outcome, Succeed
+from rtrl_localkube.outcomes import Outcome, Succeed
 
 REPO = Path(__file__).resolve().parents[2]
 RTRL = "rtrl.io/v1alpha1"

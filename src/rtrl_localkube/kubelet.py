@@ -22,10 +22,8 @@ containers (see ``src/rtrl_localkube/pods.py`` for how a pod spec maps onto this
   then the kubelet confirms the deletion (``gracePeriodSeconds: 0``).
 
 Tests script what a pod does with :meth:`Kubelet.script` (an fnmatch pattern on the pod's Job
-name, or its pod name): ``Run()`` (the default) executes the containers; ``Succeed(before=fn)``
-calls ``fn(job)`` and exits 0; ``Fail(...)`` exits with that termination; ``Hang()`` runs until
-the pod is deleted. ``never_ready`` lists pod-name patterns whose containers run but never
-pass readiness (a model that never loads); a pattern may name the Deployment.
+name, or its pod name) and an outcome of :mod:`rtrl_localkube.outcomes`. ``never_ready`` lists
+patterns of pod (or Deployment) names whose containers run but never pass readiness.
 
 Not done, on purpose: readiness and liveness probes (a running container is ready), init
 containers, resource limits, port conflicts between pods (all pods share the host's network
@@ -36,11 +34,9 @@ kubelet's user; with it, as the securityContext's user and capabilities: pods.py
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fnmatch
 import ipaddress
 import itertools
-import os
 import threading
 import time
 import traceback
@@ -51,53 +47,21 @@ from pathlib import Path
 from typing import Any
 
 from rtrl_localkube.controlplane import ControlPlane
-from rtrl_localkube.pods import CancelledError, PodRunner, Termination, job_of
+from rtrl_localkube.pods import PodRunner, job_of
+
+from . import node as node_api
+from .kinds import now_rfc3339
+from .outcomes import Outcome, Run
+from .podlife import PodLife
 
 NODE = "rtrl-node"
-LEASE_SECONDS = 40
-RENEW_SECONDS = 10.0
 # A deleted pod's processes get at most this long after SIGTERM (the pod's own
 # terminationGracePeriodSeconds, if shorter), so that tests do not wait 30 s per pod.
 MAX_GRACE_SECONDS = 3.0
-RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 # Each pod gets an address of this node's pod CIDR, as with a CNI plugin: the API rejects
 # loopback addresses in EndpointSlices. Nothing listens on them (every pod shares the host's
 # network namespace and is reached as 127.0.0.1, see src/rtrl_localkube/pods.py).
 POD_CIDR = ipaddress.ip_network("10.244.0.0/16")
-
-
-@dataclass(frozen=True)
-class Run:
-    """Execute the containers locally (the default)."""
-
-
-@dataclass(frozen=True)
-class Succeed:
-    """Exit 0 without running; ``before(job)`` runs first with the pod's Job (e.g. to write
-    the step's result files), or with the pod itself when no Job owns it."""
-
-    before: Callable[[dict[str, Any]], None] | None = None
-
-
-@dataclass(frozen=True)
-class Fail:
-    """End every attempt with this container termination."""
-
-    reason: str = "Error"
-    message: str = ""
-    exit_code: int = 1
-
-
-@dataclass(frozen=True)
-class Hang:
-    """Stay running until the pod is deleted."""
-
-
-Outcome = Run | Succeed | Fail | Hang
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _quantity_count(value: Any) -> float:
@@ -286,80 +250,10 @@ class Kubelet:
     # --- the Node ------------------------------------------------------------------------
 
     def _register_node(self) -> None:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        capacity = {"cpu": str(os.cpu_count() or 1), "memory": str(memory), "pods": "250"}
-        with contextlib.suppress(urllib.error.HTTPError):  # 409: registered before
-            self.cp.request(
-                "POST",
-                "/api/v1/nodes",
-                {"apiVersion": "v1", "kind": "Node",
-                 "metadata": {"name": self.node, "labels": self.labels}},
-            )  # fmt: skip
-        now = now_rfc3339()
-        conditions = [
-            {"type": kind, "status": "False", "reason": f"Kubelet Has No {kind}",
-             "lastHeartbeatTime": now, "lastTransitionTime": now}
-            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")
-        ]  # fmt: skip
-        conditions.append(
-            {"type": "Ready", "status": "True", "reason": "KubeletReady",
-             "message": "kubelet stand-in is posting ready status",
-             "lastHeartbeatTime": now, "lastTransitionTime": now}
-        )  # fmt: skip
-        self.cp.request(
-            "PATCH",
-            f"/api/v1/nodes/{self.node}/status",
-            {
-                "status": {
-                    "capacity": capacity,
-                    "allocatable": capacity,
-                    "conditions": conditions,
-                    "addresses": [
-                        {"type": "InternalIP", "address": "127.0.0.1"},
-                        {"type": "Hostname", "address": self.node},
-                    ],
-                    "nodeInfo": self._node_info(),
-                }
-            },
-            content_type="application/merge-patch+json",
-        )
-
-    def _node_info(self) -> dict[str, str]:
-        info = dict.fromkeys(("kernelVersion", "osImage", "machineID", "systemUUID", "bootID"), "")
-        return info | {
-            "kubeletVersion": self.cp.version,
-            "kubeProxyVersion": "",
-            "operatingSystem": "linux",
-            "architecture": "amd64",
-            "containerRuntimeVersion": "local-process://1",
-        }
+        node_api.register(self.cp, self.node, self.labels)
 
     def _heartbeat(self) -> None:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
-        while not self._stop.is_set():
-            renew = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            lease = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.node, "namespace": "kube-node-lease"},
-                "spec": {
-                    "holderIdentity": self.node,
-                    "leaseDurationSeconds": LEASE_SECONDS,
-                    "renewTime": renew,
-                },
-            }
-            try:
-                self.cp.request("PATCH", path, {"spec": lease["spec"]},
-                                content_type="application/merge-patch+json")  # fmt: skip
-            except urllib.error.HTTPError as exc:
-                if exc.code != 404:
-                    raise
-                self.cp.request(
-                    "POST",
-                    "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                    lease,
-                )
-            self._stop.wait(RENEW_SECONDS)
+        node_api.heartbeat(self.cp, self.node, self._stop)
 
     # --- pods ----------------------------------------------------------------------------
 
@@ -474,7 +368,7 @@ class Kubelet:
     def _run_pod(self, worker: _Worker) -> None:
         try:
             if not worker.cancel.is_set():
-                _PodLife(self, worker).run()
+                PodLife(self, worker).run()
         finally:
             if worker.cancel.is_set():
                 self._confirm_deletion(worker)
@@ -502,168 +396,3 @@ class Kubelet:
                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
                  "preconditions": {"uid": meta["uid"]}},
             )  # fmt: skip
-
-
-def workload_names(pod: dict[str, Any]) -> list[str]:
-    """The pod's name, its Job's, and its Deployment's (its ReplicaSet's name without the
-    template hash): what ``never_ready`` patterns match."""
-    meta = pod["metadata"]
-    names = [meta["name"], job_of(pod)]
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == "ReplicaSet":
-            names.append(str(ref["name"]).rsplit("-", 1)[0])
-    return [n for n in names if n]
-
-
-class _PodLife:
-    """One pod on the node: its containers' processes and the status the kubelet reports."""
-
-    def __init__(self, kubelet: Kubelet, worker: _Worker) -> None:
-        self.kubelet = kubelet
-        self.worker = worker
-        self.pod = worker.pod
-        self.started = now_rfc3339()
-        self.containers = list(self.pod["spec"].get("containers") or [])
-        self.states: dict[str, dict[str, Any]] = {
-            c["name"]: {"waiting": {"reason": "ContainerCreating"}} for c in self.containers
-        }
-        self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
-        self.lock = threading.Lock()
-        names = workload_names(self.pod)
-        self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
-
-    def report(self, phase: str) -> None:
-        with self.lock:
-            running = all("running" in s for s in self.states.values())
-            ready = running and not self.never_ready and phase == "Running"
-            statuses = [
-                {
-                    "name": c["name"],
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "ready": ready,
-                    "started": "running" in self.states[c["name"]],
-                    "restartCount": self.restarts[c["name"]],
-                    "state": self.states[c["name"]],
-                }
-                for c in self.containers
-            ]
-        now = now_rfc3339()
-
-        def condition(kind: str, value: bool) -> dict[str, Any]:
-            return {"type": kind, "status": "True" if value else "False",
-                    "lastProbeTime": None, "lastTransitionTime": now}  # fmt: skip
-
-        status = {
-            "phase": phase,
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": self.pod["status"]["podIP"],
-            "podIPs": [{"ip": self.pod["status"]["podIP"]}],
-            "startTime": self.started,
-            "qosClass": "BestEffort",
-            "conditions": [
-                condition("PodScheduled", True),
-                condition("Initialized", True),
-                condition("ContainersReady", ready),
-                condition("Ready", ready),
-            ],
-            "containerStatuses": statuses,
-        }
-        self.kubelet._patch_status(self.pod, status)
-
-    def run(self) -> None:
-        unavailable = [
-            c for c in self.containers
-            if any(fnmatch.fnmatch(c.get("image", ""), p) for p in self.kubelet.unavailable_images)
-        ]  # fmt: skip
-        if unavailable:
-            for c in unavailable:
-                self.states[c["name"]] = {"waiting": {
-                    "reason": "ErrImagePull",
-                    "message": f'failed to pull image "{c.get("image")}": not available here',
-                }}  # fmt: skip
-            self.report("Pending")
-            self.worker.cancel.wait()
-            return
-        self.report("Pending")
-        threads = [
-            threading.Thread(target=self.container_loop, args=(c,), daemon=True)
-            for c in self.containers
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if self.worker.cancel.is_set():
-            return
-        codes = [s["terminated"]["exitCode"] for s in self.states.values()]
-        self.report("Succeeded" if all(code == 0 for code in codes) else "Failed")
-
-    def container_loop(self, container: dict[str, Any]) -> None:
-        policy = self.pod["spec"].get("restartPolicy", "Always")
-        name = container["name"]
-        attempt = 0
-        while True:
-            end = self.run_container(container)
-            if end is None:  # cancelled
-                return
-            with self.lock:
-                finished = now_rfc3339()
-                self.states[name] = {"terminated": {
-                    "exitCode": end.exit_code, "reason": end.reason,
-                    "startedAt": self.started, "finishedAt": finished,
-                    **({"message": end.message} if end.message else {}),
-                }}  # fmt: skip
-            restart = policy == "Always" or (policy == "OnFailure" and end.exit_code != 0)
-            if not restart:
-                return
-            self.report("Running")
-            delay = RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)]
-            attempt += 1
-            if self.worker.cancel.wait(delay):
-                return
-            with self.lock:
-                self.restarts[name] += 1
-
-    def run_container(self, container: dict[str, Any]) -> Termination | None:
-        outcome = self.kubelet._outcome(self.pod)
-
-        def running(_proc: Any = None) -> None:
-            with self.lock:
-                self.states[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
-            self.report("Running")
-
-        if isinstance(outcome, Succeed):
-            running()
-            if outcome.before is not None:
-                outcome.before(self.owner_job() or self.pod)
-            return Termination(0, "Completed")
-        if isinstance(outcome, Fail):
-            running()
-            return Termination(outcome.exit_code, outcome.reason, outcome.message)
-        if isinstance(outcome, Hang):
-            running()
-            self.worker.cancel.wait()
-            return None
-        try:
-            return self.kubelet.runner.run(
-                self.pod,
-                container,
-                cancel=self.worker.cancel,
-                on_start=running,
-                grace=lambda: self.worker.grace,
-            )
-        except CancelledError:
-            return None
-
-    def owner_job(self) -> dict[str, Any] | None:
-        meta = self.pod["metadata"]
-        for ref in meta.get("ownerReferences") or []:
-            if ref.get("kind") == "Job":
-                with contextlib.suppress(urllib.error.HTTPError):
-                    job: dict[str, Any] = self.kubelet.cp.request(
-                        "GET", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{ref['name']}"
-                    )
-                    return job
-        return None

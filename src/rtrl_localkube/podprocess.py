@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .processes import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -58,13 +59,9 @@ def rewrite(value: str, mounts: list[tuple[str, str]], job: str) -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def tail(path: Path, lines: int = 20, limit: int = 4096) -> str:
+    """The end of a log: a failed step's message, and FallbackToLogsOnError's termination
+    message (the last 20 lines, at most 4096 bytes)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -133,7 +130,7 @@ def run_pod(
         if "MASTER_PORT" in env:
             # A pod has its own network namespace; here all share one, so the rendezvous
             # port of two trainings (two demos at once) must differ.
-            env["MASTER_PORT"] = str(_free_port())
+            env["MASTER_PORT"] = str(free_port())
         words = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [rewrite(expand_vars(str(w), env), mounts, name) for w in words]
         argv += list(extra_args or [])

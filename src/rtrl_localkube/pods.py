@@ -49,11 +49,8 @@ How a pod spec maps onto this machine:
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -63,11 +60,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl_localkube.controlplane import die_with_parent
 from rtrl_localkube.podprocess import expand_vars
 from rtrl_localkube.podprocess import rewrite as rewrite_for_local
+from rtrl_localkube.processes import KILL_GRACE_SECONDS, die_with_parent, kill_group
 
-BIN = Path(sys.executable).parent
+from .podprocess import BIN, tail
+from .podvolumes import PodSources, SetupError
+
 # An interpreter of this Python version that other users can run (the venv's may not be).
 IDENTITY_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
 SITE_PACKAGES = (
@@ -75,14 +74,6 @@ SITE_PACKAGES = (
 )
 SITE_PACKAGES = SITE_PACKAGES / "site-packages"
 _CONSOLE_SCRIPT = re.compile(r"^from ([\w.]+) import (\w+)$", re.MULTILINE)
-TERMINATION_TAIL_LINES = 20
-TERMINATION_TAIL_BYTES = 4096
-KILL_GRACE_SECONDS = 1.0
-
-# (kind, namespace, name) -> the object, or None when it does not exist
-Reader = Callable[[str, str, str], dict[str, Any] | None]
-# (pod, audience or None, seconds) -> a service-account token bound to the pod
-TokenSource = Callable[[dict[str, Any], str | None, int], str]
 
 
 def reachable_by(path: Path, uid: int, gids: set[int]) -> bool:
@@ -105,11 +96,6 @@ def reachable_by(path: Path, uid: int, gids: set[int]) -> bool:
         return False
 
 
-class SetupError(Exception):
-    """The container cannot start (missing Secret, no command...): the pod fails, with this
-    message, not the runner."""
-
-
 class CancelledError(Exception):
     """The pod was deleted (or the runner stopped) while its container ran."""
 
@@ -123,28 +109,6 @@ class Termination:
     message: str = ""
 
 
-def tail(path: Path) -> str:
-    """The termination message of FallbackToLogsOnError: the last 20 lines, at most 4096 B."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ""
-    lines = data.splitlines(keepends=True)[-TERMINATION_TAIL_LINES:]
-    return b"".join(lines)[-TERMINATION_TAIL_BYTES:].decode(errors="replace")
-
-
-def kill_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE_SECONDS) -> None:
-    """SIGTERM the process group, then SIGKILL after ``grace`` seconds, as the kubelet does."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
-            return
-
-
 def job_of(pod: Mapping[str, Any]) -> str:
     """The name of the Job that owns ``pod`` ("" for other pods): its hostnames are rewritten."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
@@ -152,162 +116,8 @@ def job_of(pod: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class PodRunner:
+class PodRunner(PodSources):
     """Runs containers of pods read through ``read``; one per kubelet or Job runner."""
-
-    read: Reader
-    work_dir: Path
-    extra_env: dict[str, str]
-    token: TokenSource | None = None
-    pod_ip: str = "127.0.0.1"
-    node_name: str = "localhost"
-    identities: bool = False
-
-    # --- what a container sees -------------------------------------------------------------
-
-    def keyed(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        """A Secret's (decoded) or ConfigMap's data, None if missing."""
-        obj = self.read(kind, namespace, name)
-        if obj is None:
-            return None
-        if kind == "Secret":
-            return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-        return dict(obj.get("data") or {})
-
-    def field(self, pod: Mapping[str, Any], path: str) -> str:
-        """A downward-API field of ``pod`` (``metadata.name``, ``metadata.labels['k']``...)."""
-        meta = pod["metadata"]
-        keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-        if keyed:
-            return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
-        simple = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta["namespace"],
-            "metadata.uid": meta.get("uid", ""),
-            "spec.nodeName": (pod.get("spec") or {}).get("nodeName") or self.node_name,
-            "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", ""),
-            "status.podIP": (pod.get("status") or {}).get("podIP") or self.pod_ip,
-            "status.hostIP": self.pod_ip,
-        }
-        if path not in simple:
-            raise SetupError(f"fieldRef {path!r} is not supported by this kubelet")
-        return str(simple[path])
-
-    def _write_items(
-        self,
-        target: Path,
-        data: Mapping[str, str],
-        items: list[dict[str, Any]] | None,
-        *,
-        mode: int | None = None,
-        optional: bool = False,
-    ) -> None:
-        """One file per item (every key without ``items``), with the item's ``mode``, else
-        ``mode`` (the volume's ``defaultMode``), else 0644, as the kubelet writes them. A
-        missing key fails the volume unless the source is ``optional`` (then it is skipped)."""
-        for item in items or [{"key": k, "path": k} for k in data]:
-            if item["key"] not in data:
-                if optional:
-                    continue
-                raise SetupError(f"key {item['key']!r} not found")
-            path = target / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)  # a restarted container's copy may be read-only
-            path.write_text(data[item["key"]])
-            path.chmod(item.get("mode", mode if mode is not None else 0o644))
-
-    def _keyed_volume(
-        self,
-        pod: dict[str, Any],
-        source: Mapping[str, Any],
-        kind: str,
-        target: Path,
-        mode: int | None = None,
-    ) -> None:
-        name = source.get("name") or source.get("secretName")
-        data = self.keyed(kind, pod["metadata"]["namespace"], str(name))
-        optional = bool(source.get("optional"))
-        if data is None:
-            if optional:
-                return
-            raise SetupError(f"{kind} {name!r} not found")
-        mode = source.get("defaultMode", mode)
-        self._write_items(target, data, source.get("items"), mode=mode, optional=optional)
-
-    def _downward_volume(
-        self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
-    ) -> None:
-        for item in source.get("items") or []:
-            if "fieldRef" not in item:
-                raise SetupError(f"downwardAPI item {item.get('path')!r}: only fieldRef")
-            path = target / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.field(pod, item["fieldRef"]["fieldPath"]))
-
-    def _projected_volume(
-        self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
-    ) -> None:
-        mode = source.get("defaultMode")
-        for part in source.get("sources") or []:
-            if "configMap" in part:
-                self._keyed_volume(pod, part["configMap"], "ConfigMap", target, mode)
-            elif "secret" in part:
-                self._keyed_volume(pod, part["secret"], "Secret", target, mode)
-            elif "downwardAPI" in part:
-                self._downward_volume(pod, part["downwardAPI"], target)
-            elif "serviceAccountToken" in part:
-                if self.token is None:
-                    raise SetupError("serviceAccountToken volumes need the TokenRequest API")
-                spec = part["serviceAccountToken"]
-                token = self.token(pod, spec.get("audience"), spec.get("expirationSeconds", 3607))
-                path = target / spec["path"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(token)
-            else:
-                raise SetupError(f"projected source {sorted(part)} is not supported")
-
-    def volumes(
-        self, pod: dict[str, Any], container: dict[str, Any], root: Path
-    ) -> list[tuple[str, str]]:
-        """Each volume as a local directory; (mountPath, local path) of the container's
-        mounts, longest mount path first."""
-        local: dict[str, Path] = {}
-        for volume in pod["spec"].get("volumes") or []:
-            name = volume["name"]
-            path = root / "volumes" / name
-            try:
-                if "emptyDir" in volume:
-                    path.mkdir(parents=True, exist_ok=True)
-                elif "configMap" in volume or "secret" in volume:
-                    kind = "ConfigMap" if "configMap" in volume else "Secret"
-                    path.mkdir(parents=True, exist_ok=True)
-                    self._keyed_volume(
-                        pod, volume.get("configMap") or volume.get("secret") or {}, kind, path
-                    )
-                elif "downwardAPI" in volume:
-                    path.mkdir(parents=True, exist_ok=True)
-                    self._downward_volume(pod, volume["downwardAPI"], path)
-                elif "projected" in volume:
-                    path.mkdir(parents=True, exist_ok=True)
-                    self._projected_volume(pod, volume["projected"], path)
-                elif "persistentVolumeClaim" in volume:
-                    claim = volume["persistentVolumeClaim"]["claimName"]
-                    path = self.work_dir / "pvc" / claim
-                    path.mkdir(parents=True, exist_ok=True)
-                elif "hostPath" in volume:
-                    path = Path(volume["hostPath"]["path"])
-                else:
-                    raise SetupError("this kind of volume is not supported")
-            except SetupError as exc:
-                raise SetupError(f"volume {name!r}: {exc}") from None
-            local[name] = path
-        mounts = []
-        for mount in container.get("volumeMounts") or []:
-            if mount["name"] not in local:
-                raise SetupError(f"volumeMount {mount['name']!r} has no volume")
-            path = local[mount["name"]] / mount.get("subPath", "")
-            mounts.append((mount["mountPath"].rstrip("/") or "/", os.fspath(path)))
-        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
 
     def environment(
         self,

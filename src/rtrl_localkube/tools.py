@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
-from rtrl_localkube.controlplane import REPO, ControlPlane, die_with_parent
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.controlplane_setup import REPO
+from rtrl_localkube.processes import die_with_parent
 
 TOOLS_BIN = REPO / ".tools" / "bin"
 

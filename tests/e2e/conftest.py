@@ -23,7 +23,8 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.controlplane_setup import binaries_dir
 from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.tools import Cli, OperatorProcess
 

@@ -28,7 +28,8 @@ from rtrl_localkube.cycle_world import (
     status,
     wait_phase,
 )
-from rtrl_localkube.job_runner import Hang, JobRunner, Run
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Hang, Run
 from tests.integration.conftest import KubeAPI
 from tests.trainer.helpers import rows
 
@@ -46,7 +47,7 @@ def test_canary_steps_then_promotes(
     kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
 ) -> None:
     from rtrl_localkube.cycle_world import ANALYSIS_PROMOTE, commit_result
-    from rtrl_localkube.job_runner import Succeed
+    from rtrl_localkube.outcomes import Succeed
 
     script_all(job_runner, tmp_path)
     wait = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}

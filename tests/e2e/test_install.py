@@ -13,7 +13,8 @@ import pytest
 
 from rtrl.core.api.yamlfile import load
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.controlplane import ControlPlane, binaries_dir
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.controlplane_setup import binaries_dir
 from rtrl_localkube.tools import Cli, OperatorProcess
 from tests.conftest import REPO
 

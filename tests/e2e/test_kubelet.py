@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.kubelet import Fail, Kubelet
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_localkube.outcomes import Fail
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,8 @@ import pytest
 from rtrl.core.api.yamlfile import load
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.cycle_world import NAME, RTRL, condition
-from rtrl_localkube.kubelet import Hang, Kubelet
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_localkube.outcomes import Hang
 from rtrl_localkube.tools import Cli, OperatorProcess
 from tests.conftest import REPO
 from tests.contract.mutants import MODEL_ONLY, set_at

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from rtrl_localkube.controlplane import free_port
 from rtrl_localkube.cycle_world import NAME, base_checkpoint, deployment, rlcycle, script_all
 from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.processes import free_port
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI
 

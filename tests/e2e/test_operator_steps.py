@@ -27,7 +27,8 @@ from rtrl_localkube.cycle_world import (
     status,
     wait_phase,
 )
-from rtrl_localkube.job_runner import Fail, JobRunner
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Fail
 from tests.integration.conftest import KubeAPI
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,8 @@ import kubernetes
 import pytest
 from tests.integration.conftest import KubeAPI
 
-from rtrl_localkube.job_runner import Fail, Hang, JobRunner, Succeed
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Fail, Hang, Succeed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -35,7 +35,8 @@ from rtrl_localkube.cycle_world import (
     setup_namespace,
     status,
 )
-from rtrl_localkube.job_runner import JobRunner, Succeed
+from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Succeed
 
 pytestmark = pytest.mark.timeout(60)
 

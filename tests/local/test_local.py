@@ -11,7 +11,8 @@ import pytest
 
 from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
 from rtrl_demo import sim
-from rtrl_localkube.cluster import LocalCluster, PatchConflictError, json_patch, merge_patch
+from rtrl_localkube.cluster import LocalCluster
+from rtrl_localkube.patch import PatchConflictError, json_patch, merge_patch
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

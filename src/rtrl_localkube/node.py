@@ -1,0 +1,98 @@
+"""The kubelet stand-in's Node: registered Ready with this machine's CPUs and memory, and its
+Lease renewed, so the node lifecycle controller keeps it."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+import urllib.error
+
+from rtrl_localkube.controlplane import ControlPlane
+
+from .kinds import now_rfc3339
+
+LEASE_SECONDS = 40
+RENEW_SECONDS = 10.0
+
+
+def register(cp: ControlPlane, node: str, labels: dict[str, str]) -> None:
+    """Create the Node (409: it exists) and report it Ready with this machine's capacity."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    capacity = {"cpu": str(os.cpu_count() or 1), "memory": str(memory), "pods": "250"}
+    with contextlib.suppress(urllib.error.HTTPError):  # 409: registered before
+        cp.request(
+            "POST",
+            "/api/v1/nodes",
+            {"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": node, "labels": labels}},
+        )  # fmt: skip
+    now = now_rfc3339()
+    conditions = [
+        {"type": kind, "status": "False", "reason": f"Kubelet Has No {kind}",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}
+        for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ]  # fmt: skip
+    conditions.append(
+        {"type": "Ready", "status": "True", "reason": "KubeletReady",
+         "message": "kubelet stand-in is posting ready status",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}
+    )  # fmt: skip
+    cp.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        {
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "conditions": conditions,
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": node},
+                ],
+                "nodeInfo": _node_info(cp),
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+
+
+def _node_info(cp: ControlPlane) -> dict[str, str]:
+    info = dict.fromkeys(("kernelVersion", "osImage", "machineID", "systemUUID", "bootID"), "")
+    return info | {
+        "kubeletVersion": cp.version,
+        "kubeProxyVersion": "",
+        "operatingSystem": "linux",
+        "architecture": "amd64",
+        "containerRuntimeVersion": "local-process://1",
+    }
+
+
+def heartbeat(cp: ControlPlane, node: str, stop: threading.Event) -> None:
+    """Renew the Node's Lease every RENEW_SECONDS until ``stop``, as a kubelet does."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}"
+    while not stop.is_set():
+        renew = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": node,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": renew,
+            },
+        }
+        try:
+            cp.request("PATCH", path, {"spec": lease["spec"]},
+                            content_type="application/merge-patch+json")  # fmt: skip
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            cp.request(
+                "POST",
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                lease,
+            )
+        stop.wait(RENEW_SECONDS)

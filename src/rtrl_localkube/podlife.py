@@ -1,0 +1,185 @@
+"""One pod's life on the kubelet stand-in: its containers run (and restart) as local
+processes, and every change is reported as the pod's status, as a kubelet reports it."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import threading
+import urllib.error
+from typing import TYPE_CHECKING, Any
+
+from rtrl_localkube.pods import CancelledError, Termination, job_of
+
+from .kinds import now_rfc3339
+from .outcomes import Fail, Hang, Succeed
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet, _Worker
+
+RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+
+def workload_names(pod: dict[str, Any]) -> list[str]:
+    """The pod's name, its Job's, and its Deployment's (its ReplicaSet's name without the
+    template hash): what ``never_ready`` patterns match."""
+    meta = pod["metadata"]
+    names = [meta["name"], job_of(pod)]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "ReplicaSet":
+            names.append(str(ref["name"]).rsplit("-", 1)[0])
+    return [n for n in names if n]
+
+
+class PodLife:
+    """One pod on the node: its containers' processes and the status the kubelet reports."""
+
+    def __init__(self, kubelet: Kubelet, worker: _Worker) -> None:
+        self.kubelet = kubelet
+        self.worker = worker
+        self.pod = worker.pod
+        self.started = now_rfc3339()
+        self.containers = list(self.pod["spec"].get("containers") or [])
+        self.states: dict[str, dict[str, Any]] = {
+            c["name"]: {"waiting": {"reason": "ContainerCreating"}} for c in self.containers
+        }
+        self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
+        self.lock = threading.Lock()
+        names = workload_names(self.pod)
+        self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
+
+    def report(self, phase: str) -> None:
+        with self.lock:
+            running = all("running" in s for s in self.states.values())
+            ready = running and not self.never_ready and phase == "Running"
+            statuses = [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": ready,
+                    "started": "running" in self.states[c["name"]],
+                    "restartCount": self.restarts[c["name"]],
+                    "state": self.states[c["name"]],
+                }
+                for c in self.containers
+            ]
+        now = now_rfc3339()
+
+        def condition(kind: str, value: bool) -> dict[str, Any]:
+            return {"type": kind, "status": "True" if value else "False",
+                    "lastProbeTime": None, "lastTransitionTime": now}  # fmt: skip
+
+        status = {
+            "phase": phase,
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": self.pod["status"]["podIP"],
+            "podIPs": [{"ip": self.pod["status"]["podIP"]}],
+            "startTime": self.started,
+            "qosClass": "BestEffort",
+            "conditions": [
+                condition("PodScheduled", True),
+                condition("Initialized", True),
+                condition("ContainersReady", ready),
+                condition("Ready", ready),
+            ],
+            "containerStatuses": statuses,
+        }
+        self.kubelet._patch_status(self.pod, status)
+
+    def run(self) -> None:
+        unavailable = [
+            c for c in self.containers
+            if any(fnmatch.fnmatch(c.get("image", ""), p) for p in self.kubelet.unavailable_images)
+        ]  # fmt: skip
+        if unavailable:
+            for c in unavailable:
+                self.states[c["name"]] = {"waiting": {
+                    "reason": "ErrImagePull",
+                    "message": f'failed to pull image "{c.get("image")}": not available here',
+                }}  # fmt: skip
+            self.report("Pending")
+            self.worker.cancel.wait()
+            return
+        self.report("Pending")
+        threads = [
+            threading.Thread(target=self.container_loop, args=(c,), daemon=True)
+            for c in self.containers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.worker.cancel.is_set():
+            return
+        codes = [s["terminated"]["exitCode"] for s in self.states.values()]
+        self.report("Succeeded" if all(code == 0 for code in codes) else "Failed")
+
+    def container_loop(self, container: dict[str, Any]) -> None:
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        name = container["name"]
+        attempt = 0
+        while True:
+            end = self.run_container(container)
+            if end is None:  # cancelled
+                return
+            with self.lock:
+                finished = now_rfc3339()
+                self.states[name] = {"terminated": {
+                    "exitCode": end.exit_code, "reason": end.reason,
+                    "startedAt": self.started, "finishedAt": finished,
+                    **({"message": end.message} if end.message else {}),
+                }}  # fmt: skip
+            restart = policy == "Always" or (policy == "OnFailure" and end.exit_code != 0)
+            if not restart:
+                return
+            self.report("Running")
+            delay = RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)]
+            attempt += 1
+            if self.worker.cancel.wait(delay):
+                return
+            with self.lock:
+                self.restarts[name] += 1
+
+    def run_container(self, container: dict[str, Any]) -> Termination | None:
+        outcome = self.kubelet._outcome(self.pod)
+
+        def running(_proc: Any = None) -> None:
+            with self.lock:
+                self.states[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
+            self.report("Running")
+
+        if isinstance(outcome, Succeed):
+            running()
+            if outcome.before is not None:
+                outcome.before(self.owner_job() or self.pod)
+            return Termination(0, "Completed")
+        if isinstance(outcome, Fail):
+            running()
+            return Termination(outcome.exit_code, outcome.reason, outcome.message)
+        if isinstance(outcome, Hang):
+            running()
+            self.worker.cancel.wait()
+            return None
+        try:
+            return self.kubelet.runner.run(
+                self.pod,
+                container,
+                cancel=self.worker.cancel,
+                on_start=running,
+                grace=lambda: self.worker.grace,
+            )
+        except CancelledError:
+            return None
+
+    def owner_job(self) -> dict[str, Any] | None:
+        meta = self.pod["metadata"]
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("kind") == "Job":
+                with contextlib.suppress(urllib.error.HTTPError):
+                    job: dict[str, Any] = self.kubelet.cp.request(
+                        "GET", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{ref['name']}"
+                    )
+                    return job
+        return None
