@@ -58,8 +58,14 @@ from rtrl.core.shards import (
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.reward import rewards
-from rtrl_trainer.stage import CARRIED_COLUMNS, token_id_type, train_schema
-from rtrl_trainer.stage_write import ADVANTAGE_SCHEMA, ADVANTAGE_SUFFIX, train_writer
+from rtrl_trainer.stage.ranks import train_writer
+from rtrl_trainer.stage.select import token_id_type
+from rtrl_trainer.stagedset import (
+    ADVANTAGE_SCHEMA,
+    ADVANTAGE_SUFFIX,
+    CARRIED_COLUMNS,
+    train_schema,
+)
 
 MB = 1_000_000
 CHECKPOINT = "bench-ckpt"

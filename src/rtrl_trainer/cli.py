@@ -18,7 +18,7 @@ from collections.abc import Sequence
 STEPS: dict[str, tuple[str, str, str]] = {
     "stage": (
         "select, quarantine and reward matured interactions; write the training set",
-        "rtrl_trainer.stage",
+        "rtrl_trainer.stage.cli",
         "run",
     ),
     "train": (
@@ -28,17 +28,12 @@ STEPS: dict[str, tuple[str, str, str]] = {
     ),
     "eval": (
         "evaluate a candidate checkpoint against its parent and judge the regression gates",
-        "rtrl_trainer.evaluate",
+        "rtrl_trainer.evaluate.cli",
         "run",
     ),
     "analyze": (
         "judge a canary against the stable checkpoint: promote, rollback or continue",
-        "rtrl_trainer.analyze",
-        "run",
-    ),
-    "serve": (
-        "demo only: simulated users of the serving (and canary) checkpoint write shards",
-        "rtrl_trainer.serve",
+        "rtrl_trainer.analyze.cli",
         "run",
     ),
 }

@@ -9,8 +9,10 @@ names the file or flag and the field, in the words ``rtrl validate`` uses.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,3 +119,30 @@ def validate_section(
         raise ConfigError(
             validation_problems(exc, where=where, path=path, flags=flags or {})
         ) from None
+
+
+# --- times: the steps' --now / --since flags and the form result documents use -----------
+
+
+def time_arg(text: str) -> datetime:
+    """argparse type of the steps' ``--now`` / ``--since`` flags."""
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 instant (``2026-01-05T12:00:00Z``); a naive one is taken as UTC."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-01-05T12:00:00Z)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def format_time(value: datetime | None) -> str | None:
+    """``value`` as ISO 8601 UTC with a ``Z`` (the form stage.json uses), or None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

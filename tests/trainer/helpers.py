@@ -16,8 +16,7 @@ import pytest
 from rtrl.core.shards import INTERACTION_SCHEMA
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.cli import main
-from rtrl_trainer.packed import to_lists
-from rtrl_trainer.stage_write import ADVANTAGE_SUFFIX, advantage_name, with_advantages
+from rtrl_trainer.stagedset import ADVANTAGE_SUFFIX, advantage_name, to_lists, with_advantages
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # maturity 1h: cutoff 11:00

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from rtrl_trainer.cli import main
-from rtrl_trainer.config import StageConfig, build_config, parse_time
-from rtrl_trainer.spec_file import ConfigError
+from rtrl_trainer.spec_file import ConfigError, parse_time
+from rtrl_trainer.stage.config import StageConfig, build_config
 from tests.conftest import REPO
 from tests.shards.helpers import write
 from tests.trainer.helpers import NOW, rows, run_stage, stage_args

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rtrl.core.store.local import LocalStore
-from rtrl_trainer import stage_write
 from rtrl_trainer.cli import main
+from rtrl_trainer.stage import ranks as stage_ranks
 from tests.conftest import REPO
 from tests.shards.helpers import write
 from tests.trainer.helpers import (
@@ -284,7 +284,7 @@ def test_a_failing_local_disk_fails_the_step_in_one_line(
         def write_table(self, table: object, row_group_size: int | None = None) -> None:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(stage_write.pq, "ParquetWriter", FullDisk)
+    monkeypatch.setattr(stage_ranks.pq, "ParquetWriter", FullDisk)
     code = main(stage_args(tmp_path / "shards", tmp_path / "out"))
     assert code == 1
     assert capsys.readouterr().err == (

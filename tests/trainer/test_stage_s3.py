@@ -18,8 +18,7 @@ import pytest
 
 from rtrl.core.shards import INTERACTION_SCHEMA, synthetic_interactions, write_shards
 from rtrl.core.store import open_store
-from rtrl_trainer.packed import to_lists
-from rtrl_trainer.stage_write import with_advantages
+from rtrl_trainer.stagedset import to_lists, with_advantages
 from tests.conftest import REPO, console_script
 
 SECRET = "s3cr3t-DO-NOT-LEAK-stage"

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rtrl.core.shards.statistics import ValueRange
-from rtrl_trainer import stage
-from rtrl_trainer.packed import METADATA_KEY, fits_narrow, pack, rows_not_narrow, unpack
+from rtrl_trainer.stage import select as stage_select
+from rtrl_trainer.stagedset import METADATA_KEY, fits_narrow, pack, rows_not_narrow, unpack
 from tests.shards.helpers import write
 from tests.trainer.helpers import by_id, rows, run_stage, training_set
 
@@ -84,7 +84,7 @@ def test_rows_contradicting_their_footer_are_quarantined_not_truncated(
     shards = tmp_path / "shards" / PARTITION
     write(rows(3, prompt_ids=[[1], [70_000, 2], [3]]), shards / "part-0.parquet")
     write(rows(1, interaction_id=["c0"], completion_ids=[[4, -7]]), shards / "part-1.parquet")
-    monkeypatch.setattr(stage, "declared_range", lambda *_: ValueRange(0, 9, 2))
+    monkeypatch.setattr(stage_select, "declared_range", lambda *_: ValueRange(0, 9, 2))
     code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--max-bad-fraction", "0.9")
     assert code == 0 and doc["token_ids"] == "uint16"
     assert doc["quarantined"] == {"statistics_mismatch": 2}

@@ -17,7 +17,8 @@ import pytest
 
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.store.local import LocalStore
-from rtrl_trainer.packed import (
+from rtrl_trainer.stage.workers import GrowingFileDigest
+from rtrl_trainer.stagedset import (
     PACKED_COLUMNS,
     PackedError,
     pack,
@@ -25,7 +26,6 @@ from rtrl_trainer.packed import (
     to_lists,
     unpack,
 )
-from rtrl_trainer.stage_write import GrowingFileDigest
 from tests.trainer.helpers import rank_table, run_stage, write_config
 
 CHECKPOINT = "ckpt-w"

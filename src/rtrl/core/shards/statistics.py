@@ -2,7 +2,7 @@
 
 A Parquet writer records each column chunk's minimum and maximum in the file footer. The
 stage step reads them for the token ids before its first row, to choose the width of the
-training set's token ids (:mod:`rtrl_trainer.packed`): two bytes when every id of the set
+training set's token ids (:mod:`rtrl_trainer.stagedset`): two bytes when every id of the set
 is below 65,536, which it must know before it writes anything. A footer is a few kB, read
 with one or two range requests, so this costs a fraction of reading the rows; remote files'
 footers are read a few at a time.

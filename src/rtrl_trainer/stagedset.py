@@ -1,12 +1,26 @@
-"""The training set's per-token columns, packed: each row's list as one ``binary`` value
-holding its elements as little-endian fixed-width numbers.
+"""The staged set: what ``rtrl-job stage`` commits under its ``--out`` and what the train and
+eval steps read back. This module is its one owner: file names, schemas, the advantage
+files and the packed per-token columns; the stage step writes through it
+(:mod:`rtrl_trainer.stage`), readers read through it.
 
-The training set is internal (the stage step writes it, the train step reads it), so its
-per-token columns need not be Parquet lists. Encoding a list column costs a repetition and
-a definition level per element, which was two thirds of the time the stage step spent
-writing its rank files; a ``binary`` value is one length and a ``memcpy``. Packing is
-zero-copy from the list array the shards were decoded into (its values buffer, with byte
-offsets derived from its offsets), except for the mask, whose bits become bytes.
+Layout (committed through the store's protocol, manifest last)::
+
+    stage.json                                  the summary the operator reads (RESULT_NAME)
+    train/rank-RRRRR-of-NNNNN.parquet           one rank's rows (train_schema), rank_name()
+    train/rank-RRRRR-of-NNNNN.advantage.parquet its advantages, same rows, same order
+    heldout/part-00000.parquet                  on-policy rows held out for eval (heldout_schema)
+
+A rank file is written while the shards are read, before the advantages are known (they
+need the whole set's baselines), so they sit in a file of their own (``advantage``,
+float32); :func:`with_advantages` joins the two by position, as a reader must.
+
+**Packed columns.** The set is internal, so its per-token columns need not be Parquet
+lists: each row's list is one ``binary`` value holding its elements as little-endian
+fixed-width numbers. Encoding a list column costs a repetition and a definition level per
+element, which was two thirds of the time the stage step spent writing its rank files; a
+``binary`` value is one length and a ``memcpy``. Packing is zero-copy from the list array
+the shards were decoded into (its values buffer, with byte offsets derived from its
+offsets), except for the mask, whose bits become bytes.
 
 | column | element |
 |---|---|
@@ -16,8 +30,8 @@ offsets derived from its offsets), except for the mask, whose bits become bytes.
 
 Token ids are narrowed to two bytes when they fit, as Megatron-LM's indexed datasets do for
 vocabularies below 65,536: half the bytes to compress, hash, write, upload and read. Which
-width a set gets is the stage step's decision, made before the first row is written
-(:mod:`rtrl_trainer.stage`); narrowing checks every id and refuses one that does not fit.
+width a set gets is the stage step's decision, made before the first row is written;
+narrowing checks every id and refuses one that does not fit.
 
 Each packed field carries its element type in the field metadata (``rtrl.packed``), so a
 file describes itself (:func:`element_type`); readers (:func:`flat`) also accept the plain
@@ -33,7 +47,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rtrl.core.shards import INTERACTION_SCHEMA
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS
+from rtrl_trainer.monitors import MONITOR_COLUMNS
 
 METADATA_KEY = b"rtrl.packed"
 # Column -> numpy dtype of its elements, as stored.
@@ -45,6 +61,7 @@ PACKED_COLUMNS: dict[str, str] = {
 }
 # Token ids may also be stored narrow (see the module docstring).
 NARROW_TOKEN_IDS = "<u2"
+WIDE_TOKEN_IDS = PACKED_COLUMNS["prompt_ids"]
 ELEMENT_TYPES: dict[str, tuple[str, ...]] = {
     name: (dtype, NARROW_TOKEN_IDS) if name in TOKEN_ID_COLUMNS else (dtype,)
     for name, dtype in PACKED_COLUMNS.items()
@@ -56,6 +73,90 @@ _LIST_TYPES = {
     "u1": pa.list_(pa.bool_()),
 }
 _INT32_MAX = np.iinfo(np.int32).max
+
+
+# --- file names ----------------------------------------------------------------------------
+
+RESULT_NAME = "stage.json"
+TRAIN_DIR = "train"
+HELDOUT_DIR = "heldout"
+HELDOUT_NAME = f"{HELDOUT_DIR}/part-00000.parquet"
+ADVANTAGE = "advantage"
+ADVANTAGE_SCHEMA = pa.schema([pa.field(ADVANTAGE, pa.float32(), nullable=False)])
+ADVANTAGE_SUFFIX = ".advantage.parquet"
+
+
+def rank_name(rank: int, ranks: int) -> str:
+    return f"{TRAIN_DIR}/rank-{rank:05d}-of-{ranks:05d}.parquet"
+
+
+def advantage_name(rank_file: str) -> str:
+    """The advantage file of a rank file (``train/rank-00000-of-00002.parquet`` ->
+    ``train/rank-00000-of-00002.advantage.parquet``)."""
+    return rank_file.removesuffix(".parquet") + ADVANTAGE_SUFFIX
+
+
+def with_advantages(rank: pa.Table, advantages: pa.Table, name: str) -> pa.Table:
+    """The rank file ``name``'s rows with the ``advantage`` column of its advantage file
+    (how a reader joins the two: by position). ValueError when the row counts differ."""
+    if advantages.num_rows != rank.num_rows or ADVANTAGE not in advantages.column_names:
+        raise ValueError(
+            f"{advantage_name(name)} has {advantages.num_rows} advantages for the "
+            f"{rank.num_rows} rows of {name}"
+        )
+    return rank.append_column(ADVANTAGE_SCHEMA.field(0), advantages.column(ADVANTAGE))
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+_CANON = {f.name: f for f in INTERACTION_SCHEMA}
+# The interaction's columns every staged row carries.
+CARRIED_COLUMNS = (
+    "interaction_id",
+    "checkpoint_id",
+    "org",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "completion_mask",
+)
+# The held-out split: what the eval step's replay and behaviour suites read (the
+# interaction as logged, with its signals), never trained on.
+HELDOUT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((*CARRIED_COLUMNS, *MONITOR_COLUMNS)))
+
+
+def set_fields(names: tuple[str, ...], tokens: str) -> list[pa.Field]:
+    """Canonical fields of ``names``, the per-token ones packed (token ids as ``tokens``)."""
+    return [
+        packed_field(name, nullable=False, dtype=tokens if name in TOKEN_ID_COLUMNS else None)
+        if name in PACKED_COLUMNS
+        else _CANON[name]
+        for name in names
+    ]
+
+
+def train_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
+    """A rank file: what the trainer reads, one file per data-parallel rank, and next to
+    each its advantage file (:data:`ADVANTAGE_SCHEMA`, same rows in the same order)."""
+    return pa.schema(
+        [
+            *set_fields(CARRIED_COLUMNS, tokens),
+            pa.field("reward", pa.float32()),
+            # 1.0 for every row: the trainer importance-weights per token from the logged
+            # log-probs (off-policy rows included); this column is where a per-row weight
+            # (e.g. rebalancing orgs) would go without changing the trainer's reader.
+            pa.field("sample_weight", pa.float32()),
+            pa.field("on_policy", pa.bool_()),
+        ]
+    )
+
+
+def heldout_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
+    """The held-out file: the interaction as logged, with its signals."""
+    return pa.schema(set_fields(HELDOUT_COLUMNS, tokens))
+
+
+# --- packed columns ------------------------------------------------------------------------
 
 
 class PackedError(ValueError):

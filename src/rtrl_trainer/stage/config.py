@@ -14,18 +14,19 @@ The config file may be a whole RLCycle manifest, an RLCycle ``spec``, or a mappi
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.rlcycle import DataSpec, RewardSpec
 from rtrl.core.store import parse_store_uri
-from rtrl_trainer.spec_file import ConfigError, load_sections, validate_section
+from rtrl_trainer.spec_file import ConfigError, format_time, load_sections, validate_section
 
+# Share of the on-policy interactions held out for eval when --heldout-fraction is not given.
+DEFAULT_HELDOUT_FRACTION = 0.05
 # DataSpec fields (camelCase, as in YAML) that a flag may override -> the flag's name.
 DATA_FLAGS: dict[str, str] = {
     "shards": "--shards",
@@ -83,30 +84,6 @@ class StageConfig:
             and self.previous_checkpoint not in self.exclude_checkpoints
             and self.data.max_off_policy_fraction > 0
         )
-
-
-def time_arg(text: str) -> datetime:
-    """argparse type of the steps' ``--now`` / ``--since`` flags."""
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def parse_time(text: str) -> datetime:
-    """An ISO 8601 instant (``2026-01-05T12:00:00Z``); a naive one is taken as UTC."""
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-01-05T12:00:00Z)") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def format_time(value: datetime | None) -> str | None:
-    """``value`` as ISO 8601 UTC with a ``Z`` (the form stage.json uses), or None."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def build_config(

@@ -1,0 +1,204 @@
+"""The stage step, top to bottom: select (pass 1), decide, advantages (pass 2), commit.
+
+The rules and the reasons are in :mod:`rtrl_trainer.stage`; this module is the order in
+which the parts run and the ``stage.json`` they add up to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rtrl.core.store import open_store
+from rtrl.core.store.local import LocalStore
+from rtrl_trainer.quarantine import quarantine, quarantine_message
+from rtrl_trainer.reward import RunningStats
+from rtrl_trainer.spec_file import ConfigError, format_time
+from rtrl_trainer.stage.admit import admit_previous, write_ranks
+from rtrl_trainer.stage.commit import Staging
+from rtrl_trainer.stage.config import StageConfig
+from rtrl_trainer.stage.ranks import Ranks, deal
+from rtrl_trainer.stage.select import scratch_schema, select, shard_partitions, token_id_type
+from rtrl_trainer.stage.workers import Worker
+from rtrl_trainer.stagedset import HELDOUT_NAME, RESULT_NAME, train_schema
+
+SCRATCH_COMPRESSION = "zstd"
+
+
+class StageError(Exception):
+    """The step cannot produce a training set (too much bad data); exit status 1."""
+
+
+def _summary_document(config: StageConfig) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "sufficient": False,
+        "message": "",
+        "checkpoint": config.checkpoint,
+        "previous_checkpoint": config.previous_checkpoint,
+        "excluded_checkpoints": list(config.exclude_checkpoints),
+        "shards": config.data.shards,
+        "out": config.out,
+        "now": format_time(config.now),
+        "since": format_time(config.since),
+        "cutoff": format_time(config.cutoff),
+        "window_start": format_time(config.window_start),
+        "next_since": format_time(config.now),
+        "maturity": config.data.maturity,
+    }
+
+
+def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run the stage step; return the ``stage.json`` document it committed.
+
+    Raises :class:`StageError` (after committing a ``stage.json`` with ``ok: false``) when
+    too much of the data is bad, and :class:`StoreError` when the store fails.
+    """
+    clock = time.perf_counter()
+    shards = open_store(config.data.shards, endpoint_url=config.endpoint_url)
+    if isinstance(shards, LocalStore) and not shards.root.is_dir():
+        raise ConfigError(f"data.shards: {shards.root} is not a directory")
+    out = open_store(config.out, endpoint_url=config.endpoint_url)
+    doc = _summary_document(config)
+    with (
+        tempfile.TemporaryDirectory(prefix="rtrl-stage-", dir=work_dir) as tmp,
+        Staging(out, Path(tmp)) as staging,
+    ):
+        tmp_dir = Path(tmp)
+        heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
+        token_ids = token_id_type(shards, shard_partitions(config))
+        ranks = Ranks(config.ranks, staging, tmp_dir, train_schema(token_ids))
+        scratch: Path | None = None
+        with ranks:
+            if config.admits_previous:
+                # Which previous-checkpoint rows enter the set is known only once all are
+                # read: the selected rows wait in a scratch file (Arrow IPC, zstd buffers:
+                # not re-encoded on the way in or out), dealt to the ranks in pass 2.
+                scratch = tmp_dir / "selected.arrow"
+                options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
+                with (
+                    pa.OSFile(os.fspath(scratch), "wb") as sink,
+                    pa.ipc.new_stream(sink, scratch_schema(token_ids), options=options) as writer,
+                    Worker("stage-scratch") as background,
+                ):
+                    selection = select(
+                        config,
+                        shards,
+                        lambda b: background.submit(writer.write_batch, b),
+                        heldout,
+                        token_ids,
+                    )
+            else:
+                # Every selected row enters the set: straight to the rank files.
+                selection = select(config, shards, lambda b: deal(ranks, b), heldout, token_ids)
+                ranks.close()
+            select_seconds = time.perf_counter() - clock
+            q = quarantine(selection)
+            limit = config.data.max_bad_fraction
+            doc.update(
+                {
+                    "rows_read": q.rows_read,
+                    "rows_bad": q.rows_bad,
+                    "bad_fraction": q.bad_fraction,
+                    "max_bad_fraction": limit,
+                    "files_total": q.files_total,
+                    "files_bad": q.files_bad,
+                    "quarantined": q.by_reason,
+                    "files_by_reason": q.files_by_reason,
+                    "immature": selection.immature,
+                    "too_recent": selection.too_recent,
+                    "token_ids": np.dtype(token_ids).name,
+                }
+            )
+            admission = admit_previous(selection, config.data.max_off_policy_fraction)
+            excluded = Counter(selection.excluded)
+            if admission.eligible > admission.admitted:
+                excluded["off_policy_cap"] += admission.eligible - admission.admitted
+            stats = RunningStats()
+            stats.merge(selection.on_stats)
+            stats.merge(admission.stats)
+            used = selection.on_rows + admission.admitted
+            tokens = selection.on_tokens + admission.tokens
+            doc.update(
+                {
+                    "excluded": dict(sorted(excluded.items())),
+                    "eligible": {"on_policy": selection.on_rows, "previous": admission.eligible},
+                    "interactions_used": used,
+                    "tokens_used": tokens,
+                    "on_policy_interactions": selection.on_rows,
+                    "heldout_fraction": config.heldout_fraction,
+                    "heldout_interactions": selection.heldout,
+                    "heldout_file": None,
+                    "off_policy_interactions": admission.admitted,
+                    "on_policy_fraction": selection.on_rows / used if used else None,
+                    "min_interactions": config.data.min_interactions,
+                    "min_tokens": config.data.min_tokens,
+                    "reward_spec": config.reward.to_k8s(),
+                    "reward": stats.to_dict(),
+                    "advantage": RunningStats().to_dict(),
+                    "baselines": selection.strata.describe(),
+                    "missing_signals": dict(selection.monitors.missing),
+                    "monitors": selection.monitors.result(),
+                    "ranks": [],
+                    "files": [],
+                }
+            )
+            keys: list[str] = []
+            if q.bad_fraction > limit:
+                doc["ok"] = False
+                doc["message"] = quarantine_message(q, limit)
+            elif used < config.data.min_interactions or tokens < config.data.min_tokens:
+                doc["message"] = (
+                    f"insufficient data: {used} interactions (minimum "
+                    f"{config.data.min_interactions}), {tokens} completion tokens (minimum "
+                    f"{config.data.min_tokens}); {selection.immature} immature and "
+                    f"{selection.too_recent} too recent wait for a later cycle"
+                )
+            else:
+                if scratch is not None:
+                    write_ranks(ranks, scratch=scratch, admission=admission)
+                    ranks.close()
+                summary, adv_stats = ranks.write_advantages(selection.strata.baselines(), stats.std)
+                keys = ranks.keys()
+                doc["sufficient"] = True
+                doc["ranks"] = summary
+                doc["files"] = list(keys)
+                doc["message"] = (
+                    f"{used} interactions, {tokens} completion tokens, "
+                    f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
+                )
+                doc["advantage"] = adv_stats.to_dict()
+                if heldout is not None:
+                    keys.append(HELDOUT_NAME)
+                    doc["heldout_file"] = HELDOUT_NAME
+        if scratch is not None:
+            scratch.unlink()  # before the upload: the disk held both only while needed
+        doc["quarantined_files"] = q.bad_files
+        seconds = time.perf_counter() - clock
+        doc["timing"] = {
+            "seconds": round(seconds, 3),
+            "select_seconds": round(select_seconds, 3),
+            "write_seconds": round(seconds - select_seconds, 3),
+            "rows_per_second": round(q.rows_read / seconds) if seconds > 0 else None,
+        }
+        staging.path(RESULT_NAME).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        metadata = {
+            "step": "stage",
+            "ok": doc["ok"],
+            "sufficient": doc["sufficient"],
+            "checkpoint": config.checkpoint,
+            "interactions": used,
+            "tokens": tokens,
+        }
+        staging.commit([*keys, RESULT_NAME], metadata, ranks.entries())
+    if not doc["ok"]:
+        raise StageError(doc["message"])
+    return doc
