@@ -16,37 +16,33 @@ import json
 import os
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rtrl.abtable import ab_table
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
-from rtrl.planning.manifests.names import result_uri
 from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 from rtrl_localkube.podprocess import BIN, run_pod
 
+from .console import Progress, cycle_table, head_to_head_table
 from .fleet import SERVE, ServingFleet
-
-NAME = "demo"
-DEPLOYMENT = "demo-serve"
-CONTAINER = "server"
-T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
-TICK_MINUTES = 20
-HISTORY = timedelta(hours=2)
-# The final head-to-head: the base model against the last promoted checkpoint, 50/50.
-HEAD_TO_HEAD = timedelta(hours=2)
-# Superseded: promoted, then replaced by a later promotion
-FINAL = {"Promoted", "Superseded", "RolledBack", "Rejected", "Failed"}
-SCENARIOS = {
-    "default": "the correct reward: invalid tool calls are penalised, questions cost a little",
-    "drop-invalid-tool-calls": "the blog's first reward: interactions with an invalid tool call "
-    "are dropped before staging (never penalised)",
-    "clarify-dodge": "asking a clarifying question costs nothing (askedClarification: 0)",
-}
+from .scenario import (
+    CONTAINER,
+    DEPLOYMENT,
+    FINAL,
+    HEAD_TO_HEAD,
+    HISTORY,
+    NAME,
+    SCENARIOS,
+    T0,
+    TICK_MINUTES,
+    deployment_manifest,
+    rlcycle_manifest,
+)
+from .summary import analysis_metrics, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,136 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pretrain-steps", type=int, default=300, help="base model pre-training steps"
     )
-
-
-def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
-    """A realistic RLCycle (examples/rlcycle.yaml's shape) scaled to one CPU and minutes."""
-    reward = {
-        "editPersisted": 1.0,
-        "dissatisfiedFollowup": -1.0,
-        "latency": -0.1,
-        "latencyScaleMs": 10000,
-        "invalidToolCall": -1.0,
-        "askedClarification": 0.0 if scenario == "clarify-dodge" else -0.3,
-        "clip": 5,
-        "baseline": "batch",
-    }
-    min_samples = max(100, users)
-    return {
-        "apiVersion": "rtrl.io/v1alpha1",
-        "kind": "RLCycle",
-        "metadata": {"name": NAME, "namespace": "default"},
-        "spec": {
-            "target": {
-                "deployment": DEPLOYMENT,
-                "container": CONTAINER,
-                "checkpointEnv": "MODEL_URI",
-            },
-            "schedule": {"interval": "1h"},
-            "data": {
-                "shards": f"{store}interactions/",
-                "maturity": "30m",
-                "window": "3h",
-                "minInteractions": 100,
-                "maxOffPolicyFraction": 0.0,
-                "maxBadFraction": 0.01,
-            },
-            "reward": reward,
-            "training": {
-                "image": "rtrl-trainer:demo",
-                "nodes": 1,
-                "gpusPerNode": 0,
-                "zeroStage": 0,
-                "precision": "fp32",
-                "learningRate": 1e-3,
-                "batchTokens": 1024,
-                "microBatchSize": 256,
-                "maxSequenceLength": 32,
-                "epochs": 2,
-                "klCoef": 0.02,
-                "clipRatio": 1.0,
-            },
-            "eval": {
-                "suites": ["replay"],
-                "gates": [{"metric": "replay.kl", "maxRegression": 2.0}],
-                "alpha": 0.05,
-            },
-            "rollout": {
-                "router": "replicas",
-                # the simulated fleet assigns each user whole to one arm, by a hash of the
-                # user id (rtrl_demo/serve.py)
-                "unit": "user",
-                "steps": [{"weight": 50, "minDuration": "2h", "minSamples": min_samples}],
-                "readyTimeout": "30m",
-                "analysis": {
-                    "alpha": 0.05,
-                    "maxDuration": "4h",
-                    "interval": "20m",
-                    "inconclusive": "rollback",
-                },
-                "guardrails": {
-                    "clarificationRate": {"maxRelativeRise": 0.10},
-                    "invalidToolCallRate": {"maxRelativeRise": 0.10},
-                },
-            },
-            "storage": {"artifacts": f"{store}artifacts/"},
-            "jobs": {"backoffLimit": 0, "backoff": "1s"},
-            "historyLimit": 20,
-        },
-    }
-
-
-def deployment_manifest(uri: str, checkpoint: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": DEPLOYMENT, "namespace": "default", "labels": {"app": "demo"}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "demo"}},
-            "template": {
-                "metadata": {"labels": {"app": "demo"}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": CONTAINER,
-                            "image": "simulated-users",
-                            "env": [
-                                {"name": "MODEL_URI", "value": uri},
-                                {"name": CHECKPOINT_ID_ENV, "value": checkpoint},
-                            ],
-                        }
-                    ]
-                },
-            },
-        },
-    }
-
-
-class Progress:
-    """A one-line text bar on stderr per long step, scaled by how long that step took
-    last time (the subprocess does not report its own progress)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet or not sys.stderr.isatty()
-        self.last: dict[str, float] = {}
-
-    def tick(self, label: str, kind: str, elapsed: float) -> None:
-        if self.quiet:
-            return
-        expected = self.last.get(kind, 20.0)
-        frac = min(0.99, elapsed / max(expected, 0.1))
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r  {label:<34} [{bar:<30}] {elapsed:5.1f}s")
-        sys.stderr.flush()
-
-    def done(self, label: str, kind: str, seconds: float, ok: bool) -> None:
-        self.last[kind] = seconds
-        mark = "done" if ok else "FAILED"
-        if self.quiet:
-            print(f"  {label:<34} {mark} in {seconds:.1f}s", file=sys.stderr)
-        else:
-            sys.stderr.write(f"\r  {label:<34} [{'#' * 30}] {seconds:5.1f}s {mark}\n")
 
 
 class Demo:
@@ -411,15 +277,17 @@ class Demo:
                 break
             self.serve_tick()
         head_to_head = self.head_to_head()
-        summary = self.summary(time.monotonic() - started)
-        summary["head_to_head"] = head_to_head
+        result = summary(
+            self.cluster, self.owned(), self.args, self.timings, time.monotonic() - started
+        )
+        result["head_to_head"] = head_to_head
         if head_to_head:
             print(head_to_head_table(head_to_head), file=sys.stderr)
         from .report import write_report
 
-        write_report(self.out, summary)
+        write_report(self.out, result)
         print(f"rtrl demo: report {self.out / 'report.html'}", file=sys.stderr)
-        return summary
+        return result
 
     def head_to_head(self) -> dict[str, Any] | None:
         """The newcomer's question: is the model now serving better than the one we started
@@ -467,153 +335,6 @@ class Demo:
             f"head-to-head {final} vs demo-0",
             "analyze",
         )  # fmt: skip
-
-    def summary(self, seconds: float) -> dict[str, Any]:
-        cycles = []
-        for ck in sorted(self.owned(), key=lambda c: c["metadata"]["creationTimestamp"]):
-            status = ck.get("status") or {}
-            records = status.get("rollout") or []
-            last = records[-1] if records else {}
-            analyses = []
-            for record in records:
-                analyses.append(
-                    {
-                        k: record.get(k)
-                        for k in ("weight", "startedAt", "analyses", "decision", "reason")
-                    }
-                )
-            looks = analysis_docs(ck)
-            cycles.append(
-                {
-                    "cycle": ck["spec"].get("cycle"),
-                    "checkpoint": ck["metadata"]["name"],
-                    "parent": ck["spec"].get("parent"),
-                    "phase": status.get("phase"),
-                    "decision": last.get("decision") or status.get("phase"),
-                    # the decision's own line; every metric's line is in "looks" and in
-                    # the Checkpoint's rollout record
-                    "reason": (looks[-1].get("message") if looks else None)
-                    or last.get("reason")
-                    or status.get("message")
-                    or "",
-                    "data": status.get("data"),
-                    "training": status.get("training"),
-                    "eval": {k: (status.get("eval") or {}).get(k) for k in ("verdict", "message")},
-                    "metrics": analysis_metrics(looks[-1]) if looks else last.get("metrics") or [],
-                    "looks": [
-                        {
-                            "now": doc.get("now"),
-                            "decision": doc.get("decision"),
-                            "baseline_samples": doc.get("baseline_samples"),
-                            "canary_samples": doc.get("canary_samples"),
-                            "metrics": analysis_metrics(doc),
-                        }
-                        for doc in looks
-                    ],
-                    "samples": {
-                        "baseline": last.get("baselineSamples"),
-                        "canary": last.get("canarySamples"),
-                    },
-                    "monitors": stage_monitors(ck),
-                    "rollout": analyses,
-                }
-            )
-        target = self.cluster.get("Deployment", DEPLOYMENT)
-        return {
-            "scenario": self.args.scenario,
-            "scenario_description": SCENARIOS[self.args.scenario],
-            "users": self.args.users,
-            "seed": self.args.seed,
-            "cycles_requested": self.args.cycles,
-            "cycles": cycles,
-            "serving": env_value(target, CONTAINER, CHECKPOINT_ID_ENV),
-            "events": [
-                {
-                    "at": iso(e.at),
-                    "object": f"{e.kind}/{e.name}",
-                    "reason": e.reason,
-                    "message": e.message,
-                }
-                for e in self.cluster.events
-            ],
-            "timings_seconds": {k: round(v, 1) for k, v in self.timings.items()},
-            "wall_seconds": round(seconds, 1),
-            "simulated_hours": round((self.cluster.now - T0).total_seconds() / 3600, 2),
-        }
-
-
-def stage_monitors(ck: dict[str, Any]) -> dict[str, Any]:
-    """The behaviour monitors the stage step measured on the serving checkpoint's data."""
-    manifest = ((ck.get("status") or {}).get("data") or {}).get("manifest")
-    if not manifest:
-        return {}
-    doc = read_committed_json(f"{manifest.rstrip('/')}/stage.json")
-    if not isinstance(doc, dict):
-        return {}
-    return {"monitors": doc.get("monitors"), "reward": doc.get("reward")}
-
-
-def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every canary analysis of this checkpoint, in order (``analyze-<k>/analysis.json``):
-    the Checkpoint's status keeps each step's last look only, and no metric's role or band;
-    the documents have every look."""
-    records = (ck.get("status") or {}).get("rollout") or []
-    judged = sum(int(r.get("analyses") or 0) for r in records)
-    docs = []
-    for k in range(judged):
-        doc = read_committed_json(result_uri(ck["spec"]["uri"], f"analyze-{k}"))
-        if isinstance(doc, dict):
-            docs.append(doc)
-    return docs
-
-
-ANALYSIS_KEYS = (
-    "name", "kind", "baseline", "canary", "difference", "ci_low", "ci_high",
-    "relative_difference", "relative_ci_low", "relative_ci_high", "verdict",
-    "baseline_samples", "canary_samples", "band",
-)  # fmt: skip
-
-
-def analysis_metrics(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{k: m.get(k) for k in ANALYSIS_KEYS} for m in doc.get("metrics") or []]
-
-
-def metrics_table(metrics: list[dict[str, Any]]) -> list[str]:
-    """The blog's table: each metric in both arms, the relative change of the new checkpoint
-    vs the old with its always-valid interval, and the verdict (the cells of
-    :mod:`rtrl.abtable`, as ``kubectl rtrl status`` and the report show them)."""
-    return ab_table(metrics, indent="  ")
-
-
-def cycle_table(ck: dict[str, Any]) -> str:
-    status = ck.get("status") or {}
-    records = status.get("rollout") or []
-    last = records[-1] if records else {}
-    looks = analysis_docs(ck)
-    doc = looks[-1] if looks else {}
-    lines = [
-        "",
-        f"cycle {ck['spec'].get('cycle')}: {ck['metadata']['name']} (new) vs "
-        f"{ck['spec'].get('parent')} (old), {len(looks)} look(s), "
-        f"{doc.get('baseline_samples', '?')}/{doc.get('canary_samples', '?')} matured "
-        f"interactions  ->  {status.get('phase')}",
-    ]
-    lines += metrics_table(analysis_metrics(doc) if doc else last.get("metrics") or [])
-    reason = doc.get("message") or last.get("reason") or status.get("message") or ""
-    lines.append(f"  decision: {last.get('decision') or status.get('phase')}: {reason}")
-    return "\n".join(lines)
-
-
-def head_to_head_table(h2h: dict[str, Any]) -> str:
-    if h2h.get("error"):
-        return f"\nhead-to-head {h2h['canary']} vs {h2h['baseline']}: {h2h['error']}"
-    lines = [
-        "",
-        f"head-to-head: {h2h['canary']} (now serving) vs {h2h['baseline']} (the base model), "
-        f"50/50 for {HEAD_TO_HEAD}, {h2h.get('baseline_samples')}/{h2h.get('canary_samples')} "
-        "interactions",
-    ]
-    return "\n".join(lines + metrics_table(h2h.get("metrics") or []))
 
 
 def run(args: argparse.Namespace) -> int:

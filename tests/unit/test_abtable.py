@@ -25,8 +25,9 @@ from rtrl.abtable import (
     render_table,
 )
 from rtrl.kubectl_plugin.render import render_status
-from rtrl_demo.demo import analysis_metrics, metrics_table
+from rtrl_demo.console import metrics_table
 from rtrl_demo.report import write_report
+from rtrl_demo.summary import analysis_metrics
 from tests.unit.test_plan import World, to_canary
 
 # analysis.json's metric rows, awkward on purpose: a latency in the thousands, a rare event's

@@ -1,0 +1,130 @@
+"""The world the demo sets up: its RLCycle (a real one, scaled down), the serving Deployment,
+the simulated clock's start and the scenarios (which reward the users' feedback feeds)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV
+
+NAME = "demo"
+DEPLOYMENT = "demo-serve"
+CONTAINER = "server"
+T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+TICK_MINUTES = 20
+HISTORY = timedelta(hours=2)
+# The final head-to-head: the base model against the last promoted checkpoint, 50/50.
+HEAD_TO_HEAD = timedelta(hours=2)
+# Superseded: promoted, then replaced by a later promotion
+FINAL = {"Promoted", "Superseded", "RolledBack", "Rejected", "Failed"}
+SCENARIOS = {
+    "default": "the correct reward: invalid tool calls are penalised, questions cost a little",
+    "drop-invalid-tool-calls": "the blog's first reward: interactions with an invalid tool call "
+    "are dropped before staging (never penalised)",
+    "clarify-dodge": "asking a clarifying question costs nothing (askedClarification: 0)",
+}
+
+
+def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
+    """A realistic RLCycle (examples/rlcycle.yaml's shape) scaled to one CPU and minutes."""
+    reward = {
+        "editPersisted": 1.0,
+        "dissatisfiedFollowup": -1.0,
+        "latency": -0.1,
+        "latencyScaleMs": 10000,
+        "invalidToolCall": -1.0,
+        "askedClarification": 0.0 if scenario == "clarify-dodge" else -0.3,
+        "clip": 5,
+        "baseline": "batch",
+    }
+    min_samples = max(100, users)
+    return {
+        "apiVersion": "rtrl.io/v1alpha1",
+        "kind": "RLCycle",
+        "metadata": {"name": NAME, "namespace": "default"},
+        "spec": {
+            "target": {
+                "deployment": DEPLOYMENT,
+                "container": CONTAINER,
+                "checkpointEnv": "MODEL_URI",
+            },
+            "schedule": {"interval": "1h"},
+            "data": {
+                "shards": f"{store}interactions/",
+                "maturity": "30m",
+                "window": "3h",
+                "minInteractions": 100,
+                "maxOffPolicyFraction": 0.0,
+                "maxBadFraction": 0.01,
+            },
+            "reward": reward,
+            "training": {
+                "image": "rtrl-trainer:demo",
+                "nodes": 1,
+                "gpusPerNode": 0,
+                "zeroStage": 0,
+                "precision": "fp32",
+                "learningRate": 1e-3,
+                "batchTokens": 1024,
+                "microBatchSize": 256,
+                "maxSequenceLength": 32,
+                "epochs": 2,
+                "klCoef": 0.02,
+                "clipRatio": 1.0,
+            },
+            "eval": {
+                "suites": ["replay"],
+                "gates": [{"metric": "replay.kl", "maxRegression": 2.0}],
+                "alpha": 0.05,
+            },
+            "rollout": {
+                "router": "replicas",
+                # the simulated fleet assigns each user whole to one arm, by a hash of the
+                # user id (rtrl_demo/serve.py)
+                "unit": "user",
+                "steps": [{"weight": 50, "minDuration": "2h", "minSamples": min_samples}],
+                "readyTimeout": "30m",
+                "analysis": {
+                    "alpha": 0.05,
+                    "maxDuration": "4h",
+                    "interval": "20m",
+                    "inconclusive": "rollback",
+                },
+                "guardrails": {
+                    "clarificationRate": {"maxRelativeRise": 0.10},
+                    "invalidToolCallRate": {"maxRelativeRise": 0.10},
+                },
+            },
+            "storage": {"artifacts": f"{store}artifacts/"},
+            "jobs": {"backoffLimit": 0, "backoff": "1s"},
+            "historyLimit": 20,
+        },
+    }
+
+
+def deployment_manifest(uri: str, checkpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": DEPLOYMENT, "namespace": "default", "labels": {"app": "demo"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "demo"}},
+            "template": {
+                "metadata": {"labels": {"app": "demo"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": CONTAINER,
+                            "image": "simulated-users",
+                            "env": [
+                                {"name": "MODEL_URI", "value": uri},
+                                {"name": CHECKPOINT_ID_ENV, "value": checkpoint},
+                            ],
+                        }
+                    ]
+                },
+            },
+        },
+    }

@@ -1,0 +1,133 @@
+"""What a demo run did, read back from the cluster and the store: the summary behind
+summary.json, the report and the printed tables (each canary look's analysis document)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rtrl.core.store import read_committed_json
+from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
+from rtrl.planning.manifests.names import result_uri
+from rtrl.planning.timeutil import iso
+from rtrl_localkube.cluster import LocalCluster
+
+from .scenario import CONTAINER, DEPLOYMENT, SCENARIOS, T0
+
+
+def summary(
+    cluster: LocalCluster,
+    checkpoints: list[dict[str, Any]],
+    args: argparse.Namespace,
+    timings: dict[str, float],
+    seconds: float,
+) -> dict[str, Any]:
+    """What the run did, for summary.json and the report: each cycle's data, training, eval
+    and canary looks, the Events, and where the time went."""
+    cycles = []
+    for ck in sorted(checkpoints, key=lambda c: c["metadata"]["creationTimestamp"]):
+        status = ck.get("status") or {}
+        records = status.get("rollout") or []
+        last = records[-1] if records else {}
+        analyses = []
+        for record in records:
+            analyses.append(
+                {
+                    k: record.get(k)
+                    for k in ("weight", "startedAt", "analyses", "decision", "reason")
+                }
+            )
+        looks = analysis_docs(ck)
+        cycles.append(
+            {
+                "cycle": ck["spec"].get("cycle"),
+                "checkpoint": ck["metadata"]["name"],
+                "parent": ck["spec"].get("parent"),
+                "phase": status.get("phase"),
+                "decision": last.get("decision") or status.get("phase"),
+                # the decision's own line; every metric's line is in "looks" and in
+                # the Checkpoint's rollout record
+                "reason": (looks[-1].get("message") if looks else None)
+                or last.get("reason")
+                or status.get("message")
+                or "",
+                "data": status.get("data"),
+                "training": status.get("training"),
+                "eval": {k: (status.get("eval") or {}).get(k) for k in ("verdict", "message")},
+                "metrics": analysis_metrics(looks[-1]) if looks else last.get("metrics") or [],
+                "looks": [
+                    {
+                        "now": doc.get("now"),
+                        "decision": doc.get("decision"),
+                        "baseline_samples": doc.get("baseline_samples"),
+                        "canary_samples": doc.get("canary_samples"),
+                        "metrics": analysis_metrics(doc),
+                    }
+                    for doc in looks
+                ],
+                "samples": {
+                    "baseline": last.get("baselineSamples"),
+                    "canary": last.get("canarySamples"),
+                },
+                "monitors": stage_monitors(ck),
+                "rollout": analyses,
+            }
+        )
+    target = cluster.get("Deployment", DEPLOYMENT)
+    return {
+        "scenario": args.scenario,
+        "scenario_description": SCENARIOS[args.scenario],
+        "users": args.users,
+        "seed": args.seed,
+        "cycles_requested": args.cycles,
+        "cycles": cycles,
+        "serving": env_value(target, CONTAINER, CHECKPOINT_ID_ENV),
+        "events": [
+            {
+                "at": iso(e.at),
+                "object": f"{e.kind}/{e.name}",
+                "reason": e.reason,
+                "message": e.message,
+            }
+            for e in cluster.events
+        ],
+        "timings_seconds": {k: round(v, 1) for k, v in timings.items()},
+        "wall_seconds": round(seconds, 1),
+        "simulated_hours": round((cluster.now - T0).total_seconds() / 3600, 2),
+    }
+
+
+def stage_monitors(ck: dict[str, Any]) -> dict[str, Any]:
+    """The behaviour monitors the stage step measured on the serving checkpoint's data."""
+    manifest = ((ck.get("status") or {}).get("data") or {}).get("manifest")
+    if not manifest:
+        return {}
+    doc = read_committed_json(f"{manifest.rstrip('/')}/stage.json")
+    if not isinstance(doc, dict):
+        return {}
+    return {"monitors": doc.get("monitors"), "reward": doc.get("reward")}
+
+
+def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every canary analysis of this checkpoint, in order (``analyze-<k>/analysis.json``):
+    the Checkpoint's status keeps each step's last look only, and no metric's role or band;
+    the documents have every look."""
+    records = (ck.get("status") or {}).get("rollout") or []
+    judged = sum(int(r.get("analyses") or 0) for r in records)
+    docs = []
+    for k in range(judged):
+        doc = read_committed_json(result_uri(ck["spec"]["uri"], f"analyze-{k}"))
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+ANALYSIS_KEYS = (
+    "name", "kind", "baseline", "canary", "difference", "ci_low", "ci_high",
+    "relative_difference", "relative_ci_low", "relative_ci_high", "verdict",
+    "baseline_samples", "canary_samples", "band",
+)  # fmt: skip
+
+
+def analysis_metrics(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: m.get(k) for k in ANALYSIS_KEYS} for m in doc.get("metrics") or []]
