@@ -25,6 +25,7 @@ from tests.integration.conftest import KubeAPI, write_kubeconfig
 
 import rtrl.kubectl_plugin as plugin
 from rtrl.core.api import names
+from rtrl.kubectl_plugin import commands
 from rtrl_localkube.cycle_world import RTRL, rlcycle
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,9 +133,9 @@ def rlc(kube_api: KubeAPI) -> dict[str, Any]:
 
 # --- what the operator reads -----------------------------------------------------------------
 def test_the_plugin_writes_what_the_operator_reads() -> None:
-    assert plugin.ANNOTATION_TRIGGER == names.ANNOTATION_TRIGGER
-    assert plugin.ANNOTATION_PROMOTE == names.ANNOTATION_PROMOTE
-    assert plugin.ANNOTATION_ROLLBACK == names.ANNOTATION_ROLLBACK
+    assert commands.ANNOTATION_TRIGGER == names.ANNOTATION_TRIGGER
+    assert commands.ANNOTATION_PROMOTE == names.ANNOTATION_PROMOTE
+    assert commands.ANNOTATION_ROLLBACK == names.ANNOTATION_ROLLBACK
 
 
 # --- status and history ----------------------------------------------------------------------
@@ -444,7 +445,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "rollback", NAME, "--to")[0] == 2
     assert run(capsys)[0] == 2
     code, out, _ = run(capsys, "--help")
-    assert code == 0 and all(verb in out for verb in plugin.VERBS)
+    assert code == 0 and all(verb in out for verb in commands.VERBS)
 
 
 # --- the installed executable ----------------------------------------------------------------

@@ -243,7 +243,7 @@ def render_status(
                       ("promote", "lastPromote")):  # fmt: skip
         requested = annotations.get(f"{GROUP}/{verb}")
         if requested and requested != st.get(key):
-            pairs.append((f"Pending {verb}", f"rtrl.io/{verb}={requested} (not yet handled)"))
+            pairs.append((f"Pending {verb}", f"{GROUP}/{verb}={requested} (not yet handled)"))
     lines = [f"RLCycle {md.get('namespace', '')}/{md.get('name')}:".replace(" /", " ")]
     lines += fields(pairs, indent="  ")
     conditions = list(st.get("conditions") or [])
