@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from rtrl.core.api.names import API_VERSION
 from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
 from rtrl.planning.actions import Action
 from rtrl.planning.timeutil import iso
@@ -30,7 +31,7 @@ def post_event(client: KubeClient, namespace: str, involved: dict[str, Any], emi
         "kind": "Event",
         "metadata": {"generateName": f"{emit.name}.", "namespace": namespace},
         "involvedObject": {
-            "apiVersion": "rtrl.io/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": emit.kind,
             "name": emit.name,
             "namespace": namespace,

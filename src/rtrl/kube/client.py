@@ -18,10 +18,12 @@ import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from ..core.api.names import GROUP, VERSION
+
 # kind -> (API group, version, plural, namespaced)
 KINDS: dict[str, tuple[str, str, str]] = {
-    "RLCycle": ("rtrl.io", "v1alpha1", "rlcycles"),
-    "Checkpoint": ("rtrl.io", "v1alpha1", "checkpoints"),
+    "RLCycle": (GROUP, VERSION, "rlcycles"),
+    "Checkpoint": (GROUP, VERSION, "checkpoints"),
     "Job": ("batch", "v1", "jobs"),
     "Pod": ("", "v1", "pods"),
     "Service": ("", "v1", "services"),
@@ -34,10 +36,10 @@ KINDS: dict[str, tuple[str, str, str]] = {
 
 # What the operator does to each resource: the Helm chart's RBAC grants exactly this.
 PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("rtrl.io", "rlcycles"): ("get", "list", "watch", "patch"),
-    ("rtrl.io", "rlcycles/status"): ("get", "patch"),
-    ("rtrl.io", "checkpoints"): ("get", "list", "watch", "create", "delete", "patch"),
-    ("rtrl.io", "checkpoints/status"): ("get", "patch"),
+    (GROUP, "rlcycles"): ("get", "list", "watch", "patch"),
+    (GROUP, "rlcycles/status"): ("get", "patch"),
+    (GROUP, "checkpoints"): ("get", "list", "watch", "create", "delete", "patch"),
+    (GROUP, "checkpoints/status"): ("get", "patch"),
     ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
     ("", "pods"): ("get", "list"),
     ("", "services"): ("get", "list", "watch", "create", "delete"),
@@ -49,8 +51,8 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     # Not a call: children carry ownerReferences with blockOwnerDeletion, which the API
     # server's OwnerReferencesPermissionEnforcement admission (on by default in OpenShift)
     # allows only to whom may update the owner's finalizers.
-    ("rtrl.io", "rlcycles/finalizers"): ("update",),
-    ("rtrl.io", "checkpoints/finalizers"): ("update",),
+    (GROUP, "rlcycles/finalizers"): ("update",),
+    (GROUP, "checkpoints/finalizers"): ("update",),
 }
 
 
