@@ -49,7 +49,7 @@ class Wakeup:
     :meth:`set` returns a future that the reconciler resolves when the round this wake-up
     starts has ended: a handler that awaits it keeps kopf from carrying on with its event
     (Python work on the event loop) while the round runs in its thread, so the round does
-    not wait for the GIL behind it (see ``rtrl.handlers.job_cache``)."""
+    not wait for the GIL behind it (see :func:`rtrl.kube.watch.job_indexed`)."""
 
     def __init__(self) -> None:
         self.pending = False
