@@ -18,8 +18,8 @@ and every base rate drifts by +-10% over the day. With ``unit user`` each user's
 weight (as the gatewayapi router does); with ``unit request`` every request is split on its
 own. The stable arm's last 24 h before the canary give each user's pre-exposure covariates.
 
-Every look runs the real decision rule (:func:`rtrl_trainer.sequential.judge` on
-:func:`rtrl_trainer.ab_estimate.difference`: per-unit variances, strata by step, CUPED,
+Every look runs the real decision rule (:func:`rtrl_trainer.analyze.rule.judge` on
+:func:`rtrl_trainer.analyze.estimate.difference`: per-unit variances, strata by step, CUPED,
 log-ratio intervals, the sample-ratio test over every step); ``rows as unit`` is the
 previous analysis (each row its own unit, all steps pooled, no covariates). The fixed
 horizon is what a team would otherwise run: one z-test at the same per-metric alpha, with
@@ -53,19 +53,18 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src")]
 
 from rtrl.core.api.rlcycle import AnalysisSpec, GuardrailsSpec  # noqa: E402
-from rtrl_trainer.ab_estimate import Difference, Q, difference, independent  # noqa: E402
-from rtrl_trainer.sequential import (  # noqa: E402
+from rtrl_trainer.analyze.estimate import Difference, Q, difference, independent  # noqa: E402
+from rtrl_trainer.analyze.rule import (  # noqa: E402
     CONTINUE,
     GOAL_WORSE,
     GUARDRAIL,
     PROMOTE,
     ROLLBACK,
     SRM,
-    SRM_HOLD_P,
     judge,
     plan,
-    srm_steps,
 )
+from rtrl_trainer.analyze.srm import SRM_HOLD_P, srm_steps  # noqa: E402
 
 BLOCK_H = 0.25
 STEPS = ((5, 0.5), (25, 1.0), (50, None))  # (weight, minDuration in hours; None: holds)

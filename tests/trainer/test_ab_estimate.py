@@ -10,16 +10,11 @@ import numpy as np
 import pytest
 
 from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
-from rtrl_trainer.ab_estimate import cell_sums, difference, independent
-from rtrl_trainer.sequential import (
-    MIN_EVENTS,
-    PROMOTE,
-    compare,
-    decide,
-    plan,
-    srm_log_bf,
-    srm_steps,
-)
+from rtrl_trainer.analyze.confidence import MIN_EVENTS, compare
+from rtrl_trainer.analyze.decide import decide
+from rtrl_trainer.analyze.estimate import cell_sums, difference, independent
+from rtrl_trainer.analyze.rule import PROMOTE, plan
+from rtrl_trainer.analyze.srm import srm_log_bf, srm_steps
 
 
 def clustered(
@@ -202,7 +197,7 @@ def test_too_few_events_neither_trips_nor_holds_a_promotion() -> None:
 def test_srm_bayes_factor_is_the_beta_binomial_mixture_by_integration() -> None:
     """BF = integral of Binomial(k; n, p) Beta(p; a, b) dp over Binomial(k; n, p0),
     integrated numerically on a fine grid."""
-    from rtrl_trainer.sequential import SRM_RELATIVE_SPREAD
+    from rtrl_trainer.analyze.srm import SRM_RELATIVE_SPREAD
 
     for nb, nc, p0 in ((950, 50, 0.05), (760, 240, 0.25), (5_000, 4_800, 0.5), (30, 0, 0.05)):
         spread = SRM_RELATIVE_SPREAD * min(p0, 1 - p0)

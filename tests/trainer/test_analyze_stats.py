@@ -1,5 +1,5 @@
-"""The canary's statistics (rtrl_trainer.sequential): intervals computed by hand, and the
-decision rule on simulated arms whose truth is known."""
+"""The canary's statistics (rtrl_trainer.analyze: confidence, srm, rule, decide): intervals
+computed by hand, and the decision rule on simulated arms whose truth is known."""
 
 from __future__ import annotations
 
@@ -10,21 +10,16 @@ import numpy as np
 import pytest
 
 from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
-from rtrl_trainer.sequential import (
-    PROMOTE,
-    ROLLBACK,
+from rtrl_trainer.analyze.confidence import (
     Estimate,
     Moments,
     always_valid_ci,
     cs_radius,
     from_estimates,
-    judge,
-    plan,
-    srm_test,
 )
-from rtrl_trainer.sequential import (
-    decide as decide_pairs,
-)
+from rtrl_trainer.analyze.decide import decide as decide_pairs
+from rtrl_trainer.analyze.rule import PROMOTE, ROLLBACK, judge, plan
+from rtrl_trainer.analyze.srm import srm_test
 
 
 def test_always_valid_ci_by_hand() -> None:

@@ -1,4 +1,4 @@
-"""Every attack on the tasks suites (tests/trainer/attacks.py) fails to pass and to escape,
+"""Every attack on the tasks suites (bench/attacks.py) fails to pass and to escape,
 run with the eval pod's identity: uid 1000, no capability at all (the operator's eval
 Job: docs/eval.md). As root, the sandbox server and, in the end-to-end case, the whole
 ``rtrl-job eval --samples`` run are started through ``setpriv`` as that user, with a
@@ -20,11 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench import attacks
 
-from rtrl_trainer import sandbox, tasks
-from rtrl_trainer.sandbox import Limits
-from tests.cluster import pods
-from tests.trainer import attacks
+from rtrl_localkube import pods
+from rtrl_trainer.evaluate import sandbox
+from rtrl_trainer.evaluate import suite as tasks
+from rtrl_trainer.evaluate.sandbox_types import Limits
 
 AS_ROOT = os.geteuid() == 0
 # As uid 1000 the sandbox server needs an interpreter that user can run (this venv's may

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rtrl.core.api.rlcycle import EvalGate
-from rtrl_trainer import behaviour
-from rtrl_trainer.gates import GateError, Metric, compare, judge, value
+from rtrl_trainer.evaluate import behaviour
+from rtrl_trainer.evaluate.gates import GateError, Metric, compare, judge, value
 
 
 def _metric(values: list[float], direction: int = 1, groups: list[int] | None = None) -> Metric:

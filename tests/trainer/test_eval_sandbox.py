@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rtrl_trainer import grader, plain_values, sandbox, tasks
-from rtrl_trainer.sandbox import Limits, run_python
+from rtrl_trainer.evaluate import grader, plain_values, sandbox
+from rtrl_trainer.evaluate import suite as tasks
+from rtrl_trainer.evaluate.sandbox import run_python
+from rtrl_trainer.evaluate.sandbox_types import Limits
 
 FAST = Limits(wall_seconds=5, cpu_seconds=2, memory_bytes=256 << 20, output_bytes=16 << 10)
 

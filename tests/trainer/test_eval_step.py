@@ -21,9 +21,9 @@ import torch
 from rtrl.core.api.checkpoint import EvalSummary, GateResult
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.store import open_store
-from rtrl_trainer import sandbox_shared
 from rtrl_trainer.cli import main
-from rtrl_trainer.stage import HELDOUT_COLUMNS, HELDOUT_NAME
+from rtrl_trainer.evaluate import sandbox_shared
+from rtrl_trainer.stagedset import HELDOUT_COLUMNS, HELDOUT_NAME
 from tests.conftest import REPO, console_script
 from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
 

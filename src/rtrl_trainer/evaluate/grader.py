@@ -5,9 +5,9 @@ A pass used to be "the test process exited 0", and a completion shares that proc
 ``sys.exit(0)``, ``os._exit(0)``, an atexit hook, patching ``assert`` helpers, reading the
 tests from the work dir, or returning an object whose ``__eq__`` is always True each
 passed. Now the completion only *answers calls*: it is loaded in a sandboxed process
-(:meth:`rtrl_trainer.sandbox.Sandbox.serve`), and the suite's test code runs in this
+(:meth:`rtrl_trainer.evaluate.sandbox.Sandbox.serve`), and the suite's test code runs in this
 process with ``candidate`` bound to a proxy that sends the arguments over a pipe and gets
-back plain data (:mod:`rtrl_trainer.plain_values`) or the name of an exception. The task
+back plain data (:mod:`rtrl_trainer.evaluate.plain_values`) or the name of an exception. The task
 passes when the tests ran to their end here. The completion cannot reach this process
 (Landlock, seccomp, a separate user where possible), never sees the tests or the
 expected values, and whatever it does to its own process changes only what it answers.
@@ -23,14 +23,9 @@ import time
 import traceback
 from typing import Any
 
-from rtrl_trainer import plain_values
-from rtrl_trainer.sandbox import (
-    CallTimeout,
-    CandidateGone,
-    Limits,
-    Result,
-    Sandbox,
-)
+from rtrl_trainer.evaluate import plain_values
+from rtrl_trainer.evaluate.sandbox import Sandbox
+from rtrl_trainer.evaluate.sandbox_types import CallTimeout, CandidateGone, Limits, Result
 
 
 class CandidateRaisedError(Exception):

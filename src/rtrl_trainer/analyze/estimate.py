@@ -197,7 +197,7 @@ def cell_sums(
     """Totals, Gram matrix and unit count from per-row values: ``unit`` ids (any hashable
     numpy values; each row its own unit when None), ``arm`` 0/1, ``stratum`` 0..S-1, the
     metric's ``x`` and ``n`` and the row's ``covariate`` (its unit's pre-exposure mean).
-    The plain reference form of what :mod:`rtrl_trainer.analyze` accumulates in a stream."""
+    The plain reference form of what :mod:`rtrl_trainer.analyze.step` accumulates in a stream."""
     arm_ = np.asarray(arm, dtype=np.int64)
     st = np.asarray(stratum, dtype=np.int64)
     xs = np.asarray(x, dtype=np.float64)

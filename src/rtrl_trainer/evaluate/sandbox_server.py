@@ -1,12 +1,12 @@
 """The sandbox's fork server: run as ``python -I -S -B sandbox_server.py ROOT ...`` by
-:class:`rtrl_trainer.sandbox.Sandbox`, never imported by the evaluator.
+:class:`rtrl_trainer.evaluate.sandbox.Sandbox`, never imported by the evaluator.
 
 Starting an interpreter per task costs ~8 ms, against ~60 µs for the tests of a task. So
 the server starts once (per evaluation and worker), prepares what every task inherits, and
 every task is a fresh process forked from it. What a task's process gets, in this order:
 
 - a new session; stdin ``/dev/null``, stdout/stderr size-capped memory files, the two
-  ends of the call channel (fds 3 and 4, :mod:`rtrl_trainer.grader`), nothing else open;
+  ends of the call channel (fds 3 and 4, :mod:`rtrl_trainer.evaluate.grader`), nothing else open;
 - where the server may switch users (root with CAP_SETUID/CAP_SETGID): an unused user id
   of its own, so nothing of the evaluator's can be signalled, traced or read;
 - not dumpable; ``no_new_privs``; the rlimits (address space, CPU seconds, file size, open
@@ -30,7 +30,7 @@ None of this needs a privilege: it holds as the eval pod's uid 1000 with every c
 dropped. At start, a check child takes the same steps and then *attacks*: it tries to
 signal and trace the server, read its ``/proc`` files and the secrets, open a TCP socket,
 create a file in ``/tmp``, ``unshare`` and ``fork``. Each guarantee is what it saw, not what
-was configured; the hello message carries them (:class:`rtrl_trainer.sandbox.Guarantees`)
+was configured; the hello message carries them (:class:`rtrl_trainer.evaluate.sandbox.Guarantees`)
 with the reason of each one missing, and the evaluator fails closed on them.
 
 Two kinds of request: ``run`` executes a program as ``__main__`` (its exit status is the
@@ -40,6 +40,13 @@ task is killed. Only the standard library is used (plus :mod:`plain_values` and
 :mod:`sandbox_shared`, from this directory). Protocol on stdin/stdout: 4-byte big-endian length
 + a :mod:`marshal`-ed dict (two trusted processes); a hello, then one response per
 request; exit at end of input.
+
+Why one file of ~950 lines, against the 400 of every other module: it is a standalone
+script, not a module of the evaluator. Every module it imports is paid for at start-up and
+is one more file a task's Landlock domain must be able to read, so it imports only the
+standard library and the two small files beside it; and the steps above (the task's set-up,
+the Landlock and seccomp rules, the check child's attacks, the request loop) are one
+sequence that reads top to bottom, each step relying on the one before.
 """
 
 from __future__ import annotations

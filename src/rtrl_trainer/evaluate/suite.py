@@ -5,7 +5,7 @@ A task is a ``prompt`` (a signature and docstring, plus any helpers), an ``entry
 ``tests`` (Python calling ``candidate``) and a known-correct ``solution`` (for the
 harness's own tests and the benchmark). The candidate completes the prompt; the program
 ``prompt + completion`` is loaded in the sandbox and the tests run in the trusted grader
-(:mod:`rtrl_trainer.grader`), which alone decides the pass.
+(:mod:`rtrl_trainer.evaluate.grader`), which alone decides the pass.
 
 The ``tasks`` suite is versioned and shipped in the package
 (``eval_tasks/<version>/tasks.jsonl``: a header ``{"format": "rtrl-eval-tasks", ...}``,
@@ -14,7 +14,7 @@ then one task per line); ``humaneval`` is read from the installed package's
 records each suite's version and sha256, so results are only compared across cycles that
 ran the same suite.
 
-Where the sandbox cannot give every guarantee (:class:`rtrl_trainer.sandbox.Guarantees`),
+Where the sandbox cannot give every guarantee (:class:`rtrl_trainer.evaluate.sandbox.Guarantees`),
 :func:`run_all` refuses to score (:class:`UnsafeSandboxError`) unless told ``require=False``.
 """
 
@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer.grader import grade, prompt_code
-from rtrl_trainer.sandbox import Guarantees, Limits, Result, Sandbox, map_in_pool
+from rtrl_trainer.evaluate.grader import grade, prompt_code
+from rtrl_trainer.evaluate.sandbox import Sandbox
+from rtrl_trainer.evaluate.sandbox_pool import map_in_pool
+from rtrl_trainer.evaluate.sandbox_types import Guarantees, Limits, Result
 
 SUITE_FORMAT = "rtrl-eval-tasks"
 DEFAULT_SUITE = Path(__file__).parent / "eval_tasks" / "v1" / "tasks.jsonl"

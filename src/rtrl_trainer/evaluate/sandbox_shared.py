@@ -1,4 +1,4 @@
-"""What both sides of the sandbox share, the evaluator's (:mod:`rtrl_trainer.sandbox`) and
+"""What both sides of the sandbox share, the evaluator's (:mod:`rtrl_trainer.evaluate.sandbox`) and
 the sandbox server's: the names of the guarantees the server checks, and a pipe helper.
 Standard library only: the server, ``python -I -S``, loads this module from its own
 directory."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtrl_trainer import tasks
+from rtrl_trainer.evaluate import suite as tasks
 
 TASK_ID = "rtrl/000-add"  # add(a, b): the prompt ends with the signature and docstring
 

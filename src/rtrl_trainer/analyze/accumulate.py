@@ -1,4 +1,4 @@
-"""Streaming per-unit sums for :func:`rtrl_trainer.ab_estimate.difference`, and the
+"""Streaming per-unit sums for :func:`rtrl_trainer.analyze.estimate.difference`, and the
 analysis's per-arm statistics built on them (:class:`Arms`).
 
 The analysis reads shards batch by batch; a unit's rows are spread over files and hours,
@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtrl.core.api.rlcycle import AssignmentUnit
-from rtrl_trainer.ab_estimate import Difference, N, Q, X, Z, difference, independent
+from rtrl_trainer.analyze.confidence import Estimate
+from rtrl_trainer.analyze.estimate import Difference, N, Q, X, Z, difference, independent
 from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import filled
-from rtrl_trainer.sequential import Estimate
 
 # Per-key columns: x, n (per unit); and xx, nn, xn (per row, request unit only).
 _COLUMNS_UNIT = 2

@@ -3,131 +3,49 @@
 The tasks suites execute code a candidate checkpoint wrote, and an RL system exists to find
 reward hacks: a completion may loop, allocate, fork, exit early, read the suite's answers,
 talk to the network, or attack the evaluator. Every task runs in a fresh process forked
-from a *sandbox server* (:mod:`rtrl_trainer.sandbox_server`, a ``python -I -S -B`` started
+from a *sandbox server* (:mod:`rtrl_trainer.evaluate.sandbox_server`, a ``python -I -S -B`` started
 once per :class:`Sandbox`), isolated by Landlock, seccomp, rlimits and, where the server
 may switch users, a user id of its own; none of it needs a privilege, so it holds in the
 eval pod (uid 1000, every capability dropped). docs/eval.md describes the guarantees.
 
 The server *checks* the guarantees when it starts, by attacking them from a child set up
 as a task is (:class:`Guarantees`), and every result carries what held. The tasks suites
-refuse to score where one is missing (:mod:`rtrl_trainer.tasks`), unless told otherwise.
+refuse to score where one is missing (:mod:`rtrl_trainer.evaluate.suite`), unless told otherwise.
+
+What a run is given and returns (:class:`Limits`, :class:`Guarantees`, :class:`Result`)
+is in :mod:`.sandbox_types`, a served completion's call channel in :mod:`.sandbox_channel`,
+servers in a pool (a suite's tasks ``workers`` at a time) in :mod:`.sandbox_pool`.
 
 Two ways to run code: :meth:`Sandbox.run` runs a program (its exit status is the result:
 for the sandbox's own tests); :meth:`Sandbox.serve` loads a completion and lets the
-evaluator call its function (:mod:`rtrl_trainer.grader`): the verdict is the grader's,
+evaluator call its function (:mod:`rtrl_trainer.evaluate.grader`): the verdict is the grader's,
 never the completion's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import marshal
 import os
-import queue
 import select
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from rtrl_trainer import sandbox_shared
-from rtrl_trainer.sandbox_shared import GUARANTEES
+from rtrl_trainer.evaluate import sandbox_shared
+from rtrl_trainer.evaluate.sandbox_channel import Channel
+from rtrl_trainer.evaluate.sandbox_types import NONE_HELD, Guarantees, Limits, Result, SandboxError
 
 SERVER = Path(__file__).with_name("sandbox_server.py")
 # How long past a task's own wall-clock limit we wait for the server before declaring it
 # hung, killing it and starting a new one.
 _SERVER_GRACE_SECONDS = 10.0
-MAX_FRAME = 16 << 20
-_T = TypeVar("_T")
-
-GUARANTEE_MEANING = {
-    "separate_identity": "a task cannot signal the evaluator or read its /proc files",
-    "no_ptrace": "a task cannot trace the evaluator or the sandbox server",
-    "no_network": "a task cannot open a network socket",
-    "memory_capped": "the memory cap holds for a task's whole process tree",
-    "suite_unreadable": "a task cannot read the suites, their solutions or the secrets",
-    "no_fs_writes": "a task cannot write anywhere (/tmp, /dev/shm included)",
-    "no_namespaces": "a task cannot create namespaces (unshare, clone flags)",
-}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one sandboxed task. ``memory_bytes`` caps the task's whole tree:
-    with ``processes`` 1 (the default) a task may not fork at all and it is the process's
-    address-space cap; with more, each process gets ``memory_bytes / processes`` and the
-    count is enforced through the task's own user id (which needs CAP_SETUID)."""
-
-    wall_seconds: float = 10.0
-    cpu_seconds: int = 5
-    memory_bytes: int = 512 << 20
-    output_bytes: int = 64 << 10
-    open_files: int = 64
-    processes: int = 1
-
-
-@dataclass(frozen=True)
-class Guarantees:
-    """What the server's check child could not break (see :data:`GUARANTEE_MEANING`), and
-    for each one it could, what it did."""
-
-    held: dict[str, bool]
-    reasons: dict[str, str] = field(default_factory=dict)
-
-    def missing(self) -> list[str]:
-        return [name for name in GUARANTEES if not self.held.get(name, False)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"held": dict(self.held), "missing": self.missing(), "reasons": dict(self.reasons)}
-
-
-NONE_HELD = Guarantees(dict.fromkeys(GUARANTEES, False), {"all": "no sandbox server ran"})
-
-
-@dataclass
-class Result:
-    """The outcome of one task. ``status``: ``ok`` (passed), ``failed`` (non-zero exit, or
-    the grader's tests failed), ``timeout`` (wall clock), ``cpu_limit``, ``memory_limit``,
-    ``output_limit`` or ``killed`` (another signal, or the server died: see ``details``)."""
-
-    status: str
-    returncode: int
-    stdout: str
-    stderr: str
-    truncated: bool
-    seconds: float
-    guarantees: Guarantees
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["guarantees"] = self.guarantees.to_dict()
-        doc["passed"] = self.passed
-        return doc
-
-
-class SandboxError(RuntimeError):
-    """The sandbox server could not be started."""
-
-
-class CandidateGone(BaseException):
-    """The completion's process ended (or its channel broke) while a call was in flight.
-    A BaseException: a test's ``except Exception`` must not swallow it."""
-
-
-class CallTimeout(BaseException):
-    """The task's wall clock ran out while waiting for the completion."""
 
 
 def _drop_to(uid: int, gid: int) -> list[str]:
@@ -370,99 +288,6 @@ class Sandbox:
             channel.result = self._result(limits)
 
 
-class Channel:
-    """The evaluator's end of a served completion: :meth:`call` sends plain arguments and
-    returns the plain value that came back (or raises what the completion raised)."""
-
-    def __init__(self, calls: int, replies: int, server: int, deadline: float) -> None:
-        self._calls = calls
-        self._replies = replies
-        self._server = server
-        self.deadline = deadline
-        self._seq = 0
-        self.gone = False
-        self.result: Result | None = None
-        self.calls = 0
-
-    def _frame(self) -> dict[str, Any]:
-        """The next frame from the completion, within the deadline."""
-        header = self._read(4)
-        size = int.from_bytes(header, "big")
-        if size > MAX_FRAME:
-            raise CandidateGone(f"a reply of {size} bytes (the cap is {MAX_FRAME})")
-        body = self._read(size)
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise CandidateGone(f"a reply that is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise CandidateGone("a reply that is not an object")
-        return doc
-
-    def _read(self, n: int) -> bytes:
-        chunks: list[bytes] = []
-        while n:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise CallTimeout
-            ready, _, _ = select.select([self._replies, self._server], [], [], left)
-            if self._replies in ready:
-                chunk = os.read(self._replies, min(n, 1 << 20))
-                if not chunk:
-                    raise CandidateGone("the sandbox server is gone")
-                chunks.append(chunk)
-                n -= len(chunk)
-            elif ready:  # the server says the task exited
-                self.gone = True
-                raise CandidateGone("the completion's process exited")
-        return b"".join(chunks)
-
-    def ready(self) -> dict[str, Any]:
-        """The completion's first frame: ``{"ready": True}`` or ``{"load_error": ...}``."""
-        if self.gone:
-            raise CandidateGone("the sandbox server is gone")
-        while True:
-            doc = self._frame()
-            if doc.get("id") == 0:
-                return doc
-
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from rtrl_trainer import plain_values
-
-        if self.gone:
-            raise CandidateGone("the completion's process exited")
-        self._seq += 1
-        self.calls += 1
-        message = {
-            "id": self._seq,
-            "args": plain_values.encode(list(args)),
-            "kwargs": plain_values.encode(kwargs),
-        }
-        data = json.dumps(message, allow_nan=False).encode()
-        self._write(len(data).to_bytes(4, "big") + data)
-        while True:
-            doc = self._frame()
-            if doc.get("id") == self._seq:
-                return doc
-
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        os.set_blocking(self._calls, False)
-        try:
-            while view:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise CallTimeout
-                _, ready, _ = select.select([], [self._calls], [], left)
-                if ready:
-                    try:
-                        view = view[os.write(self._calls, view) :]
-                    except BlockingIOError:
-                        continue
-        finally:
-            os.set_blocking(self._calls, True)
-
-
 def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
     chunks: list[bytes] = []
     while n:
@@ -475,65 +300,6 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
-
-
-@contextlib.contextmanager
-def pool(size: int, **options: Any) -> Iterator[queue.SimpleQueue[Sandbox]]:
-    """``size`` sandbox servers (started in parallel) in a queue: a worker takes one, runs
-    a task, puts it back. ``options`` go to :class:`Sandbox`."""
-    sandboxes: queue.SimpleQueue[Sandbox] = queue.SimpleQueue()
-    started: list[Sandbox] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def start() -> None:
-        try:
-            box = Sandbox(**options)
-        except BaseException as exc:
-            errors.append(exc)
-            return
-        with lock:
-            started.append(box)
-
-    try:
-        threads = [threading.Thread(target=start) for _ in range(size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise SandboxError(f"a sandbox server did not start: {errors[0]}")
-        for box in started:
-            sandboxes.put(box)
-        yield sandboxes
-    finally:
-        for box in started:  # all servers exit at once, then wait for each
-            box._hang_up()
-        for box in started:
-            box.close()
-
-
-def map_in_pool(
-    size: int, items: Sequence[_T], run: Callable[[Sandbox, _T], Result], **options: Any
-) -> list[Result]:
-    """``run(sandbox, item)`` for every item, ``size`` at a time, results in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    size = max(1, min(size, len(items)))
-    with pool(size, **options) as boxes:
-        if size <= 1:
-            box = boxes.get()
-            return [run(box, item) for item in items]
-
-        def one(item: _T) -> Result:
-            box = boxes.get()
-            try:
-                return run(box, item)
-            finally:
-                boxes.put(box)
-
-        with ThreadPoolExecutor(max_workers=size) as executor:
-            return list(executor.map(one, items))
 
 
 def run_python(source: str, *, limits: Limits | None = None, **options: Any) -> Result:

@@ -17,14 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer import tasks
-from rtrl_trainer.evaluate import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    EvaluatorOptions,
-    score_code,
-)
+from rtrl_trainer.evaluate import suite as tasks
+from rtrl_trainer.evaluate.config import EvaluatorOptions
+from rtrl_trainer.evaluate.scoring import score_code
+from rtrl_trainer.runner import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def score(

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from rtrl_trainer.eval_model import EvalModel
-from rtrl_trainer.gates import Metric
+from rtrl_trainer.evaluate.gates import Metric
+from rtrl_trainer.evaluate.model import EvalModel
 
 KEPT = 0.5
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from rtrl_trainer.gates import Metric
+from rtrl_trainer.evaluate.gates import Metric
 
 TOOLS = frozenset({"read_file", "edit_file", "run_command", "search", "list_files"})
 _CALL = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)

@@ -1,6 +1,6 @@
 """Plain data over a pipe: the only thing a completion's process can hand the grader.
 
-The grader (:mod:`rtrl_trainer.grader`) calls a completion's function in another process
+The grader (:mod:`rtrl_trainer.evaluate.grader`) calls a completion's function in another process
 and compares what comes back. What comes back must not be able to act: an object whose
 ``__eq__`` is always True, a ``str`` subclass, anything with methods of the completion's
 making. So values cross as JSON of built-in types only, and are rebuilt on the grader's

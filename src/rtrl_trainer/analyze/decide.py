@@ -1,0 +1,220 @@
+"""The scalar front end of the decision rule: ``analysis.json``'s decision, its reasons
+in words, and one row per metric (:func:`decide`, what the analyze step calls)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
+from rtrl_trainer.analyze.confidence import MIN_EVENTS, MIN_SAMPLES, Comparison
+from rtrl_trainer.analyze.estimate import Difference
+from rtrl_trainer.analyze.rule import (
+    BEYOND,
+    DECISIONS,
+    GOAL_WORSE,
+    GUARDRAIL,
+    HELD,
+    HELD_SRM,
+    HOLD,
+    NON_INFERIOR,
+    NOT_NON_INFERIOR,
+    POLICY_ROLLBACK,
+    PRIMARY,
+    PRIMARY_BETTER,
+    SRM,
+    TRIPPED,
+    VERDICTS,
+    WORSE,
+    Metric,
+    judge,
+    plan,
+)
+from rtrl_trainer.analyze.srm import SRM_HOLD_P, SrmResult
+
+
+@dataclass
+class Analysis:
+    """One analysis, as ``analysis.json`` reports it."""
+
+    decision: str
+    reasons: list[str]
+    metrics: list[dict[str, Any]]
+    srm: dict[str, Any]
+    missing: list[str]
+
+
+def _num(value: float, unit: str) -> str:
+    if unit or abs(value) >= 100:
+        return f"{value:.1f}{unit}"
+    return f"{value:.3f}"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:+.1f}%"
+
+
+def _finite(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _band_text(band: Band) -> str:
+    parts = []
+    if band.max_relative_drop is not None:
+        parts.append(f"drop <= {100 * band.max_relative_drop:g}%")
+    if band.max_relative_rise is not None:
+        parts.append(f"rise <= {100 * band.max_relative_rise:g}%")
+    return ", ".join(parts)
+
+
+def describe(metric: Metric, cmp: Comparison, code: int) -> str:
+    """``edit_persistence: canary 0.614 vs 0.600 (+2.3%), always-valid 98.7% CI [+0.4%,
+    +4.2%]: better``"""
+    text = f"{metric.name}: canary {_num(cmp.canary, metric.unit)} vs " + _num(
+        cmp.baseline, metric.unit
+    )
+    if math.isfinite(cmp.relative) and cmp.few_events:
+        text += f" ({_pct(cmp.relative)})"  # a handful of events: no interval worth printing
+    elif math.isfinite(cmp.relative):
+        level = f"{100 * (1 - metric.alpha):.3g}%"
+        text += (
+            f" ({_pct(cmp.relative)}), always-valid {level} CI "
+            f"[{_pct(cmp.rel_low)}, {_pct(cmp.rel_high)}]"
+        )
+    if metric.band is not None:
+        text += f", band {_band_text(metric.band)}"
+    if cmp.few_events:
+        text += f" (fewer than {MIN_EVENTS} events in an arm: no verdict yet)"
+    elif not cmp.enough:
+        text += f" (fewer than {MIN_SAMPLES} samples in an arm: no verdict yet)"
+    return f"{text}: {VERDICTS[code]}"
+
+
+def decide(
+    diffs: Mapping[str, Difference],
+    analysis: AnalysisSpec,
+    guardrails: GuardrailsSpec,
+    *,
+    srm: SrmResult | None = None,
+    max_duration_reached: bool = False,
+) -> Analysis:
+    """The decision for one canary from each arm's estimates, with reasons and metric rows
+    (see :func:`judge` for the rule)."""
+    metrics = plan(analysis, guardrails)
+    mismatch = bool(srm.mismatch) if srm is not None else False
+    suspect = bool(srm.p_value <= SRM_HOLD_P) if srm is not None else False
+    j = judge(
+        metrics,
+        diffs,
+        srm_mismatch=mismatch,
+        srm_suspect=suspect,
+        max_duration_reached=max_duration_reached,
+        policy=analysis.inconclusive,
+        margin=analysis.non_inferiority_margin,
+    )
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    missing: list[str] = []
+    for metric in metrics:
+        cmp = j.comparisons[metric.name]
+        code = int(j.verdicts[metric.name])
+        found = diffs.get(metric.name)
+        if found is None or not all(
+            math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary, cmp.ci_low, cmp.ci_high)
+        ):
+            missing.append(metric.name)
+            lines.append(f"{metric.name}: not measured in both arms: {VERDICTS[code]}")
+            continue
+        lines.append(describe(metric, cmp, code))
+        row: dict[str, Any] = {
+            "name": metric.name,
+            "kind": metric.kind,
+            "baseline": float(cmp.baseline),
+            "canary": float(cmp.canary),
+            "difference": float(cmp.difference),
+            "ci_low": float(cmp.ci_low),
+            "ci_high": float(cmp.ci_high),
+            "relative_difference": _finite(cmp.relative),
+            # too few events: the log-scale interval spans orders of magnitude and says
+            # nothing; the verdict says why there is none
+            "relative_ci_low": None if cmp.few_events else _finite(cmp.rel_low),
+            "relative_ci_high": None if cmp.few_events else _finite(cmp.rel_high),
+            "verdict": VERDICTS[code],
+            "higher_is_better": metric.higher_is_better,
+            "alpha": metric.alpha,
+            "tau": metric.tau,
+            "baseline_samples": int(found.n_baseline),
+            "canary_samples": int(found.n_canary),
+            "variance_reduction": _finite(cmp.variance_reduction),
+        }
+        if metric.band is not None:
+            row["band"] = metric.band.to_k8s()
+        rows.append(row)
+    cause = int(j.cause)
+    beyond = [m.name for m in metrics if j.verdicts[m.name] == BEYOND]
+    held = f" ({', '.join(beyond)} beyond its band)" if beyond else ""
+    lead: list[str] = []
+    if cause == SRM and srm is not None:
+        lead.append(
+            f"sample ratio mismatch: canary share {100 * srm.observed_canary_share:.2f}% vs "
+            f"configured {100 * srm.expected_canary_share:g}% (anytime-valid p = "
+            f"{srm.p_value:.2g} <= srmAlpha {analysis.srm_alpha:g}): the arms are not "
+            "comparable"
+        )
+    elif cause == GUARDRAIL:
+        tripped = [m.name for m in metrics if j.verdicts[m.name] == TRIPPED]
+        lead.append(f"guardrail tripped: {', '.join(tripped)} moved beyond its band")
+    elif cause == GOAL_WORSE:
+        worse = [m.name for m in metrics if m.kind == "goal" and j.verdicts[m.name] == WORSE]
+        lead.append(f"goal significantly worse: {', '.join(worse)}")
+    elif cause == PRIMARY_BETTER:
+        lead.append(f"{PRIMARY} significantly better and no goal worse, no guardrail tripped")
+    elif cause == HELD:
+        lead.append(
+            f"promotion held: {PRIMARY} significantly better, but the estimate of "
+            f"{', '.join(beyond)} is beyond its band; the analysis goes on until the guardrail "
+            "trips, its estimate comes back within the band, or maxDuration"
+        )
+    elif cause == HELD_SRM and srm is not None:
+        lead.append(
+            f"promotion held: {PRIMARY} significantly better, but the sample ratio is suspect: "
+            f"canary share {100 * srm.observed_canary_share:.2f}% vs configured "
+            f"{100 * srm.expected_canary_share:g}% (anytime-valid p = {srm.p_value:.2g}, "
+            f"mismatch at srmAlpha {analysis.srm_alpha:g}); the analysis goes on until the "
+            "sample-ratio test trips or clears, or maxDuration"
+        )
+    elif cause == POLICY_ROLLBACK:
+        lead.append(f"inconclusive at maxDuration{held}: policy rollback")
+    elif cause == NON_INFERIOR:
+        lead.append(
+            "inconclusive at maxDuration: policy promote-if-non-inferior: every goal's interval "
+            f"excludes a relative harm above {100 * analysis.non_inferiority_margin:g}%"
+        )
+    elif cause == NOT_NON_INFERIOR:
+        lead.append(
+            f"inconclusive at maxDuration{held}: policy promote-if-non-inferior: "
+            f"non-inferiority (margin {100 * analysis.non_inferiority_margin:g}%) not shown for "
+            "every goal, or a guardrail beyond its band"
+        )
+    elif cause == HOLD:
+        lead.append(f"inconclusive at maxDuration{held}: policy hold")
+    else:
+        lead.append("inconclusive: no goal significantly better or worse yet")
+    srm_doc: dict[str, Any] = {
+        "expected_canary_share": None,
+        "observed_canary_share": None,
+        "p_value": None,
+        "mismatch": False,
+        "alpha": analysis.srm_alpha,
+    }
+    if srm is not None:
+        srm_doc.update(
+            expected_canary_share=float(srm.expected_canary_share),
+            observed_canary_share=_finite(srm.observed_canary_share),
+            p_value=float(srm.p_value),
+            mismatch=bool(srm.mismatch),
+        )
+    return Analysis(DECISIONS[int(j.decision)], lead + lines, rows, srm_doc, missing)

@@ -1,0 +1,300 @@
+"""The eval step, ``rtrl-job eval``: may this candidate checkpoint be shown to users?
+
+Training can make a checkpoint worse in ways its loss does not show, so before any canary
+the candidate runs the RLCycle's eval suites next to its parent (``replay``: the parent's
+held-out interactions; ``tasks``: executable coding tasks in a sandbox; ``behaviour``:
+generation on held-out prompts) and every metric is compared with a paired bootstrap
+(:mod:`.gates`). A gate fails only when the regression beyond its threshold is significant
+at ``eval.alpha``.
+
+The verdict is data: the step commits ``eval.json`` (manifest last) and exits 0 whether the
+candidate passed or not. It exits 1 only when it could not evaluate (a checkpoint or the
+held-out set is missing or corrupt, the task suite is broken, the store fails) and 2 for
+usage and configuration errors, each with a one-line message (:mod:`.cli`). The settings
+are :mod:`.config`'s, the held-out set and the parent's cache :mod:`.inputs`', the code
+and behaviour suites are scored by :mod:`.scoring`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from rtrl.core.api.checkpoint import GateResult
+from rtrl.core.api.rlcycle import EvalSuite
+from rtrl.core.store import ObjectStore, open_store
+from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint
+from rtrl_trainer.evaluate import behaviour, replay, sandbox, sandbox_shared, sandbox_types
+from rtrl_trainer.evaluate import suite as tasks
+from rtrl_trainer.evaluate.config import (
+    CACHE_DIR,
+    CACHE_FORMAT,
+    CODE_SUITES,
+    RESULT_NAME,
+    EvalConfig,
+    EvalError,
+)
+from rtrl_trainer.evaluate.gates import GateError, Metric, judge
+from rtrl_trainer.evaluate.inputs import (
+    cache_key,
+    cache_stores,
+    load_heldout,
+    read_cache,
+    write_cache,
+)
+from rtrl_trainer.evaluate.model import EvalModel, ModelError
+from rtrl_trainer.evaluate.scoring import behaviour_metrics, run_tasks, sandbox_options
+from rtrl_trainer.spec_file import ConfigError
+
+
+def _open(uri: str, flag: str, config: EvalConfig) -> ObjectStore:
+    try:
+        return open_store(uri, endpoint_url=config.endpoint_url)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run the step; return the ``eval.json`` document it committed."""
+    clock = time.perf_counter()
+    timing: dict[str, float] = {}
+    suites = [EvalSuite(s) for s in config.spec.suites]
+    options = config.options
+    out = _open(config.out, "--out", config)
+    cand_store = _open(config.candidate, "--candidate", config)
+    parent_store = _open(config.parent, "--parent", config)
+    code_suites: dict[str, tasks.Suite] = {}
+    for name in suites:
+        if name not in CODE_SUITES:
+            continue
+        path = Path(options.task_file) if options.task_file and name == EvalSuite.TASKS else None
+        try:
+            code_suites[str(name)] = tasks.load(str(name), path, limit=options.max_tasks)
+        except tasks.SuiteError as exc:
+            raise EvalError(str(exc)) from None
+    # Fail closed, before any generation: where the sandbox cannot hold, the code suites
+    # are not scored, and the verdict says which guarantee is missing.
+    unscored: dict[str, dict[str, Any]] = {}
+    if code_suites and not options.insecure_sandbox:
+        try:
+            guarantees = sandbox.probe(options.limits(), **sandbox_options())
+        except (sandbox_types.SandboxError, ValueError) as exc:
+            guarantees = sandbox_types.Guarantees(
+                dict.fromkeys(sandbox_shared.GUARANTEES, False), {"all": str(exc)}
+            )
+        if guarantees.missing():
+            for suite_name in code_suites:
+                unscored[suite_name] = {"scored": False, **guarantees.to_dict()}
+    with tempfile.TemporaryDirectory(prefix="rtrl-eval-", dir=work_dir) as tmp:
+        tmp_dir = Path(tmp)
+        start = time.perf_counter()
+        try:
+            cand_fetched = fetch_checkpoint(cand_store, tmp_dir / "candidate", label="candidate")
+            parent_fetched = fetch_checkpoint(parent_store, tmp_dir / "parent", label="parent")
+        except InputError as exc:
+            raise EvalError(str(exc)) from None
+        heldout_table: pa.Table | None = None
+        heldout_files: dict[str, str] = {}
+        if config.heldout is not None and set(suites) & {EvalSuite.REPLAY, EvalSuite.BEHAVIOUR}:
+            heldout_store = _open(config.heldout, "--heldout", config)
+            try:
+                heldout_table, heldout_files = load_heldout(heldout_store, tmp_dir / "heldout")
+            except InputError as exc:
+                raise EvalError(str(exc)) from None
+        timing["download_seconds"] = time.perf_counter() - start
+        key = cache_key(config, parent_fetched.files, heldout_files, code_suites)
+        cache_name = f"{CACHE_DIR}/{key}.json"
+        stores = cache_stores(config, parent_store)
+        cached, cache_uri = read_cache(stores, cache_name)
+        cached_metrics = (
+            {}
+            if cached is None
+            else {m["name"]: Metric.from_dict(m) for m in cached.get("metrics", [])}
+        )
+        try:
+            candidate = EvalModel(cand_fetched.directory, label="candidate")
+            need_parent = cached is None or EvalSuite.REPLAY in suites
+            parent = EvalModel(parent_fetched.directory, label="parent") if need_parent else None
+        except ModelError as exc:
+            raise EvalError(str(exc)) from None
+        cand_metrics: list[Metric] = []
+        parent_metrics: list[Metric] = []
+        details: dict[str, Any] = {}
+        for name in suites:
+            start = time.perf_counter()
+            if name == EvalSuite.REPLAY:
+                assert heldout_table is not None and parent is not None
+                rows = replay.rows_from_table(heldout_table, limit=options.replay_max_rows)
+                if not rows:
+                    raise EvalError(
+                        f"--heldout {config.heldout}: no held-out rows with completion tokens"
+                    )
+                kl = replay.kl_values(candidate, parent, rows)
+                cand_metrics += replay.metrics(replay.loglik_values(candidate, rows), rows, kl)
+                if "replay.loglik" in cached_metrics:
+                    parent_ll = list(cached_metrics["replay.loglik"].values)
+                else:
+                    parent_ll = replay.loglik_values(parent, rows)
+                parent_metrics += replay.metrics(parent_ll, rows, [0.0] * len(rows))
+                groups = [r.edit_persisted for r in rows]
+                details["replay"] = {
+                    "rows": len(rows),
+                    "kept": sum(1 for g in groups if g is not None and g >= replay.KEPT),
+                    "discarded": sum(1 for g in groups if g is not None and g < replay.KEPT),
+                }
+            elif name in CODE_SUITES:
+                suite = code_suites[str(name)]
+                head = {
+                    "suite": suite.path.name,
+                    "version": suite.version,
+                    "sha256": suite.sha256,
+                    "tasks": len(suite.tasks),
+                }
+                if str(name) in unscored:
+                    details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    continue
+                try:
+                    metric, per_task, record = run_tasks(candidate, suite, options)
+                    if metric.name in cached_metrics and cached is not None:
+                        parent_metric = cached_metrics[metric.name]
+                        parent_tasks = cached.get("tasks", {}).get(str(name), [])
+                    else:
+                        assert parent is not None
+                        parent_metric, parent_tasks, _ = run_tasks(parent, suite, options)
+                except tasks.UnsafeSandboxError as exc:  # a server that held less than the probe
+                    unscored[str(name)] = {"scored": False, **exc.guarantees.to_dict()}
+                    details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    continue
+                cand_metrics.append(metric)
+                parent_metrics.append(parent_metric)
+                for row, prow in zip(per_task, parent_tasks, strict=False):
+                    row["parent_status"] = prow.get("status")
+                details[str(name)] = {**head, "sandbox": record, "results": per_task}
+            else:
+                assert heldout_table is not None
+                prompts = [
+                    list(p or [])
+                    for p in heldout_table.column("prompt_ids").to_pylist()[
+                        : options.behaviour_max_prompts
+                    ]
+                ]
+                if not prompts:
+                    raise EvalError(f"--heldout {config.heldout}: no held-out prompts")
+                cand_metrics += behaviour_metrics(candidate, prompts, options)
+                names = [m.name for m in behaviour.metrics([], [])]
+                if all(n in cached_metrics for n in names):
+                    parent_metrics += [cached_metrics[n] for n in names]
+                else:
+                    assert parent is not None
+                    parent_metrics += behaviour_metrics(parent, prompts, options)
+                details["behaviour"] = {"prompts": len(prompts), "tools": sorted(behaviour.TOOLS)}
+            timing[f"{name}_seconds"] = time.perf_counter() - start
+        gates, gates_source = config.spec.effective_gates()
+        # A suite not scored has no metric to judge; its absence already fails the verdict.
+        judged = [g for g in gates if g.metric.split(".", 1)[0] not in unscored]
+        try:
+            compared = judge(
+                cand_metrics,
+                parent_metrics,
+                judged,
+                alpha=config.spec.alpha,
+                resamples=options.resamples,
+                seed=options.seed,
+            )
+        except GateError as exc:
+            raise EvalError(str(exc)) from None
+        written: str | None = None
+        if cached is None:
+            cache_doc = {
+                "format": CACHE_FORMAT,
+                "key": key,
+                "parent": config.parent,
+                "metrics": [m.to_dict() for m in parent_metrics if m.name != "replay.kl"],
+                "tasks": {
+                    suite_name: [
+                        {"task_id": r["task_id"], "status": r.get("parent_status")}
+                        for r in details[suite_name]["results"]
+                    ]
+                    for suite_name in code_suites
+                    if suite_name in details and suite_name not in unscored
+                },
+            }
+            written = write_cache(stores, cache_name, cache_doc)
+        gate_docs = []
+        unjudged = []
+        for item in compared:
+            gate = item.get("gate")
+            if gate is None:
+                continue
+            if gate["regression_excess_lower_bound"] is None:
+                unjudged.append({"metric": item["metric"], "reason": gate.get("note")})
+                continue
+            result = GateResult(
+                metric=item["metric"],
+                candidate=item["candidate"],
+                parent=item["parent"],
+                ci_low=item["ci_low"] if item["ci_low"] is not None else item["difference"],
+                ci_high=item["ci_high"] if item["ci_high"] is not None else item["difference"],
+                passed=gate["passed"],
+            )
+            gate_docs.append(
+                {
+                    **result.model_dump(),
+                    "mode": gate["mode"],
+                    "max_regression": gate["max_regression"],
+                    "threshold": gate["threshold"],
+                    "regression_excess_lower_bound": gate["regression_excess_lower_bound"],
+                }
+            )
+        failed = [g["metric"] for g in gate_docs if not g["passed"]]
+        passed = not failed and not unscored
+        if unscored:
+            first = next(iter(unscored.values()))
+            missing = ", ".join(
+                f"{m} ({first['reasons'].get(m) or first['reasons'].get('all', 'not held')})"
+                for m in first["missing"]
+            )
+            message = (
+                f"not scored: {', '.join(unscored)}: sandbox guarantee(s) missing: {missing}"
+                + (f"; failed gate(s): {', '.join(failed)}" if failed else "")
+            )
+        elif passed:
+            message = f"passed {len(gate_docs)} gate(s) on {len(compared)} metric(s)"
+        else:
+            message = f"failed gate(s): {', '.join(failed)}"
+        timing["seconds"] = time.perf_counter() - clock
+        doc: dict[str, Any] = {
+            "passed": passed,
+            "verdict": "Passed" if passed else "Failed",
+            "message": message,
+            # why it failed, for the Checkpoint's condition: unscored suites first
+            "reason": "SandboxUnsafe" if unscored else "EvalGatesFailed" if failed else None,
+            "candidate": config.candidate,
+            "parent": config.parent,
+            "heldout": config.heldout,
+            "suites": details,
+            "alpha": config.spec.alpha,
+            "resamples": options.resamples,
+            "evaluator": options.model_dump(by_alias=True),
+            "metrics": [{k: v for k, v in d.items() if k != "gate"} for d in compared],
+            "gates": gate_docs,
+            "gates_not_judged": unjudged,
+            # "default": spec.eval.gates unset, the suites' default gates were judged.
+            "gates_source": gates_source,
+            "gates_effective": [g.to_k8s() for g in gates],
+            "parent_cache": {
+                "key": key,
+                "hit": cached is not None,
+                "uri": cache_uri if cached is not None else written,
+            },
+            "timing": {k: round(v, 3) for k, v in timing.items()},
+        }
+        result_path = tmp_dir / RESULT_NAME
+        result_path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        out.commit("", {RESULT_NAME: result_path}, {"step": "eval", "passed": passed})
+    return doc
