@@ -13,7 +13,8 @@ import boto3
 import pytest
 
 from rtrl.core.store import StoreError, open_store, read_committed_json
-from rtrl.core.store.s3 import CREDENTIALS_DIR_ENV, S3Store, file_credentials
+from rtrl.core.store.credentials import CREDENTIALS_DIR_ENV, file_credentials
+from rtrl.core.store.s3 import S3Store
 
 FILE_ACCESS_KEY = "AKIAFROMFILE00000000"
 FILE_SECRET = "f1le-s3cr3t-DO-NOT-LEAK-abcdef0123"

@@ -11,7 +11,7 @@ import pytest
 
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
-from rtrl.core.store import s3
+from rtrl.core.store import credentials
 from rtrl.planning.manifests.jobs import (
     CREDENTIAL_KEYS,
     CREDENTIALS_DIR_ENV,
@@ -94,5 +94,5 @@ def test_without_a_credentials_secret_nothing_is_mounted() -> None:
 
 
 def test_the_pod_and_the_store_agree_on_the_contract() -> None:
-    assert CREDENTIALS_DIR_ENV == s3.CREDENTIALS_DIR_ENV
-    assert CREDENTIAL_KEYS == (s3.ACCESS_KEY_FILE, s3.SECRET_KEY_FILE)
+    assert CREDENTIALS_DIR_ENV == credentials.CREDENTIALS_DIR_ENV
+    assert CREDENTIAL_KEYS == (credentials.ACCESS_KEY_FILE, credentials.SECRET_KEY_FILE)

@@ -21,7 +21,6 @@ import io
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -45,6 +44,10 @@ from rtrl.core.store.base import (
     check_key,
     check_prefix,
 )
+from rtrl.core.store.credentials import (
+    CREDENTIALS_DIR_ENV,
+    file_credentials,
+)
 from rtrl.core.store.local import TEMP_PREFIX
 
 if TYPE_CHECKING:
@@ -60,69 +63,6 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # same errors s3transfer retries for downloads).
 _STREAM_ERRORS = (IncompleteReadError, ReadTimeoutError, ResponseStreamingError, ConnectionError)
 _STREAM_ATTEMPTS = 3
-
-
-# The directory of a step's credential files (the credentialsSecret volume); the name is the
-# one rtrl.planning.manifests.jobs puts in every step pod's env.
-CREDENTIALS_DIR_ENV = "RTRL_STORAGE_CREDENTIALS_DIR"
-ACCESS_KEY_FILE = "AWS_ACCESS_KEY_ID"
-SECRET_KEY_FILE = "AWS_SECRET_ACCESS_KEY"
-SESSION_TOKEN_FILE = "AWS_SESSION_TOKEN"  # optional: temporary credentials
-
-
-@dataclass(frozen=True)
-class FileCredentials:
-    """Credentials read from files; the repr shows none of them."""
-
-    access_key_id: str = field(repr=False)
-    secret_access_key: str = field(repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-
-def _read_credential(path: Path) -> str | None:
-    """The file's text, surrounding whitespace stripped; None if there is no such file."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise StoreError(
-            f"storage credentials: cannot read {path}: {exc.strerror or type(exc).__name__}"
-        ) from None
-    try:
-        return raw.decode().strip()
-    except UnicodeDecodeError:
-        raise StoreError(f"storage credentials: {path} is not UTF-8 text") from None
-
-
-def _required_credential(path: Path) -> str:
-    value = _read_credential(path)
-    if value is None:
-        raise StoreError(
-            f"storage credentials: {path} does not exist ({CREDENTIALS_DIR_ENV} names "
-            f"{path.parent}; the credentials Secret needs the key {path.name})"
-        )
-    if not value:
-        raise StoreError(f"storage credentials: {path} is empty")
-    return value
-
-
-def file_credentials(directory: str | os.PathLike[str] | None = None) -> FileCredentials | None:
-    """The credentials in ``directory`` (default ``$RTRL_STORAGE_CREDENTIALS_DIR``): files
-    ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``, and ``AWS_SESSION_TOKEN`` if there
-    is one, surrounding whitespace stripped. None when no directory is set (boto3's default
-    chain applies). Read anew on each call, so a rotated Secret applies to the next store
-    built. StoreError names a file that is missing, unreadable or empty, never a value."""
-    if directory is None:
-        directory = os.environ.get(CREDENTIALS_DIR_ENV) or None
-        if directory is None:
-            return None
-    root = Path(directory)
-    return FileCredentials(
-        access_key_id=_required_credential(root / ACCESS_KEY_FILE),
-        secret_access_key=_required_credential(root / SECRET_KEY_FILE),
-        session_token=_read_credential(root / SESSION_TOKEN_FILE) or None,
-    )
 
 
 def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
