@@ -109,7 +109,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/mypy src/rtrl src/rtrl_trainer
+	$(BIN)/mypy src/rtrl src/rtrl_trainer src/rtrl_localkube src/rtrl_demo
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench

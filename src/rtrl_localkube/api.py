@@ -3,12 +3,13 @@ dynamic API, the same against the emulated API server and the real one."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import kubernetes
 import yaml
@@ -49,7 +50,7 @@ class KubeAPI:
     def create(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         resource = self.resource(obj["apiVersion"], obj["kind"])
         ns = self._ns(resource, namespace or obj.get("metadata", {}).get("namespace"))
-        return resource.create(body=obj, namespace=ns).to_dict()
+        return cast(dict[str, Any], resource.create(body=obj, namespace=ns).to_dict())
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
@@ -57,7 +58,8 @@ class KubeAPI:
         """The object, or None if it does not exist (handy in ``wait_for`` predicates)."""
         resource = self.resource(api_version, kind)
         try:
-            return resource.get(name=name, namespace=self._ns(resource, namespace)).to_dict()
+            found = resource.get(name=name, namespace=self._ns(resource, namespace))
+            return cast(dict[str, Any], found.to_dict())
         except NotFoundError:
             return None
 
@@ -80,7 +82,7 @@ class KubeAPI:
         api_version: str,
         kind: str,
         name: str,
-        patch: dict[str, Any] | list[dict[str, Any]],
+        patch: dict[str, Any] | builtins.list[dict[str, Any]],
         *,
         namespace: str | None = None,
         subresource: str | None = None,
@@ -96,12 +98,13 @@ class KubeAPI:
                 if isinstance(patch, list)
                 else "application/merge-patch+json"
             )
-        return resource.patch(
+        patched = resource.patch(
             body=patch,
             name=name,
             namespace=self._ns(resource, namespace),
             content_type=content_type,
-        ).to_dict()
+        )
+        return cast(dict[str, Any], patched.to_dict())
 
     def delete(
         self,
@@ -121,7 +124,7 @@ class KubeAPI:
             )
         except NotFoundError:
             return None
-        return result.to_dict() if hasattr(result, "to_dict") else result
+        return cast(dict[str, Any], result.to_dict() if hasattr(result, "to_dict") else result)
 
     @staticmethod
     def wait_for(
@@ -158,7 +161,7 @@ class KubeAPI:
                     return dict(cond)
             return None
 
-        return self.wait_for(finished, timeout=timeout, message=message)
+        return cast(dict[str, Any], self.wait_for(finished, timeout=timeout, message=message))
 
 
 def write_kubeconfig(

@@ -346,7 +346,7 @@ class ControlPlane:
         req.add_header("Authorization", f"Bearer {self.admin_token}")
         try:
             with urllib.request.urlopen(req, timeout=2, context=context) as response:
-                return response.status == 200
+                return bool(response.status == 200)
         except urllib.error.HTTPError:
             return False
 
@@ -370,4 +370,4 @@ class ControlPlane:
 
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
-        return response.status == 200
+        return bool(response.status == 200)

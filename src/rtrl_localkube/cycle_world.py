@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import open_store
@@ -91,14 +91,14 @@ def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
     ]
     container["command"] = SERVER_COMMAND
     del container["resources"]
-    return doc
+    return cast(dict[str, Any], doc)
 
 
 def base_checkpoint(root: Path) -> dict[str, Any]:
     doc = load((REPO / "examples" / "checkpoint-base.yaml").read_text())
     doc["metadata"].pop("namespace", None)
     doc["spec"]["uri"] = base_uri(root)
-    return doc
+    return cast(dict[str, Any], doc)
 
 
 def rlcycle(root: Path, **spec_changes: Any) -> dict[str, Any]:
@@ -119,14 +119,14 @@ def rlcycle(root: Path, **spec_changes: Any) -> dict[str, Any]:
     )
     spec["rollout"]["analysis"].update(maxDuration="1h", interval="1s")
     spec.update(spec_changes)
-    return doc
+    return cast(dict[str, Any], doc)
 
 
 def arg(job: dict[str, Any], flag: str) -> str:
     """The value of ``--flag=value`` in a Job's container args."""
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     prefix = f"--{flag}="
-    return next(a[len(prefix) :] for a in args if a.startswith(prefix))
+    return str(next(a[len(prefix) :] for a in args if a.startswith(prefix)))
 
 
 def commit_result(

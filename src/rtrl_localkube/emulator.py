@@ -55,7 +55,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -280,7 +280,9 @@ class KubeEmulator(EmulatorState):
             closing.cancel()
             await events.aclose()
 
-    async def _watch_events(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+    async def _watch_events(
+        self, request: rendering.Request
+    ) -> AsyncGenerator[rendering.Payload, None]:
         """Current objects as ADDED, then live events, with nothing lost in between.
 
         kmock's own watch snapshots the objects and only then subscribes to the event bus, so a

@@ -10,7 +10,7 @@ import copy
 import itertools
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import jsonpatch
@@ -149,7 +149,7 @@ class EmulatorState(kmock.KubernetesEmulator):
         return self.objects[key]
 
     async def _emit(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
-        event = {"type": event_type, "object": copy.deepcopy(obj)}
+        event: dict[str, Any] = {"type": event_type, "object": copy.deepcopy(obj)}
         if self.watch_delay:
             event["_at"] = asyncio.get_running_loop().time()
         await self._buses[kind.resource].put(event)
@@ -175,7 +175,8 @@ class EmulatorState(kmock.KubernetesEmulator):
             raise api_error(415, "UnsupportedMediaType", "server-side apply is not emulated")
         if isinstance(request.data, list) or "json-patch" in content_type:
             try:
-                return jsonpatch.apply_patch(old, request.data, in_place=False)
+                patched: dict[str, Any] = jsonpatch.apply_patch(old, request.data, in_place=False)
+                return patched
             except jsonpatch.JsonPatchTestFailed as exc:
                 raise api_error(422, "Invalid", f"the JSON patch test failed: {exc}") from exc
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
@@ -185,7 +186,8 @@ class EmulatorState(kmock.KubernetesEmulator):
         wanted_rv = (request.data.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != old["metadata"]["resourceVersion"]:
             raise api_error(409, "Conflict", "the object has been modified; please apply again")
-        return merge_patch(old, request.data)
+        merged: dict[str, Any] = merge_patch(old, request.data)
+        return merged
 
     async def _patch(self, kind: Kind, request: rendering.Request) -> dict[str, Any]:
         stored = self._stored(kind, request.namespace, request.name or "")
@@ -273,14 +275,14 @@ class EmulatorState(kmock.KubernetesEmulator):
                 meta["resourceVersion"] = self._next_rv()
                 stored.history.append(obj)
                 await self._emit(kind, "MODIFIED", obj)
-            return obj
+            return cast(dict[str, Any], obj)
         meta["resourceVersion"] = self._next_rv()
         stored.history.append(obj)
         stored.delete()
         await self._emit(kind, "DELETED", obj)
         if options.get("propagationPolicy") != "Orphan":
             await self._collect_dependents(meta["uid"])
-        return obj
+        return cast(dict[str, Any], obj)
 
     async def _collect_dependents(self, owner_uid: str) -> None:
         """Background cascading deletion: dependents whose owners are all gone are deleted."""

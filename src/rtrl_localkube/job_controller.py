@@ -30,9 +30,10 @@ def compress_indexes(indexes: set[int]) -> str:
     """``{0, 1, 2, 5}`` -> ``"0-2,5"``, the format of ``status.completedIndexes``."""
     ranges: list[str] = []
     ordered = sorted(indexes)
-    start = prev = None
+    start: int | None = None
+    prev: int | None = None
     for i in [*ordered, None]:
-        if start is not None and (i is None or i != prev + 1):
+        if start is not None and prev is not None and (i is None or i != prev + 1):
             ranges.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if i is not None and start is None:

@@ -42,7 +42,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 
 from rtrl_localkube.outcomes import Outcome, Run
 from rtrl_localkube.pods import CancelledError, PodRunner
-from rtrl_localkube.processes import kill_group
+from rtrl_localkube.processes import check_stopped, kill_group
 
 if TYPE_CHECKING:
     from rtrl_localkube.api import KubeAPI
@@ -116,10 +116,8 @@ class JobRunner:
             if job.thread is not None:
                 job.thread.join(10)
         alive = [job.name for job in tracked if job.thread is not None and job.thread.is_alive()]
-        if alive or (self._thread is not None and self._thread.is_alive()):
-            raise RuntimeError(f"the job runner did not stop (jobs still running: {alive})")
-        if self.errors:
-            raise RuntimeError("the job runner failed:\n" + "\n".join(self.errors))
+        polling = self._thread is not None and self._thread.is_alive()
+        check_stopped("the job runner", "jobs", alive, self.errors, stuck=bool(alive) or polling)
 
     def __enter__(self) -> JobRunner:
         return self.start()
@@ -173,9 +171,9 @@ class JobRunner:
                 if uid not in self._tracked:
                     self._track(uid, job)
             with self._lock:
-                gone = [job for uid, job in self._tracked.items() if uid not in live]
-            for job in gone:
-                self._cancel(job)
+                gone = [tracked for uid, tracked in self._tracked.items() if uid not in live]
+            for tracked in gone:
+                self._cancel(tracked)
             self._stop.wait(self.poll_interval)
 
     def _track(self, uid: str, job: dict[str, Any]) -> None:

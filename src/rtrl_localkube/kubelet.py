@@ -53,6 +53,7 @@ from . import node as node_api
 from .kinds import now_rfc3339
 from .outcomes import Outcome, Run
 from .podlife import PodLife
+from .processes import check_stopped
 
 NODE = "rtrl-node"
 # A deleted pod's processes get at most this long after SIGTERM (the pod's own
@@ -184,10 +185,7 @@ class Kubelet:
         for thread in self._threads:
             thread.join(10)
         alive = [w.pod["metadata"]["name"] for w in workers if w.thread and w.thread.is_alive()]
-        if alive:
-            raise RuntimeError(f"the kubelet did not stop (pods still running: {alive})")
-        if self.errors:
-            raise RuntimeError("the kubelet failed:\n" + "\n".join(self.errors))
+        check_stopped("the kubelet", "pods", alive, self.errors, stuck=bool(alive))
 
     def __enter__(self) -> Kubelet:
         return self.start()

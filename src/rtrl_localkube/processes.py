@@ -39,3 +39,14 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE_SECONDS)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait)
             return
+
+
+def check_stopped(
+    what: str, things: str, alive: list[str], errors: list[str], *, stuck: bool
+) -> None:
+    """After a stand-in's ``stop()``: raise if it is ``stuck`` (``alive``: what still runs) or
+    if it hit unexpected ``errors`` on the way, so that a test fails instead of leaking."""
+    if stuck:
+        raise RuntimeError(f"{what} did not stop ({things} still running: {alive})")
+    if errors:
+        raise RuntimeError(f"{what} failed:\n" + "\n".join(errors))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .kinds import api_error
@@ -22,7 +22,9 @@ _TERM = re.compile(
 
 def _split_terms(selector: str) -> list[str]:
     """Split on the commas that are not inside ``(...)``."""
-    terms, depth, current = [], 0, []
+    terms: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in selector:
         if char == "(":
             depth += 1
@@ -41,7 +43,7 @@ def label_matcher(selector: str | None) -> Any:
     """A predicate on a labels dict for a Kubernetes label selector (set-based included)."""
     if not selector:
         return lambda labels: True
-    checks = []
+    checks: list[Callable[..., bool]] = []
     for term in _split_terms(selector):
         match = _TERM.match(term)
         if match is None:
@@ -74,7 +76,9 @@ def field_matcher(selector: str | None) -> Any:
             raise api_error(400, "BadRequest", f"invalid field selector: {term!r}")
         path, op, value = match.groups()
 
-        def check(obj: Mapping[str, Any], path: str = path, op: str = op, value: str = value):
+        def check(
+            obj: Mapping[str, Any], path: str = path, op: str = op, value: str = value
+        ) -> bool:
             current: Any = obj
             for part in path.split("."):
                 current = current.get(part) if isinstance(current, Mapping) else None
