@@ -1,4 +1,6 @@
-"""The one runner every ``rtrl-job <step>`` goes through: errors become exit codes.
+"""The one runner every ``rtrl-job <step>`` goes through: errors become exit codes (and
+the flags every step spells alike: ``--config``, ``--now``, ``--endpoint-url``,
+``--work-dir``).
 
 A step's Job pod ends with one exit code and, on failure, one line on stderr; the operator
 reads the code (and the pod's termination message) to decide what the round does next.
@@ -18,11 +20,14 @@ with its traceback.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 
 from rtrl.core.store import StoreError
-from rtrl_trainer.spec_file import ConfigError
+from rtrl_trainer.spec_file import ConfigError, time_arg
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -70,4 +75,71 @@ def run_step(
     return EXIT_OK
 
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "RETRYABLE", "one_line", "run_step"]
+# --- flags every step spells the same way ------------------------------------------------
+
+
+def add_config_argument(parser: argparse.ArgumentParser, sections: str) -> None:
+    """``--config FILE``: the part of the RLCycle the step reads (``sections``, e.g.
+    ``"data and/or reward"``)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help=f"YAML/JSON: an RLCycle, its spec, or a mapping with {sections}",
+    )
+
+
+def add_now_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--now ISO8601``: the step's notion of the present (``what``, e.g. "the cycle's
+    time"), so that a rerun of the same round decides the same way."""
+    parser.add_argument(
+        "--now", type=time_arg, metavar="ISO8601", help=f"{what} (default: the clock)"
+    )
+
+
+def add_endpoint_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
+    )
+
+
+def add_work_dir_argument(parser: argparse.ArgumentParser, needs: str) -> None:
+    """``--work-dir DIR``: local scratch space (``needs``: how much, in words)."""
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"local scratch directory (default: $TMPDIR); needs {needs}",
+    )
+
+
+def step_now(args: argparse.Namespace) -> datetime:
+    """``--now``, else the clock (to the second, as the operator passes it)."""
+    now: datetime | None = args.now
+    return now if now is not None else datetime.now(UTC).replace(microsecond=0)
+
+
+def work_dir(args: argparse.Namespace) -> Path | None:
+    """``--work-dir``, checked: a usage error (exit 2) when it is not a directory."""
+    path: Path | None = args.work_dir
+    if path is not None and not path.is_dir():
+        raise ConfigError(f"--work-dir {path}: not a directory")
+    return path
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "RETRYABLE",
+    "add_config_argument",
+    "add_endpoint_argument",
+    "add_now_argument",
+    "add_work_dir_argument",
+    "one_line",
+    "run_step",
+    "step_now",
+    "work_dir",
+]

@@ -3,36 +3,42 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
-from pathlib import Path
 
 from rtrl.core.cliargs import fraction, non_negative_int, positive_int
-from rtrl_trainer.runner import run_step
-from rtrl_trainer.spec_file import ConfigError, time_arg
+from rtrl_trainer.runner import (
+    add_config_argument,
+    add_endpoint_argument,
+    add_now_argument,
+    add_work_dir_argument,
+    run_step,
+    step_now,
+    work_dir,
+)
+from rtrl_trainer.spec_file import time_arg
 from rtrl_trainer.stage.config import DEFAULT_HELDOUT_FRACTION, build_config
 from rtrl_trainer.stage.step import StageError, stage
 
+DESCRIPTION = """Select the matured interactions the serving checkpoint produced, quarantine
+bad data, reward them, compute behaviour monitors, and commit the training set (one Parquet
+file per rank) and stage.json to --out. Exit 0 when it ran (enough data or not: see
+stage.json), 1 when it failed (too much bad data, store errors), 2 for usage and config
+errors."""
+
+# build_config's keywords that are flags of the same name.
+# (One string, not one line a name: the list would read like the set's column lists.)
+SAME_NAMED = (  # noqa: SIM905
+    "checkpoint out shards maturity max_bad_fraction min_interactions min_tokens since "
+    "previous_checkpoint ranks endpoint_url heldout_fraction"
+).split()
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Select the matured interactions the serving checkpoint produced, quarantine bad "
-        "data, reward them, compute behaviour monitors, and commit the training set (one "
-        "Parquet file per rank) and stage.json to --out. Exit 0 when it ran (enough data or "
-        "not: see stage.json), 1 when it failed (too much bad data, store errors), 2 for "
-        "usage and config errors."
-    )
+    parser.description = DESCRIPTION
     parser.add_argument("--shards", metavar="URI", help="shard source (sets data.shards)")
     parser.add_argument("--checkpoint", metavar="ID", required=True, help="serving checkpoint")
     parser.add_argument("--out", metavar="URI", required=True, help="where to commit the set")
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        type=Path,
-        help="YAML/JSON: an RLCycle, its spec, or a mapping with data and/or reward",
-    )
-    parser.add_argument(
-        "--now", type=time_arg, metavar="ISO8601", help="the cycle's time (default: the clock)"
-    )
+    add_config_argument(parser, "data and/or reward")
+    add_now_argument(parser, "the cycle's time")
     parser.add_argument(
         "--since",
         type=time_arg,
@@ -72,17 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="a rolled-back checkpoint: its rows are never staged (repeatable)",
     )
-    parser.add_argument(
-        "--endpoint-url",
-        metavar="URL",
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
-    )
-    parser.add_argument(
-        "--work-dir",
-        type=Path,
-        metavar="DIR",
-        help="local scratch directory (default: $TMPDIR); needs about the set's size",
-    )
+    add_endpoint_argument(parser)
+    add_work_dir_argument(parser, "about the set's size")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,26 +88,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> str:
-    now = args.now if args.now is not None else datetime.now(UTC).replace(microsecond=0)
-    if args.work_dir is not None and not args.work_dir.is_dir():
-        raise ConfigError(f"--work-dir {args.work_dir}: not a directory")
+    scratch = work_dir(args)
     config = build_config(
         config_file=args.config,
-        checkpoint=args.checkpoint,
-        out=args.out,
-        now=now,
-        shards=args.shards,
-        maturity=args.maturity,
-        max_bad_fraction=args.max_bad_fraction,
-        min_interactions=args.min_interactions,
-        min_tokens=args.min_tokens,
-        since=args.since,
-        previous_checkpoint=args.previous_checkpoint,
+        now=step_now(args),
         exclude_checkpoints=args.exclude_checkpoint,
-        ranks=args.ranks,
-        endpoint_url=args.endpoint_url,
-        heldout_fraction=args.heldout_fraction,
+        **{name: getattr(args, name) for name in SAME_NAMED},
     )
-    doc = stage(config, work_dir=args.work_dir)
+    doc = stage(config, work_dir=scratch)
     verdict = "sufficient" if doc["sufficient"] else "insufficient"
     return f"stage: {verdict}: {doc['message']} -> {config.out}"

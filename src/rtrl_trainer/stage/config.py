@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.rlcycle import DataSpec, RewardSpec
@@ -51,9 +51,10 @@ class StageConfig:
     checkpoint: str
     out: str
     now: datetime
+    # Rolled-back checkpoints: their rows are never staged.
+    exclude_checkpoints: tuple[str, ...] = ()
     since: datetime | None = None
     previous_checkpoint: str | None = None
-    exclude_checkpoints: tuple[str, ...] = ()
     ranks: int = 1
     endpoint_url: str | None = None
     # Share of the selected on-policy interactions held out for the eval step (by a hash
@@ -86,23 +87,29 @@ class StageConfig:
         )
 
 
+class DataFlags(TypedDict, total=False):
+    """The flags that override ``data`` fields (:data:`DATA_FLAGS`), in snake_case."""
+
+    shards: str | None
+    maturity: str | None
+    max_bad_fraction: float | None
+    min_interactions: int | None
+    min_tokens: int | None
+
+
 def build_config(
     *,
-    config_file: Path | None,
     checkpoint: str,
     out: str,
     now: datetime,
-    shards: str | None = None,
-    maturity: str | None = None,
-    max_bad_fraction: float | None = None,
-    min_interactions: int | None = None,
-    min_tokens: int | None = None,
+    config_file: Path | None,
     since: datetime | None = None,
     previous_checkpoint: str | None = None,
     exclude_checkpoints: Iterable[str] = (),
     ranks: int = 1,
     endpoint_url: str | None = None,
     heldout_fraction: float = 0.0,
+    **data_flags: Unpack[DataFlags],
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
     naming the field (and the file or flag it came from) when anything is wrong."""
@@ -115,13 +122,7 @@ def build_config(
         data_doc, reward_doc = found["data"], found["reward"]
         where = str(config_file)
     prefix = f"{base}." if base else ""
-    overrides = {
-        "shards": shards,
-        "maturity": maturity,
-        "maxBadFraction": max_bad_fraction,
-        "minInteractions": min_interactions,
-        "minTokens": min_tokens,
-    }
+    overrides = {key: data_flags.get(_snake(key)) for key in DATA_FLAGS}
     flags: dict[str, str] = {}
     data_doc = dict(data_doc)
     for key, value in overrides.items():

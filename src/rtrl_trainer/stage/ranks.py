@@ -100,29 +100,29 @@ def train_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
 
 class RankFile:
     """One rank's Parquet file, written in row groups by a worker as its rows accumulate
-    (hashed, and with ``sync`` flushed to disk, as it grows), and its advantage file,
+    (hashed, and in a ``file://`` store flushed to disk, as it grows), and its advantage file,
     written by :meth:`write_advantages` once the set is complete."""
 
     def __init__(
         self,
-        path: Path,
-        *,
-        advantage_path: Path,
+        staging: Staging,
+        name: str,
         side: Path,
+        *,
         schema: pa.Schema,
         flush_bytes: int,
         worker: Worker,
-        sync: bool,
     ) -> None:
-        self.path = path
-        self.advantage_path = advantage_path
+        self.path = staging.path(name)
+        self.advantage_path = staging.path(advantage_name(name))
         self.side_path = side
         self.flush_bytes = flush_bytes
         self.worker = worker
         self.schema = schema
         self.side: BinaryIO = side.open("wb")
-        self.writer = train_writer(path, schema)
-        self.digest = GrowingFileDigest(path, sync=sync)
+        self.writer = train_writer(self.path, schema)
+        # Flushing pages to disk as the file grows pays only where it stays (in place).
+        self.digest = GrowingFileDigest(self.path, sync=staging.in_place)
         self.entry: dict[str, Any] | None = None  # the manifest entry, once closed
         self.pending: list[pa.RecordBatch] = []
         self.pending_side: list[npt.NDArray[Any]] = []
@@ -216,16 +216,14 @@ class Ranks:
             self._stack.enter_context(Worker(f"stage-rank-{w}"))
             for w in range(min(ranks, os.cpu_count() or 1))
         ]
-        # Flushing pages to disk as the files grow pays only where they stay (in place).
         self.files = [
             RankFile(
-                staging.path(name),
-                advantage_path=staging.path(advantage_name(name)),
-                side=side_dir / f"rank-{r:05d}.side",
+                staging,
+                name,
+                side_dir / f"rank-{r:05d}.side",
                 schema=schema,
                 flush_bytes=max(1 << 20, PENDING_BYTES // ranks),
                 worker=workers[r % len(workers)],
-                sync=staging.in_place,
             )
             for r, name in enumerate(self.names)
         ]
