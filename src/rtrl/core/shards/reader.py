@@ -150,21 +150,34 @@ def read_file(
         if not isinstance(plan, CastPlan):
             problems = "; ".join(p.message for p in plan)
             raise ShardError(shard.url, plan[0].reason, problems)
-        batches = iter_row_groups(parquet, plan.read_names, batch_size)
-        while True:
-            try:
-                raw = next(batches)
-            except StopIteration:
-                return
-            except StoreError:
-                raise
-            except Exception as exc:
-                raise ShardError(shard.url, "unreadable", describe_error(exc)) from exc
-            try:
-                batch = plan.apply(raw)
-            except pa.ArrowInvalid as exc:
-                raise ShardError(shard.url, "wrong_type", describe_error(exc)) from exc
-            yield batch
+        try:
+            for raw in decoded(iter_row_groups(parquet, plan.read_names, batch_size)):
+                try:
+                    batch = plan.apply(raw)
+                except pa.ArrowInvalid as exc:
+                    raise ShardError(shard.url, "wrong_type", describe_error(exc)) from exc
+                yield batch
+        except UnreadableBatchError as exc:
+            raise ShardError(shard.url, "unreadable", str(exc)) from exc.__cause__
+
+
+class UnreadableBatchError(Exception):
+    """A batch pyarrow could not decode (a corrupt page); the message describes why."""
+
+
+def decoded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` as pyarrow decodes them; a batch it cannot decode raises
+    :class:`UnreadableBatchError` (the store's own errors pass through as they are)."""
+    while True:
+        try:
+            raw = next(batches)
+        except StopIteration:
+            return
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise UnreadableBatchError(describe_error(exc)) from exc
+        yield raw
 
 
 def iter_batches(

@@ -27,6 +27,8 @@ from rtrl.core.shards.reader import (
     DEFAULT_BATCH_SIZE,
     ShardError,
     ShardFile,
+    UnreadableBatchError,
+    decoded,
     describe_error,
     list_files,
     open_parquet,
@@ -35,7 +37,7 @@ from rtrl.core.shards.reader import (
 )
 from rtrl.core.shards.report import UNREADABLE, WRONG_TYPE, FileReport, ValidationReport
 from rtrl.core.shards.schema import REQUIRED_COLUMNS, CastPlan
-from rtrl.core.store.base import ObjectStore, StoreError
+from rtrl.core.store.base import ObjectStore
 
 
 class ValidatingReader:
@@ -115,41 +117,35 @@ class ValidatingReader:
         batches = parquet.iter_batches(
             batch_size=self.batch_size, row_groups=[index], columns=plan.read_names
         )
-        while True:
-            try:
-                raw = next(batches)
-            except StopIteration:
-                return
-            except StoreError:
-                raise
-            except Exception as exc:
-                # A corrupt page: rows already passed on stay good, the rest of this row
-                # group is lost and counted; the next row group may well be intact.
-                file.status = "unreadable"
-                file.add_problem(
-                    UNREADABLE,
-                    f"row group {index}, rows {first_row}-{end - 1}: {describe_error(exc)}",
-                    rows=end - first_row,
-                )
-                return
-            rows = raw.num_rows
-            try:
-                batch = plan.apply(raw)
-            except pa.ArrowInvalid as exc:
-                # A value that does not fit its canonical type (an int64 token id beyond
-                # int32): the cast is all-or-nothing per batch, so the batch is quarantined.
-                file.add_problem(
-                    WRONG_TYPE,
-                    f"rows {first_row}-{first_row + rows - 1}: {describe_error(exc)}",
-                    rows=rows,
-                )
+        try:
+            for raw in decoded(batches):
+                rows = raw.num_rows
+                try:
+                    batch = plan.apply(raw)
+                except pa.ArrowInvalid as exc:
+                    # A value that does not fit its canonical type (an int64 token id beyond
+                    # int32): the cast is all-or-nothing per batch, so it is quarantined.
+                    file.add_problem(
+                        WRONG_TYPE,
+                        f"rows {first_row}-{first_row + rows - 1}: {describe_error(exc)}",
+                        rows=rows,
+                    )
+                    first_row += rows
+                    continue
+                good = self._good_rows(file, batch, first_row)
                 first_row += rows
-                continue
-            good = self._good_rows(file, batch, first_row)
-            first_row += rows
-            if good.num_rows:
-                file.rows_good += good.num_rows
-                yield good.select(self.columns) if self._project else good
+                if good.num_rows:
+                    file.rows_good += good.num_rows
+                    yield good.select(self.columns) if self._project else good
+        except UnreadableBatchError as exc:
+            # A corrupt page: rows already passed on stay good, the rest of this row
+            # group is lost and counted; the next row group may well be intact.
+            file.status = "unreadable"
+            file.add_problem(
+                UNREADABLE,
+                f"row group {index}, rows {first_row}-{end - 1}: {exc}",
+                rows=end - first_row,
+            )
 
     def _good_rows(self, file: FileReport, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
         flags = check_rows(batch)
