@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-# Checked by the server's check child (sandbox_server._attack); meanings in sandbox.py.
+# Checked by the server's check child (sandbox_server._attack); meanings in sandbox_types.py.
 GUARANTEES = (
     "separate_identity",
     "no_ptrace",
