@@ -13,30 +13,18 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# step name -> (one-line help, module defining add_arguments(parser) and the run function,
-# name of that run function)
-STEPS: dict[str, tuple[str, str, str]] = {
-    "stage": (
-        "select, quarantine and reward matured interactions; write the training set",
-        "rtrl_trainer.stage.cli",
-        "run",
-    ),
-    "train": (
-        "train the next checkpoint from the parent and the staged set (DeepSpeed)",
-        "rtrl_trainer.train.cli",
-        "run",
-    ),
-    "eval": (
-        "evaluate a candidate checkpoint against its parent and judge the regression gates",
-        "rtrl_trainer.evaluate.cli",
-        "run",
-    ),
-    "analyze": (
-        "judge a canary against the stable checkpoint: promote, rollback or continue",
-        "rtrl_trainer.analyze.cli",
-        "run",
-    ),
+from rtrl_trainer.runner import EXIT_USAGE
+
+# step name -> one-line help; the step's package has a ``cli`` module defining
+# ``add_arguments(parser)`` and ``run(args) -> int`` (which goes through rtrl_trainer.runner).
+STEPS: dict[str, str] = {
+    "stage": "select, quarantine and reward matured interactions; write the training set",
+    "train": "train the next checkpoint from the parent and the staged set (DeepSpeed)",
+    "eval": "evaluate a candidate checkpoint against its parent and judge the regression gates",
+    "analyze": "judge a canary against the stable checkpoint: promote, rollback or continue",
 }
+# step name -> its package, where it is not the step's name
+PACKAGES: dict[str, str] = {"eval": "evaluate"}
 PLANNED: tuple[str, ...] = ()
 
 
@@ -47,12 +35,12 @@ def build_parser(step: str | None = None) -> argparse.ArgumentParser:
         description="Run one step of an rtrl cycle (inside a Job pod, or locally).",
     )
     steps = parser.add_subparsers(dest="step", metavar="STEP")
-    for name, (help_text, module_name, run_name) in STEPS.items():
+    for name, help_text in STEPS.items():
         sub = steps.add_parser(name, help=help_text)
         if name == step:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"rtrl_trainer.{PACKAGES.get(name, name)}.cli")
             module.add_arguments(sub)
-            sub.set_defaults(run=getattr(module, run_name))
+            sub.set_defaults(run=module.run)
     return parser
 
 
@@ -65,13 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(available: {', '.join(STEPS)}{planned})",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     step = argv[0] if argv and argv[0] in STEPS else None
     parser = build_parser(step)
     args = parser.parse_args(argv)
     if args.step is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     code: int = args.run(args)
     return code
 
