@@ -8,6 +8,7 @@ up as a count with example rows, and the stage step can refuse a set that is mos
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +48,14 @@ FileStatus = Literal["ok", "bad", "rejected", "unreadable"]
 
 def _ordered(counts: Counter[str]) -> dict[str, int]:
     return {reason: counts[reason] for reason in REASONS if counts[reason]}
+
+
+def _summed(counts: Iterable[Iterable[str]]) -> dict[str, int]:
+    """The counts added up (zero counts kept), in the order of :func:`_ordered`."""
+    total: Counter[str] = Counter()
+    for each in counts:
+        total.update(each)
+    return _ordered(total)
 
 
 @dataclass
@@ -144,18 +153,12 @@ class ValidationReport:
 
     @property
     def rows_by_reason(self) -> dict[str, int]:
-        total: Counter[str] = Counter()
-        for f in self.files:
-            total.update(f.rows_by_reason)
-        return _ordered(total)
+        return _summed(f.rows_by_reason for f in self.files)
 
     @property
     def files_by_reason(self) -> dict[str, int]:
         """Files with at least one problem of each reason."""
-        total: Counter[str] = Counter()
-        for f in self.files:
-            total.update(f.reasons)
-        return _ordered(total)
+        return _summed(f.reasons for f in self.files)
 
     @property
     def ok(self) -> bool:
