@@ -97,15 +97,9 @@ from rtrl_localkube.cycle_world import (
     rlcycle,
 )
 from rtrl_localkube.deployment_controller import DeploymentController
-from rtrl_localkube.emulator import (
-    KOPF_PEERING_CRDS,
-    PROJECT_CRDS,
-    EmulatorServer,
-    Kind,
-    KubeEmulator,
-    load_crds,
-)
+from rtrl_localkube.emulator import EmulatorServer, KubeEmulator
 from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.kinds import KOPF_PEERING_CRDS, PROJECT_CRDS, Kind, load_crds
 from rtrl_localkube.outcomes import Succeed
 
 MB = 1_000_000
