@@ -17,16 +17,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rtrl.core.store import open_store
+from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
-from rtrl_trainer.quarantine import quarantine, quarantine_message
+from rtrl_trainer.quarantine import Quarantine, quarantine, quarantine_message
 from rtrl_trainer.reward import RunningStats
 from rtrl_trainer.spec_file import ConfigError, format_time
-from rtrl_trainer.stage.admit import admit_previous, write_ranks
+from rtrl_trainer.stage.admit import Admission, admit_previous, write_ranks
 from rtrl_trainer.stage.commit import Staging
 from rtrl_trainer.stage.config import StageConfig
 from rtrl_trainer.stage.ranks import Ranks, deal
-from rtrl_trainer.stage.select import scratch_schema, select, shard_partitions, token_id_type
+from rtrl_trainer.stage.select import (
+    Selection,
+    scratch_schema,
+    select,
+    shard_partitions,
+    token_id_type,
+)
 from rtrl_trainer.stage.workers import Worker
 from rtrl_trainer.stagedset import HELDOUT_NAME, RESULT_NAME, train_schema
 
@@ -76,109 +82,27 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
         token_ids = token_id_type(shards, shard_partitions(config))
         ranks = Ranks(config.ranks, staging, tmp_dir, train_schema(token_ids))
-        scratch: Path | None = None
         with ranks:
-            if config.admits_previous:
-                # Which previous-checkpoint rows enter the set is known only once all are
-                # read: the selected rows wait in a scratch file (Arrow IPC, zstd buffers:
-                # not re-encoded on the way in or out), dealt to the ranks in pass 2.
-                scratch = tmp_dir / "selected.arrow"
-                options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
-                with (
-                    pa.OSFile(os.fspath(scratch), "wb") as sink,
-                    pa.ipc.new_stream(sink, scratch_schema(token_ids), options=options) as writer,
-                    Worker("stage-scratch") as background,
-                ):
-                    selection = select(
-                        config,
-                        shards,
-                        lambda b: background.submit(writer.write_batch, b),
-                        heldout,
-                        token_ids,
-                    )
-            else:
-                # Every selected row enters the set: straight to the rank files.
-                selection = select(config, shards, lambda b: deal(ranks, b), heldout, token_ids)
-                ranks.close()
+            selection, scratch = _pass_one(config, shards, ranks, heldout, token_ids, tmp_dir)
             select_seconds = time.perf_counter() - clock
             q = quarantine(selection)
-            limit = config.data.max_bad_fraction
-            doc.update(
-                {
-                    "rows_read": q.rows_read,
-                    "rows_bad": q.rows_bad,
-                    "bad_fraction": q.bad_fraction,
-                    "max_bad_fraction": limit,
-                    "files_total": q.files_total,
-                    "files_bad": q.files_bad,
-                    "quarantined": q.by_reason,
-                    "files_by_reason": q.files_by_reason,
-                    "immature": selection.immature,
-                    "too_recent": selection.too_recent,
-                    "token_ids": np.dtype(token_ids).name,
-                }
-            )
+            doc.update(_quarantine_fields(q, selection, config, token_ids))
             admission = admit_previous(selection, config.data.max_off_policy_fraction)
-            excluded = Counter(selection.excluded)
-            if admission.eligible > admission.admitted:
-                excluded["off_policy_cap"] += admission.eligible - admission.admitted
             stats = RunningStats()
             stats.merge(selection.on_stats)
             stats.merge(admission.stats)
-            used = selection.on_rows + admission.admitted
-            tokens = selection.on_tokens + admission.tokens
-            doc.update(
-                {
-                    "excluded": dict(sorted(excluded.items())),
-                    "eligible": {"on_policy": selection.on_rows, "previous": admission.eligible},
-                    "interactions_used": used,
-                    "tokens_used": tokens,
-                    "on_policy_interactions": selection.on_rows,
-                    "heldout_fraction": config.heldout_fraction,
-                    "heldout_interactions": selection.heldout,
-                    "heldout_file": None,
-                    "off_policy_interactions": admission.admitted,
-                    "on_policy_fraction": selection.on_rows / used if used else None,
-                    "min_interactions": config.data.min_interactions,
-                    "min_tokens": config.data.min_tokens,
-                    "reward_spec": config.reward.to_k8s(),
-                    "reward": stats.to_dict(),
-                    "advantage": RunningStats().to_dict(),
-                    "baselines": selection.strata.describe(),
-                    "missing_signals": dict(selection.monitors.missing),
-                    "monitors": selection.monitors.result(),
-                    "ranks": [],
-                    "files": [],
-                }
+            doc.update(_set_fields(selection, admission, stats, config))
+            keys = _decide_and_write(
+                doc,
+                q,
+                config,
+                selection=selection,
+                admission=admission,
+                stats=stats,
+                ranks=ranks,
+                scratch=scratch,
+                heldout=heldout,
             )
-            keys: list[str] = []
-            if q.bad_fraction > limit:
-                doc["ok"] = False
-                doc["message"] = quarantine_message(q, limit)
-            elif used < config.data.min_interactions or tokens < config.data.min_tokens:
-                doc["message"] = (
-                    f"insufficient data: {used} interactions (minimum "
-                    f"{config.data.min_interactions}), {tokens} completion tokens (minimum "
-                    f"{config.data.min_tokens}); {selection.immature} immature and "
-                    f"{selection.too_recent} too recent wait for a later cycle"
-                )
-            else:
-                if scratch is not None:
-                    write_ranks(ranks, scratch=scratch, admission=admission)
-                    ranks.close()
-                summary, adv_stats = ranks.write_advantages(selection.strata.baselines(), stats.std)
-                keys = ranks.keys()
-                doc["sufficient"] = True
-                doc["ranks"] = summary
-                doc["files"] = list(keys)
-                doc["message"] = (
-                    f"{used} interactions, {tokens} completion tokens, "
-                    f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
-                )
-                doc["advantage"] = adv_stats.to_dict()
-                if heldout is not None:
-                    keys.append(HELDOUT_NAME)
-                    doc["heldout_file"] = HELDOUT_NAME
         if scratch is not None:
             scratch.unlink()  # before the upload: the disk held both only while needed
         doc["quarantined_files"] = q.bad_files
@@ -195,10 +119,138 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
             "ok": doc["ok"],
             "sufficient": doc["sufficient"],
             "checkpoint": config.checkpoint,
-            "interactions": used,
-            "tokens": tokens,
+            "interactions": doc["interactions_used"],
+            "tokens": doc["tokens_used"],
         }
         staging.commit([*keys, RESULT_NAME], metadata, ranks.entries())
     if not doc["ok"]:
         raise StageError(doc["message"])
     return doc
+
+
+def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
+    config: StageConfig,
+    shards: ObjectStore,
+    ranks: Ranks,
+    heldout: Path | None,
+    token_ids: str,
+    tmp_dir: Path,
+) -> tuple[Selection, Path | None]:
+    """Pass 1 into the rank files, or, when previous-checkpoint rows are admissible, into a
+    scratch file (returned) for pass 2."""
+    if not config.admits_previous:
+        # Every selected row enters the set: straight to the rank files.
+        selection = select(config, shards, lambda b: deal(ranks, b), heldout, token_ids)
+        ranks.close()
+        return selection, None
+    # Which previous-checkpoint rows enter the set is known only once all are read: the
+    # selected rows wait in a scratch file (Arrow IPC, zstd buffers: not re-encoded on the
+    # way in or out), dealt to the ranks in pass 2.
+    scratch = tmp_dir / "selected.arrow"
+    options = pa.ipc.IpcWriteOptions(compression=SCRATCH_COMPRESSION)
+    with (
+        pa.OSFile(os.fspath(scratch), "wb") as sink,
+        pa.ipc.new_stream(sink, scratch_schema(token_ids), options=options) as writer,
+        Worker("stage-scratch") as background,
+    ):
+        selection = select(
+            config, shards, lambda b: background.submit(writer.write_batch, b), heldout, token_ids
+        )
+    return selection, scratch
+
+
+def _quarantine_fields(
+    q: Quarantine, selection: Selection, config: StageConfig, token_ids: str
+) -> dict[str, Any]:
+    return {
+        "rows_read": q.rows_read,
+        "rows_bad": q.rows_bad,
+        "bad_fraction": q.bad_fraction,
+        "max_bad_fraction": config.data.max_bad_fraction,
+        "files_total": q.files_total,
+        "files_bad": q.files_bad,
+        "quarantined": q.by_reason,
+        "files_by_reason": q.files_by_reason,
+        "immature": selection.immature,
+        "too_recent": selection.too_recent,
+        "token_ids": np.dtype(token_ids).name,
+    }
+
+
+def _set_fields(
+    selection: Selection, admission: Admission, stats: RunningStats, config: StageConfig
+) -> dict[str, Any]:
+    """What the set holds (before the verdict: an insufficient set reports them too)."""
+    excluded = Counter(selection.excluded)
+    if admission.eligible > admission.admitted:
+        excluded["off_policy_cap"] += admission.eligible - admission.admitted
+    used = selection.on_rows + admission.admitted
+    return {
+        "excluded": dict(sorted(excluded.items())),
+        "eligible": {"on_policy": selection.on_rows, "previous": admission.eligible},
+        "interactions_used": used,
+        "tokens_used": selection.on_tokens + admission.tokens,
+        "on_policy_interactions": selection.on_rows,
+        "heldout_fraction": config.heldout_fraction,
+        "heldout_interactions": selection.heldout,
+        "heldout_file": None,
+        "off_policy_interactions": admission.admitted,
+        "on_policy_fraction": selection.on_rows / used if used else None,
+        "min_interactions": config.data.min_interactions,
+        "min_tokens": config.data.min_tokens,
+        "reward_spec": config.reward.to_k8s(),
+        "reward": stats.to_dict(),
+        "advantage": RunningStats().to_dict(),
+        "baselines": selection.strata.describe(),
+        "missing_signals": dict(selection.monitors.missing),
+        "monitors": selection.monitors.result(),
+        "ranks": [],
+        "files": [],
+    }
+
+
+def _decide_and_write(
+    doc: dict[str, Any],
+    q: Quarantine,
+    config: StageConfig,
+    *,
+    selection: Selection,
+    admission: Admission,
+    stats: RunningStats,
+    ranks: Ranks,
+    scratch: Path | None,
+    heldout: Path | None,
+) -> list[str]:
+    """The verdict (too much bad data, insufficient, or a set) into ``doc``; for a set,
+    pass 2 and the advantage files. The keys of the files to commit besides stage.json."""
+    used, tokens = doc["interactions_used"], doc["tokens_used"]
+    limit = config.data.max_bad_fraction
+    if q.bad_fraction > limit:
+        doc["ok"] = False
+        doc["message"] = quarantine_message(q, limit)
+        return []
+    if used < config.data.min_interactions or tokens < config.data.min_tokens:
+        doc["message"] = (
+            f"insufficient data: {used} interactions (minimum "
+            f"{config.data.min_interactions}), {tokens} completion tokens (minimum "
+            f"{config.data.min_tokens}); {selection.immature} immature and "
+            f"{selection.too_recent} too recent wait for a later cycle"
+        )
+        return []
+    if scratch is not None:
+        write_ranks(ranks, scratch=scratch, admission=admission)
+        ranks.close()
+    summary, adv_stats = ranks.write_advantages(selection.strata.baselines(), stats.std)
+    keys = ranks.keys()
+    doc["sufficient"] = True
+    doc["ranks"] = summary
+    doc["files"] = list(keys)
+    doc["message"] = (
+        f"{used} interactions, {tokens} completion tokens, "
+        f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
+    )
+    doc["advantage"] = adv_stats.to_dict()
+    if heldout is not None:
+        keys.append(HELDOUT_NAME)
+        doc["heldout_file"] = HELDOUT_NAME
+    return keys
