@@ -97,6 +97,8 @@ def run(config: TrainConfig) -> int:
 
 
 def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: float) -> None:
+    """One rank's run: setup, the loop, publish. Every rank runs the same collectives in
+    the same order, so any rank's error is agreed and raised on all (collectives.py)."""
     # Setup: inputs, rows and schedule, engine, then resume or the start-of-cycle log-probs.
     scratch = scratch_dir(config)
     out_store = open_store(config.out, endpoint_url=config.endpoint_url)
