@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import math
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import datetime
 
 from rtrl_trainer.analyze.config import AnalyzeError, build_config
 from rtrl_trainer.analyze.step import analyze
-from rtrl_trainer.runner import run_step
+from rtrl_trainer.runner import (
+    add_config_argument,
+    add_endpoint_argument,
+    add_now_argument,
+    run_step,
+    step_now,
+)
 from rtrl_trainer.spec_file import time_arg
 
 
@@ -81,47 +86,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a checkpoint that served as stable before the baseline (its ancestors): its "
         "interactions in analysis.preExposure before --since give covariates too; repeat",
     )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        type=Path,
-        help="YAML/JSON: an RLCycle, its spec, or a mapping with rollout and/or data",
-    )
-    parser.add_argument(
-        "--now", type=time_arg, metavar="ISO8601", help="the analysis time (default: the clock)"
-    )
+    add_config_argument(parser, "rollout and/or data")
+    add_now_argument(parser, "the analysis time")
     parser.add_argument(
         "--max-duration-reached",
         action="store_true",
         help="the canary ran for analysis.maxDuration: apply the inconclusive policy",
     )
-    parser.add_argument(
-        "--endpoint-url",
-        metavar="URL",
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
-    )
+    add_endpoint_argument(parser)
+
+
+# The flags passed to build_config as they are: each dest is the parameter's name.
+CONFIG_FLAGS = (
+    "baseline",
+    "canary",
+    "out",
+    "shards",
+    "since",
+    "weight_since",
+    "canary_weight",
+    "max_duration_reached",
+    "endpoint_url",
+    "steps",
+    "pre_exposure_from",
+)
 
 
 def run(args: argparse.Namespace) -> int:
     """``rtrl-job analyze``: build the config, run the analysis, print the decision."""
-    now = args.now if args.now is not None else datetime.now(UTC).replace(microsecond=0)
+    now = step_now(args)
 
     def body() -> str:
-        config = build_config(
-            config_file=args.config,
-            baseline=args.baseline,
-            canary=args.canary,
-            out=args.out,
-            now=now,
-            shards=args.shards,
-            since=args.since,
-            weight_since=args.weight_since,
-            canary_weight=args.canary_weight,
-            max_duration_reached=args.max_duration_reached,
-            endpoint_url=args.endpoint_url,
-            steps=args.steps,
-            pre_exposure_from=args.pre_exposure_from,
-        )
+        flags = {name: getattr(args, name) for name in CONFIG_FLAGS}
+        config = build_config(config_file=args.config, now=now, **flags)
         doc = analyze(config)
         return f"analyze: {doc['decision']}: {doc['message']} -> {config.out}"
 

@@ -10,7 +10,13 @@ from pathlib import Path
 from rtrl.core.api.rlcycle import EvalSuite
 from rtrl_trainer.evaluate.config import CODE_SUITES, EvalError, build_config
 from rtrl_trainer.evaluate.step import evaluate
-from rtrl_trainer.runner import run_step
+from rtrl_trainer.runner import (
+    add_config_argument,
+    add_endpoint_argument,
+    add_work_dir_argument,
+    run_step,
+    work_dir,
+)
 from rtrl_trainer.spec_file import ConfigError
 
 
@@ -24,24 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidate", metavar="URI", help="candidate checkpoint")
     parser.add_argument("--parent", metavar="URI", help="parent checkpoint")
     parser.add_argument("--out", metavar="URI", help="where eval.json is committed")
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        type=Path,
-        help="YAML/JSON: an RLCycle, its spec, or a mapping with eval and/or evaluator",
-    )
+    add_config_argument(parser, "eval and/or evaluator")
     parser.add_argument(
         "--heldout",
         metavar="URI",
         help="stage output prefix with heldout/*.parquet (needed by replay and behaviour)",
     )
     parser.add_argument("--max-tasks", type=int, metavar="N", help="run only the first N tasks")
-    parser.add_argument(
-        "--endpoint-url",
-        metavar="URL",
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
-    )
-    parser.add_argument("--work-dir", type=Path, metavar="DIR", help="local scratch directory")
+    add_endpoint_argument(parser)
+    add_work_dir_argument(parser, "room for both checkpoints and the held-out set")
     scoring = parser.add_argument_group(
         "scoring existing completions (no checkpoint, no gates: docs/eval.md)"
     )
@@ -72,6 +69,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The flags passed to build_config as they are: each dest is the parameter's name.
+CONFIG_FLAGS = (
+    "candidate",
+    "parent",
+    "out",
+    "heldout",
+    "endpoint_url",
+    "max_tasks",
+    "insecure_sandbox",
+)
+
+
 def run(args: argparse.Namespace) -> int:
     """``rtrl-job eval``: build the config, run the step, print a one-line verdict."""
     if args.samples is not None:
@@ -80,24 +89,15 @@ def run(args: argparse.Namespace) -> int:
         return run_samples(args)
 
     def body() -> str:
-        if args.work_dir is not None and not args.work_dir.is_dir():
-            raise ConfigError(f"--work-dir {args.work_dir}: not a directory")
+        scratch = work_dir(args)
         for flag in ("candidate", "parent", "out"):
             if getattr(args, flag) is None:
                 raise ConfigError(
                     f"--{flag}: required (or --samples FILE, to score existing completions)"
                 )
-        config = build_config(
-            candidate=args.candidate,
-            parent=args.parent,
-            out=args.out,
-            heldout=args.heldout,
-            config_file=args.config,
-            endpoint_url=args.endpoint_url,
-            max_tasks=args.max_tasks,
-            insecure_sandbox=args.insecure_sandbox,
-        )
-        doc = evaluate(config, work_dir=args.work_dir)
+        flags = {name: getattr(args, name) for name in CONFIG_FLAGS}
+        config = build_config(config_file=args.config, **flags)
+        doc = evaluate(config, work_dir=scratch)
         return f"eval: {doc['verdict']}: {doc['message']} -> {config.out}"
 
     return run_step("eval", body, failures=(EvalError,), prefix="cannot evaluate: ")

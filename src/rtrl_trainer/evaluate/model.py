@@ -24,13 +24,14 @@ class ModelError(ValueError):
 
 @dataclass(frozen=True)
 class Decoding:
-    """Decoding of generated completions (the ``evaluator`` config section)."""
+    """Decoding of generated completions: the ``evaluator`` config section's values
+    (:meth:`~rtrl_trainer.evaluate.config.EvaluatorOptions.decoding`; its defaults there)."""
 
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    batch_size: int = 8
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    batch_size: int
 
 
 class EvalModel:

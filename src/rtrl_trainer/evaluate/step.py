@@ -38,6 +38,7 @@ from rtrl_trainer.evaluate.config import (
     RESULT_NAME,
     EvalConfig,
     EvalError,
+    EvaluatorOptions,
 )
 from rtrl_trainer.evaluate.gates import GateError, Metric, judge
 from rtrl_trainer.evaluate.inputs import (
@@ -52,22 +53,61 @@ from rtrl_trainer.evaluate.scoring import behaviour_metrics, run_tasks, sandbox_
 from rtrl_trainer.spec_file import ConfigError
 
 
-def _open(uri: str, flag: str, config: EvalConfig) -> ObjectStore:
-    try:
-        return open_store(uri, endpoint_url=config.endpoint_url)
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
+def verdict(
+    compared: list[dict[str, Any]], unscored: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], bool, str]:
+    """The gates judged (as eval.json records them), those that could not be, the failed
+    metrics, whether the candidate passed and the one-line message: a suite not scored
+    fails the verdict whatever its gates say."""
+    gate_docs = []
+    unjudged = []
+    for item in compared:
+        gate = item.get("gate")
+        if gate is None:
+            continue
+        if gate["regression_excess_lower_bound"] is None:
+            unjudged.append({"metric": item["metric"], "reason": gate.get("note")})
+            continue
+        result = GateResult(
+            metric=item["metric"],
+            candidate=item["candidate"],
+            parent=item["parent"],
+            ci_low=item["ci_low"] if item["ci_low"] is not None else item["difference"],
+            ci_high=item["ci_high"] if item["ci_high"] is not None else item["difference"],
+            passed=gate["passed"],
+        )
+        gate_docs.append(
+            {
+                **result.model_dump(),
+                "mode": gate["mode"],
+                "max_regression": gate["max_regression"],
+                "threshold": gate["threshold"],
+                "regression_excess_lower_bound": gate["regression_excess_lower_bound"],
+            }
+        )
+    failed = [g["metric"] for g in gate_docs if not g["passed"]]
+    passed = not failed and not unscored
+    if unscored:
+        first = next(iter(unscored.values()))
+        missing = ", ".join(
+            f"{m} ({first['reasons'].get(m) or first['reasons'].get('all', 'not held')})"
+            for m in first["missing"]
+        )
+        message = f"not scored: {', '.join(unscored)}: sandbox guarantee(s) missing: {missing}" + (
+            f"; failed gate(s): {', '.join(failed)}" if failed else ""
+        )
+    elif passed:
+        message = f"passed {len(gate_docs)} gate(s) on {len(compared)} metric(s)"
+    else:
+        message = f"failed gate(s): {', '.join(failed)}"
+    return gate_docs, unjudged, failed, passed, message
 
 
-def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
-    """Run the step; return the ``eval.json`` document it committed."""
-    clock = time.perf_counter()
-    timing: dict[str, float] = {}
-    suites = [EvalSuite(s) for s in config.spec.suites]
-    options = config.options
-    out = _open(config.out, "--out", config)
-    cand_store = _open(config.candidate, "--candidate", config)
-    parent_store = _open(config.parent, "--parent", config)
+def _code_suites(
+    suites: list[EvalSuite], options: EvaluatorOptions
+) -> tuple[dict[str, tasks.Suite], dict[str, dict[str, Any]]]:
+    """The code suites asked for, loaded, and those of them the sandbox cannot score here
+    (with the guarantees that are missing)."""
     code_suites: dict[str, tasks.Suite] = {}
     for name in suites:
         if name not in CODE_SUITES:
@@ -90,6 +130,55 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
         if guarantees.missing():
             for suite_name in code_suites:
                 unscored[suite_name] = {"scored": False, **guarantees.to_dict()}
+    return code_suites, unscored
+
+
+def _replay(
+    candidate: EvalModel,
+    parent: EvalModel,
+    table: pa.Table,
+    cached_metrics: dict[str, Metric],
+    config: EvalConfig,
+) -> tuple[list[Metric], list[Metric], dict[str, Any]]:
+    """The replay suite: the candidate's and the parent's metrics (the parent's
+    log-likelihoods from the cache where it has them) and what eval.json says of it."""
+    options = config.options
+    rows = replay.rows_from_table(table, limit=options.replay_max_rows)
+    if not rows:
+        raise EvalError(f"--heldout {config.heldout}: no held-out rows with completion tokens")
+    kl = replay.kl_values(candidate, parent, rows)
+    cand = replay.metrics(replay.loglik_values(candidate, rows), rows, kl)
+    if "replay.loglik" in cached_metrics:
+        parent_ll = list(cached_metrics["replay.loglik"].values)
+    else:
+        parent_ll = replay.loglik_values(parent, rows)
+    base = replay.metrics(parent_ll, rows, [0.0] * len(rows))
+    groups = [r.edit_persisted for r in rows]
+    detail = {
+        "rows": len(rows),
+        "kept": sum(1 for g in groups if g is not None and g >= replay.KEPT),
+        "discarded": sum(1 for g in groups if g is not None and g < replay.KEPT),
+    }
+    return cand, base, detail
+
+
+def _open(uri: str, flag: str, config: EvalConfig) -> ObjectStore:
+    try:
+        return open_store(uri, endpoint_url=config.endpoint_url)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run the step; return the ``eval.json`` document it committed."""
+    clock = time.perf_counter()
+    timing: dict[str, float] = {}
+    suites = [EvalSuite(s) for s in config.spec.suites]
+    options = config.options
+    out = _open(config.out, "--out", config)
+    cand_store = _open(config.candidate, "--candidate", config)
+    parent_store = _open(config.parent, "--parent", config)
+    code_suites, unscored = _code_suites(suites, options)
     with tempfile.TemporaryDirectory(prefix="rtrl-eval-", dir=work_dir) as tmp:
         tmp_dir = Path(tmp)
         start = time.perf_counter()
@@ -129,24 +218,11 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             start = time.perf_counter()
             if name == EvalSuite.REPLAY:
                 assert heldout_table is not None and parent is not None
-                rows = replay.rows_from_table(heldout_table, limit=options.replay_max_rows)
-                if not rows:
-                    raise EvalError(
-                        f"--heldout {config.heldout}: no held-out rows with completion tokens"
-                    )
-                kl = replay.kl_values(candidate, parent, rows)
-                cand_metrics += replay.metrics(replay.loglik_values(candidate, rows), rows, kl)
-                if "replay.loglik" in cached_metrics:
-                    parent_ll = list(cached_metrics["replay.loglik"].values)
-                else:
-                    parent_ll = replay.loglik_values(parent, rows)
-                parent_metrics += replay.metrics(parent_ll, rows, [0.0] * len(rows))
-                groups = [r.edit_persisted for r in rows]
-                details["replay"] = {
-                    "rows": len(rows),
-                    "kept": sum(1 for g in groups if g is not None and g >= replay.KEPT),
-                    "discarded": sum(1 for g in groups if g is not None and g < replay.KEPT),
-                }
+                cand, base, details["replay"] = _replay(
+                    candidate, parent, heldout_table, cached_metrics, config
+                )
+                cand_metrics += cand
+                parent_metrics += base
             elif name in CODE_SUITES:
                 suite = code_suites[str(name)]
                 head = {
@@ -225,48 +301,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 },
             }
             written = write_cache(stores, cache_name, cache_doc)
-        gate_docs = []
-        unjudged = []
-        for item in compared:
-            gate = item.get("gate")
-            if gate is None:
-                continue
-            if gate["regression_excess_lower_bound"] is None:
-                unjudged.append({"metric": item["metric"], "reason": gate.get("note")})
-                continue
-            result = GateResult(
-                metric=item["metric"],
-                candidate=item["candidate"],
-                parent=item["parent"],
-                ci_low=item["ci_low"] if item["ci_low"] is not None else item["difference"],
-                ci_high=item["ci_high"] if item["ci_high"] is not None else item["difference"],
-                passed=gate["passed"],
-            )
-            gate_docs.append(
-                {
-                    **result.model_dump(),
-                    "mode": gate["mode"],
-                    "max_regression": gate["max_regression"],
-                    "threshold": gate["threshold"],
-                    "regression_excess_lower_bound": gate["regression_excess_lower_bound"],
-                }
-            )
-        failed = [g["metric"] for g in gate_docs if not g["passed"]]
-        passed = not failed and not unscored
-        if unscored:
-            first = next(iter(unscored.values()))
-            missing = ", ".join(
-                f"{m} ({first['reasons'].get(m) or first['reasons'].get('all', 'not held')})"
-                for m in first["missing"]
-            )
-            message = (
-                f"not scored: {', '.join(unscored)}: sandbox guarantee(s) missing: {missing}"
-                + (f"; failed gate(s): {', '.join(failed)}" if failed else "")
-            )
-        elif passed:
-            message = f"passed {len(gate_docs)} gate(s) on {len(compared)} metric(s)"
-        else:
-            message = f"failed gate(s): {', '.join(failed)}"
+        gate_docs, unjudged, failed, passed, message = verdict(compared, unscored)
         timing["seconds"] = time.perf_counter() - clock
         doc: dict[str, Any] = {
             "passed": passed,
