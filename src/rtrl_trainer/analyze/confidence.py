@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rtrl_trainer.analyze.estimate import Difference, independent
+from rtrl_trainer.analyze.estimate import Difference, independent, unwrap
 
 # Below this many measured interactions in either arm a metric gets no verdict: the
 # normal approximation and the plug-in variance are not to be trusted yet (0 of 20 edits
@@ -113,13 +113,7 @@ class Moments:
             cxy = self.sxy / n - x_bar * y_bar
             spread = np.maximum(cxx - 2 * ratio * cxy + ratio * ratio * cyy, 0.0)
             var = np.where(n >= 2, spread / (n - 1) / (y_bar * y_bar), np.nan)
-        return Estimate(_out(ratio), _out(var), _out(n))
-
-
-def _out(value: Any) -> Any:
-    """A 0-d array as a float; arrays as they are."""
-    array = np.asarray(value, dtype=np.float64)
-    return float(array) if array.ndim == 0 else array
+        return Estimate(unwrap(ratio), unwrap(var), unwrap(n))
 
 
 def cs_radius(variance: Any, alpha: float, tau: Any) -> Any:
@@ -130,7 +124,7 @@ def cs_radius(variance: Any, alpha: float, tau: Any) -> Any:
         t2 = np.asarray(tau, dtype=np.float64) ** 2
         radius = np.sqrt(v * (v + t2) / t2 * (2 * math.log(1 / alpha) + np.log((v + t2) / v)))
         radius = np.where(v == 0, 0.0, radius)
-    return _out(radius)
+    return unwrap(radius)
 
 
 def always_valid_ci(  # noqa: PLR0917 (the textbook argument list, as in the papers)
@@ -148,9 +142,9 @@ def always_valid_ci(  # noqa: PLR0917 (the textbook argument list, as in the pap
     mixing standard deviation in the metric's units."""
     with np.errstate(all="ignore"):
         v = np.asarray(var_a) / np.asarray(n_a) + np.asarray(var_b) / np.asarray(n_b)
-    diff = _out(np.asarray(mean_b, dtype=np.float64) - np.asarray(mean_a, dtype=np.float64))
+    diff = unwrap(np.asarray(mean_b, dtype=np.float64) - np.asarray(mean_a, dtype=np.float64))
     radius = cs_radius(v, alpha, tau)
-    return diff, _out(np.asarray(diff) - radius), _out(np.asarray(diff) + radius)
+    return diff, unwrap(np.asarray(diff) - radius), unwrap(np.asarray(diff) + radius)
 
 
 class Comparison(NamedTuple):
@@ -200,17 +194,17 @@ def compare(diff: Difference, alpha: float, tau: float, *, events: bool = False)
             & ~few
         )
     return Comparison(
-        _out(b),
-        _out(c),
-        _out(d),
-        _out(d - abs_radius),
-        _out(d + abs_radius),
-        _out(rel),
-        _out(np.expm1(log_ratio - log_radius)),
-        _out(np.expm1(log_ratio + log_radius)),
+        unwrap(b),
+        unwrap(c),
+        unwrap(d),
+        unwrap(d - abs_radius),
+        unwrap(d + abs_radius),
+        unwrap(rel),
+        unwrap(np.expm1(log_ratio - log_radius)),
+        unwrap(np.expm1(log_ratio + log_radius)),
         enough if enough.ndim else bool(enough),
         few if few.ndim else bool(few),
-        _out(diff.variance_reduction),
+        unwrap(diff.variance_reduction),
     )
 
 

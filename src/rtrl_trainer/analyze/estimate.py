@@ -146,18 +146,18 @@ def difference(totals: Any, gram: Any, units: Any, *, adjust: bool = True) -> Di
         valid = np.any(present, axis=-1)
     nan = np.nan
     return Difference(
-        _out(np.where(valid, b_level, nan)),
-        _out(np.where(valid, c_level, nan)),
-        _out(np.where(valid, c_level - b_level, nan)),
-        _out(np.where(valid, var, nan)),
-        _out(np.where(valid, log_ratio, nan)),
-        _out(np.where(valid, log_var, nan)),
-        _out(n_as[..., 0, :].sum(axis=-1)),
-        _out(n_as[..., 1, :].sum(axis=-1)),
-        _out(t[..., 0, :, X].sum(axis=-1)),
-        _out(t[..., 1, :, X].sum(axis=-1)),
-        _out(np.where(valid, reduction, nan)),
-        _out(theta),
+        unwrap(np.where(valid, b_level, nan)),
+        unwrap(np.where(valid, c_level, nan)),
+        unwrap(np.where(valid, c_level - b_level, nan)),
+        unwrap(np.where(valid, var, nan)),
+        unwrap(np.where(valid, log_ratio, nan)),
+        unwrap(np.where(valid, log_var, nan)),
+        unwrap(n_as[..., 0, :].sum(axis=-1)),
+        unwrap(n_as[..., 1, :].sum(axis=-1)),
+        unwrap(t[..., 0, :, X].sum(axis=-1)),
+        unwrap(t[..., 1, :, X].sum(axis=-1)),
+        unwrap(np.where(valid, reduction, nan)),
+        unwrap(theta),
     )
 
 
@@ -181,12 +181,14 @@ def independent(  # noqa: PLR0917 (two arms of three numbers, and their events)
         log_ratio = np.where(positive, np.log(c) - np.log(b), np.nan)
         log_var = np.where(positive, cv / (c * c) + bv / (b * b), np.nan)
     return Difference(
-        _out(b), _out(c), _out(c - b), _out(bv + cv), _out(log_ratio), _out(log_var),
-        _out(base_n), _out(canary_n), _out(base_events), _out(canary_events), 0.0, 0.0,
+        unwrap(b), unwrap(c), unwrap(c - b), unwrap(bv + cv), unwrap(log_ratio), unwrap(log_var),
+        unwrap(base_n), unwrap(canary_n), unwrap(base_events), unwrap(canary_events), 0.0, 0.0,
     )  # fmt: skip
 
 
-def _out(value: Any) -> Any:
+def unwrap(value: Any) -> Any:
+    """A 0-d array as a float; arrays as they are (every function here takes and returns
+    scalars or arrays, one element per simulated experiment)."""
     array = np.asarray(value, dtype=np.float64)
     return float(array) if array.ndim == 0 else array
 

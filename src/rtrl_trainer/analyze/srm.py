@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rtrl_trainer.analyze.confidence import _out
+from rtrl_trainer.analyze.estimate import unwrap
 
 # A promotion waits while the sample-ratio test's evidence against the configured split is
 # strong (Bayes factor >= 10, p <= 0.1) though not yet conclusive (srmAlpha): the arms may
@@ -85,7 +85,7 @@ def srm_steps(
     mismatch = p_value <= alpha
     return SrmResult(
         float(shares[-1]),
-        _out(observed),
-        _out(p_value),
+        unwrap(observed),
+        unwrap(p_value),
         mismatch if mismatch.ndim else bool(mismatch),
     )
