@@ -162,6 +162,30 @@ def _replay(
     return cand, base, detail
 
 
+def _behaviour(
+    candidate: EvalModel,
+    parent: EvalModel | None,
+    table: pa.Table,
+    cached_metrics: dict[str, Metric],
+    config: EvalConfig,
+) -> tuple[list[Metric], list[Metric], dict[str, Any]]:
+    """The behaviour suite on the first held-out prompts: the candidate's and the parent's
+    metrics (the parent's from the cache where it has them all) and what eval.json says."""
+    options = config.options
+    first = table.column("prompt_ids").to_pylist()[: options.behaviour_max_prompts]
+    prompts = [list(p or []) for p in first]
+    if not prompts:
+        raise EvalError(f"--heldout {config.heldout}: no held-out prompts")
+    cand = behaviour_metrics(candidate, prompts, options)
+    names = [m.name for m in behaviour.metrics([], [])]
+    if all(n in cached_metrics for n in names):
+        base = [cached_metrics[n] for n in names]
+    else:
+        assert parent is not None
+        base = behaviour_metrics(parent, prompts, options)
+    return cand, base, {"prompts": len(prompts), "tools": sorted(behaviour.TOOLS)}
+
+
 def _open(uri: str, flag: str, config: EvalConfig) -> ObjectStore:
     try:
         return open_store(uri, endpoint_url=config.endpoint_url)
@@ -253,22 +277,11 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 details[str(name)] = {**head, "sandbox": record, "results": per_task}
             else:
                 assert heldout_table is not None
-                prompts = [
-                    list(p or [])
-                    for p in heldout_table.column("prompt_ids").to_pylist()[
-                        : options.behaviour_max_prompts
-                    ]
-                ]
-                if not prompts:
-                    raise EvalError(f"--heldout {config.heldout}: no held-out prompts")
-                cand_metrics += behaviour_metrics(candidate, prompts, options)
-                names = [m.name for m in behaviour.metrics([], [])]
-                if all(n in cached_metrics for n in names):
-                    parent_metrics += [cached_metrics[n] for n in names]
-                else:
-                    assert parent is not None
-                    parent_metrics += behaviour_metrics(parent, prompts, options)
-                details["behaviour"] = {"prompts": len(prompts), "tools": sorted(behaviour.TOOLS)}
+                cand, base, details["behaviour"] = _behaviour(
+                    candidate, parent, heldout_table, cached_metrics, config
+                )
+                cand_metrics += cand
+                parent_metrics += base
             timing[f"{name}_seconds"] = time.perf_counter() - start
         gates, gates_source = config.spec.effective_gates()
         # A suite not scored has no metric to judge; its absence already fails the verdict.
