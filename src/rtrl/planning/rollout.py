@@ -38,6 +38,8 @@ from .timeutil import iso, parse_time
 
 
 def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
+    """The canary of a Checkpoint that passed eval: a decision already recorded is carried
+    out; else a manual one (pin, annotations) is recorded; else the current step runs."""
     name = meta(ck)["name"]
     records = [dict(e) for e in (ck.get("status") or {}).get("rollout") or []]
     decided = records[-1].get("decision") if records else None
@@ -64,6 +66,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
 
 
 def manual_decision(r: Round) -> tuple[str, str | None]:
+    """``(reason, decision)`` asked for by hand or by ``spec.pin``; ``("", None)`` if none."""
     if r.spec.pin:
         return f"spec.pin is set to {r.spec.pin}", "rollback"
     token = r.pending_annotation(ANNOTATION_ROLLBACK, "lastRollback")
@@ -131,6 +134,7 @@ class StableServiceMissingError(Exception):
 
 
 def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
+    """The current step: the canary at its weight and ready, then its analyses in turn."""
     name = meta(ck)["name"]
     index = len(records) - 1
     steps = r.spec.rollout.steps
@@ -212,6 +216,8 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
 
 
 def judge(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], doc: dict[str, Any]) -> Plan:
+    """An analysis's verdict into the step's record: promote, roll back, the next step
+    (once both arms have ``minSamples``), or stay."""
     name = meta(ck)["name"]
     record = records[-1]
     decision = str(doc.get("decision") or "continue")
@@ -292,6 +298,7 @@ def serve(r: Round, uri: str, checkpoint: str) -> bool:
 
 
 def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
+    """Serve the candidate, wait for the target's rollout, then remove the canary."""
     name = meta(ck)["name"]
     if not serve(r, ck["spec"]["uri"], name) or not cn.deployment_ready(dict(r.obs.target or {})):
         r.status["canaryWeight"] = r.status.get("canaryWeight") or 0
@@ -323,6 +330,7 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
 
 
 def roll_back(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], reason: str) -> Plan:
+    """Traffic back to the parent (undoing a half-done promotion), the canary removed."""
     name = meta(ck)["name"]
     parent = (ck.get("spec") or {}).get("parent")
     previous = r.checkpoint(parent) if parent else None
