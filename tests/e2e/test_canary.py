@@ -31,7 +31,7 @@ from rtrl_localkube.cycle_world import (
 from rtrl_localkube.job_runner import JobRunner
 from rtrl_localkube.outcomes import Hang, Run
 from tests.integration.conftest import KubeAPI
-from tests.trainer.helpers import rows
+from tests.rtrl_trainer.helpers import rows
 
 pytestmark = pytest.mark.timeout(120)
 CKPT = "composer-1"

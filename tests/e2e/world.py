@@ -25,7 +25,7 @@ from rtrl.core.shards.schema import TIMESTAMP
 from rtrl.core.store import open_store
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.cycle_world import base_checkpoint, deployment, rlcycle
-from tests.trainer.trainset import VOCAB, save_parent, tiny_gpt2
+from tests.rtrl_trainer.trainset import VOCAB, save_parent, tiny_gpt2
 
 
 def add_interactions(root: Path, batches: Any) -> None:
