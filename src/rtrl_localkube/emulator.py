@@ -1,6 +1,7 @@
 """An in-memory Kubernetes API server for integration tests: kmock, plus what a real one does.
 
-No kube-apiserver can be installed here (see shared/TOOLCHAIN.md), so the operator's tests run
+The operator's tests run against the real control plane (:mod:`rtrl_localkube.controlplane`)
+wherever they can; the faults a real one cannot be made to show on demand are tested
 against :class:`KubeEmulator`, a subclass of ``kmock.KubernetesEmulator`` served over real HTTP
 on 127.0.0.1. kopf and the official ``kubernetes`` client talk to it unmodified.
 

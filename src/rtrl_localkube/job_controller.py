@@ -10,17 +10,15 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.kinds import now_rfc3339
 from rtrl_localkube.outcomes import Fail, Hang, Outcome, Succeed
-from rtrl_localkube.pods import CancelledError, Termination
+from rtrl_localkube.pods import CancelledError, PodRunner, Termination
 from rtrl_localkube.processes import kill_group
-
-if TYPE_CHECKING:
-    from rtrl_localkube.job_runner import JobRunner
 
 BACKOFF_LIMIT_DEFAULT = 6
 POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for name suffixes
@@ -57,10 +55,22 @@ class TrackedJob:
         return str(self.job["metadata"]["name"])
 
 
+class Runner(Protocol):
+    """What a Job's controller needs of the runner that tracks it
+    (:class:`rtrl_localkube.job_runner.JobRunner`)."""
+
+    api: KubeAPI
+    namespace: str
+    pods: PodRunner
+    errors: list[str]
+
+    def _cancel(self, job: TrackedJob) -> None: ...
+
+
 class JobController:
     """One Job's life: pods per completion index, retries up to backoffLimit, Job status."""
 
-    def __init__(self, runner: JobRunner, tracked: TrackedJob) -> None:
+    def __init__(self, runner: Runner, tracked: TrackedJob) -> None:
         self.runner = runner
         self.api = runner.api
         self.tracked = tracked

@@ -42,7 +42,6 @@ import time
 import traceback
 import urllib.error
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +51,10 @@ from rtrl_localkube.pods import PodRunner, job_of
 from . import node as node_api
 from .kinds import now_rfc3339
 from .outcomes import Outcome, Run
-from .podlife import PodLife
+from .podlife import MAX_GRACE_SECONDS, PodLife, Worker
 from .processes import check_stopped
 
 NODE = "rtrl-node"
-# A deleted pod's processes get at most this long after SIGTERM (the pod's own
-# terminationGracePeriodSeconds, if shorter), so that tests do not wait 30 s per pod.
-MAX_GRACE_SECONDS = 3.0
 # Each pod gets an address of this node's pod CIDR, as with a CNI plugin: the API rejects
 # loopback addresses in EndpointSlices. Nothing listens on them (every pod shares the host's
 # network namespace and is reached as 127.0.0.1, see src/rtrl_localkube/pods.py).
@@ -69,15 +65,6 @@ def _quantity_count(value: Any) -> float:
     """An extended-resource quantity as a number ("8", 8, "500m")."""
     text = str(value)
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
-@dataclass
-class _Worker:
-    pod: dict[str, Any]
-    cancel: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-    grace: float = MAX_GRACE_SECONDS
 
 
 class Kubelet:
@@ -115,7 +102,7 @@ class Kubelet:
             node_name=node,
         )
         self._scripts: list[tuple[str, Outcome]] = []
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, Worker] = {}
         self._scheduled: set[str] = set()
         self._addresses = (str(ip) for ip in itertools.islice(POD_CIDR.hosts(), 1, None))
         self._lock = threading.Lock()
@@ -335,8 +322,8 @@ class Kubelet:
                  "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}},
             )  # fmt: skip
 
-    def _start_worker(self, pod: dict[str, Any], *, started: bool) -> _Worker:
-        worker = _Worker(pod=pod)
+    def _start_worker(self, pod: dict[str, Any], *, started: bool) -> Worker:
+        worker = Worker(pod=pod)
         with self._lock:
             status = pod.setdefault("status", {})
             status.setdefault("podIP", next(self._addresses))
@@ -363,7 +350,7 @@ class Kubelet:
                     return outcome
         return Run()
 
-    def _run_pod(self, worker: _Worker) -> None:
+    def _run_pod(self, worker: Worker) -> None:
         try:
             if not worker.cancel.is_set():
                 PodLife(self, worker).run()
@@ -372,7 +359,7 @@ class Kubelet:
                 self._confirm_deletion(worker)
             worker.done.set()
 
-    def _confirm_deletion(self, worker: _Worker) -> None:
+    def _confirm_deletion(self, worker: Worker) -> None:
         """A deleted pod whose processes ended: gone for good (a kubelet's final DELETE)."""
         meta = worker.pod["metadata"]
         if self._stop.is_set():

@@ -7,17 +7,44 @@ import contextlib
 import fnmatch
 import threading
 import urllib.error
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from rtrl_localkube.pods import CancelledError, Termination, job_of
+from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.pods import CancelledError, PodRunner, Termination, job_of
 
 from .kinds import now_rfc3339
-from .outcomes import Fail, Hang, Succeed
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet, _Worker
+from .outcomes import Fail, Hang, Outcome, Succeed
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+# A deleted pod's processes get at most this long after SIGTERM (the pod's own
+# terminationGracePeriodSeconds, if shorter), so that tests do not wait 30 s per pod.
+MAX_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class Worker:
+    """The kubelet's slot for one pod: the thread that lives its life, and how to stop it."""
+
+    pod: dict[str, Any]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    grace: float = MAX_GRACE_SECONDS
+
+
+class Node(Protocol):
+    """What a pod's life needs of the kubelet it runs on
+    (:class:`rtrl_localkube.kubelet.Kubelet`)."""
+
+    cp: ControlPlane
+    runner: PodRunner
+    never_ready: list[str]
+    unavailable_images: tuple[str, ...]
+
+    def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None: ...
+
+    def _outcome(self, pod: dict[str, Any]) -> Outcome: ...
 
 
 def workload_names(pod: dict[str, Any]) -> list[str]:
@@ -34,7 +61,7 @@ def workload_names(pod: dict[str, Any]) -> list[str]:
 class PodLife:
     """One pod on the node: its containers' processes and the status the kubelet reports."""
 
-    def __init__(self, kubelet: Kubelet, worker: _Worker) -> None:
+    def __init__(self, kubelet: Node, worker: Worker) -> None:
         self.kubelet = kubelet
         self.worker = worker
         self.pod = worker.pod
