@@ -40,6 +40,7 @@ list columns of a set staged before the format changed.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -88,6 +89,15 @@ ADVANTAGE_SUFFIX = ".advantage.parquet"
 
 def rank_name(rank: int, ranks: int) -> str:
     return f"{TRAIN_DIR}/rank-{rank:05d}-of-{ranks:05d}.parquet"
+
+
+_RANK_NAME = re.compile(rf"^{TRAIN_DIR}/rank-(\d{{5}})-of-(\d{{5}})\.parquet$")
+
+
+def parse_rank_name(name: str) -> tuple[int, int] | None:
+    """(rank, ranks) of a :func:`rank_name`; None for any other key (advantage files too)."""
+    match = _RANK_NAME.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def advantage_name(rank_file: str) -> str:

@@ -19,7 +19,6 @@ carries loss (all of the completion is tool output) are skipped.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +29,8 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from rtrl_trainer import stagedset
-from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, TRAIN_DIR, advantage_name
+from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, advantage_name, parse_rank_name
 
-# A rank file's name (stagedset.rank_name) -> (rank, ranks); advantage files do not match.
-RANK_FILE = re.compile(rf"^{TRAIN_DIR}/rank-(\d{{5}})-of-(\d{{5}})\.parquet$")
 # The per-token columns, packed or lists.
 LIST_COLUMNS = tuple(PACKED_COLUMNS)
 SCALAR_COLUMNS = (ADVANTAGE, "sample_weight")
@@ -80,12 +77,12 @@ class RankData:
 def assign_files(names: Sequence[str], world_size: int) -> tuple[bool, list[str]]:
     """(one file per rank, the files in order). Names are the staged set's
     ``train/rank-*.parquet`` keys; others are ignored."""
-    files = sorted(n for n in names if RANK_FILE.match(n))
-    if not files:
+    parsed = sorted((n, p) for n in names if (p := parse_rank_name(n)) is not None)
+    if not parsed:
         raise DataError("the staged set has no train/rank-*.parquet files")
-    parsed = [RANK_FILE.match(n) for n in files]
-    ranks = [int(m.group(1)) for m in parsed if m]
-    declared = {int(m.group(2)) for m in parsed if m}
+    files = [n for n, _ in parsed]
+    ranks = [rank for _, (rank, _) in parsed]
+    declared = {total for _, (_, total) in parsed}
     one_per_rank = ranks == list(range(world_size)) and declared == {world_size}
     return one_per_rank, files
 
