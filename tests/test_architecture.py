@@ -34,6 +34,15 @@ def room(what: str, *imports: str, pure: bool = False) -> Room:
 
 
 CORE = ("rtrl.core.api", "rtrl.core.store", "rtrl.core.shards", "rtrl.core.cliargs")
+# What the steps that load checkpoints (train, eval) may read.
+CHECKPOINT_STEP = (
+    "rtrl.core.api",
+    "rtrl.core.store",
+    "rtrl_trainer.checkpoint_io",
+    "rtrl_trainer.runner",
+    "rtrl_trainer.spec_file",
+    "rtrl_trainer.stagedset",
+)
 # room (a package or module, dotted) -> what it is, and the rooms it may import (its own is
 # always allowed). A module belongs to the longest room that prefixes its name.
 ROOMS: dict[str, Room] = {
@@ -137,21 +146,11 @@ ROOMS: dict[str, Room] = {
     ),
     "rtrl_trainer.train": room(
         "the train step: DeepSpeed over the staged set, the loop alone in loop.py",
-        "rtrl.core.api",
-        "rtrl.core.store",
-        "rtrl_trainer.checkpoint_io",
-        "rtrl_trainer.runner",
-        "rtrl_trainer.spec_file",
-        "rtrl_trainer.stagedset",
+        *CHECKPOINT_STEP,
     ),
     "rtrl_trainer.evaluate": room(
         "the eval step: suites, the sandbox, gates against the parent",
-        "rtrl.core.api",
-        "rtrl.core.store",
-        "rtrl_trainer.checkpoint_io",
-        "rtrl_trainer.runner",
-        "rtrl_trainer.spec_file",
-        "rtrl_trainer.stagedset",
+        *CHECKPOINT_STEP,
     ),
     "rtrl_trainer.analyze": room(
         "the analyze step: the canary's A/B estimates and the sequential decision",
