@@ -86,11 +86,8 @@ ROOMS: dict[str, Room] = {
     "rtrl.handlers": room(
         "kopf registrations only: one reconciler daemon per RLCycle, woken by events",
         "rtrl.kube",
-        "rtrl.planning",
         "rtrl.core.api",
-        "rtrl.metrics",
         "rtrl.settings",
-        "rtrl.logs",
     ),
     "rtrl.abtable": room("the A/B table's cells: kubectl rtrl status, the demo, the report"),
     "rtrl.kubectl_plugin": room(
@@ -129,7 +126,7 @@ ROOMS: dict[str, Room] = {
     ),
     "rtrl_trainer.reward": room("rewards from the users' implicit feedback", "rtrl.core.api"),
     "rtrl_trainer.monitors": room("behaviour monitors (reward hacking)", "rtrl_trainer.reward"),
-    "rtrl_trainer.read_ahead": room("a bounded read-ahead of store objects"),
+    "rtrl_trainer.read_ahead": room("the next item of a stream, made on a thread meanwhile"),
     "rtrl_trainer.checkpoint_io": room(
         "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"
     ),
