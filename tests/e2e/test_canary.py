@@ -138,11 +138,13 @@ def test_the_real_analysis_rolls_back(  # noqa: PLR0917 - pytest passes fixtures
     spec["data"]["maturity"] = "1s"
     spec["rollout"]["steps"] = [{"weight": 25, "minDuration": "6s"}]
     setup_namespace(kube_api, tmp_path, data=spec["data"], rollout=spec["rollout"])
-    kube_api.wait_for(
-        lambda: status(kube_api, "Checkpoint", CKPT).get("rollout"), timeout=30
-    )  # fmt: skip
-    start = parse_time(status(kube_api, "Checkpoint", CKPT)["rollout"][0]["startedAt"])
-    assert start is not None
+    # The analysis counts a step's interactions from when the canary is ready at its weight.
+    start = kube_api.wait_for(
+        lambda: parse_time(
+            ((status(kube_api, "Checkpoint", CKPT).get("rollout") or [{}])[0]).get("readyAt")
+        ),
+        timeout=30,
+    )
     # one stable pod and one canary pod: the split is 50%
     write_shards(
         pa.concat_tables(

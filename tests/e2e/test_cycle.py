@@ -33,9 +33,12 @@ def phase(kube: KubeAPI, name: str) -> str | None:
     return (checkpoint(kube, name).get("status") or {}).get("phase")
 
 
-def canary_started(kube: KubeAPI, name: str) -> Any:
+def canary_counted_from(kube: KubeAPI, name: str) -> Any:
+    """When the canary's current step began to count: the analysis judges only interactions
+    from the time the canary is ready at the step's weight (``readyAt``), not from when the
+    step started, so the arms' users are written after it."""
     records = (checkpoint(kube, name).get("status") or {}).get("rollout") or []
-    return parse_time(records[0]["startedAt"]) if records else None
+    return parse_time(records[-1].get("readyAt")) if records else None
 
 
 def analyses(kube: KubeAPI, name: str) -> int:
@@ -77,8 +80,8 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     # Cycle 1: nobody uses the canary for its first analyses (each says continue), then its
     # users keep more of its edits: promoted.
     reaches("composer-1", "Canary")
-    since = kube.wait_for(lambda: canary_started(kube, "composer-1"), timeout=30)
     kube.wait_for(lambda: analyses(kube, "composer-1") >= 2, timeout=120, message=why)
+    since = kube.wait_for(lambda: canary_counted_from(kube, "composer-1"), timeout=30)
     serve_arms(root, "composer-0", "composer-1", since=since, canary_edit_persistence=0.8)
     reaches("composer-1", "Promoted", timeout=120)
     # The judged analyses' Jobs (and their pods) do not pile up: the last one is kept.
@@ -97,7 +100,7 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     # Cycle 2, started with `kubectl rtrl trigger`: its canary's users keep fewer edits.
     admin.kubectl("rtrl", "trigger", NAME, "-n", ns)
     reaches("composer-2", "Canary")
-    since = kube.wait_for(lambda: canary_started(kube, "composer-2"), timeout=30)
+    since = kube.wait_for(lambda: canary_counted_from(kube, "composer-2"), timeout=30)
     serve_arms(root, "composer-1", "composer-2", since=since, canary_edit_persistence=0.2)
     reaches("composer-2", "RolledBack", timeout=120)
     assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
