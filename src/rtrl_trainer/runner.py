@@ -33,9 +33,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-# exit code -> whether running the step again (same flags) can succeed
-RETRYABLE: dict[int, bool] = {EXIT_OK: False, EXIT_FAILED: True, EXIT_USAGE: False}
-
 
 def one_line(exc: BaseException) -> str:
     """The error's message on one line (a store error may quote a multi-line response)."""
@@ -133,7 +130,6 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
-    "RETRYABLE",
     "add_config_argument",
     "add_endpoint_argument",
     "add_now_argument",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -25,17 +24,12 @@ from rtrl_localkube.cycle_world import (
     status,
 )
 from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.processes import free_port
 from rtrl_localkube.tools import Cli
 from tests.conftest import console_script
 from tests.integration.conftest import KubeAPI
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Replica:
