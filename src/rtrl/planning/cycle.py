@@ -31,6 +31,7 @@ from .manifests.jobs import (
 )
 from .manifests.names import config_map_name, result_uri, service_name
 from .observed import JobState
+from .reading import data_watermark
 from .reading import fresh as _fresh
 from .reading import meta as _meta
 from .reading import phase as _phase
@@ -70,8 +71,9 @@ def start(r: Round, trigger: str | None) -> Plan:
     """Create the next cycle's Checkpoint; its Jobs follow once it has a uid."""
     cycle = r.status["cycle"] + 1
     parent = _meta(r.serving)["name"]
+    since = data_watermark(r.serving, r.name)
     manifest = checkpoint_manifest(
-        r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger
+        r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger, since=since
     )
     name = manifest["metadata"]["name"]
     r.act(Create(manifest))
@@ -248,6 +250,8 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         on_policy_fraction=doc.get("on_policy_fraction"),
         quarantined=quarantined if isinstance(quarantined, dict) else None,
         files_bad=len(doc.get("quarantined_files") or []),
+        since=doc.get("since"),
+        until=doc.get("next_since"),
     )
     r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
     r.patch_summary(

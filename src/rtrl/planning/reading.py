@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtrl.core.api.names import ANNOTATION_STARTED
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
 
 from .manifests.names import STEPS
@@ -25,6 +26,25 @@ def owned(observed: Observed, name: str) -> list[dict[str, Any]]:
         if (c.get("spec") or {}).get("rlCycle") == name and not meta(c).get("deletionTimestamp")
     ]
     return sorted(out, key=lambda c: int((c.get("spec") or {}).get("cycle") or 0))
+
+
+def data_watermark(checkpoint: dict[str, Any] | None, rlcycle: str) -> str | None:
+    """Through when the interactions are in ``checkpoint``'s lineage: the ``--now`` of the
+    stage that trained it (its started-at), for a Checkpoint this RLCycle trained; None for
+    a base model (or one trained elsewhere), whose lineage holds none of these shards.
+
+    The watermark follows the *serving* checkpoint, not the last stage: a promoted cycle
+    moves it forward; a candidate that is rolled back, rejected or fails never becomes
+    serving, so the data it trained on is staged again by the next cycle from the same
+    parent (the serving model never learned from it); a manual rollback moves it back with
+    serving. So along the lineage that serves, each interaction is trained on once."""
+    if checkpoint is None:
+        return None
+    spec = checkpoint.get("spec") or {}
+    if spec.get("rlCycle") != rlcycle or "data" not in (checkpoint.get("status") or {}):
+        return None
+    started = (meta(checkpoint).get("annotations") or {}).get(ANNOTATION_STARTED)
+    return str(started) if started else None
 
 
 def phase(checkpoint: dict[str, Any]) -> str | None:

@@ -21,7 +21,7 @@ from rtrl.core.api.rlcycle import RLCycleSpec
 from .actions import Action, Emit, PatchStatus
 from .conditions import Conditions
 from .observed import Observed
-from .reading import meta, owned, phase
+from .reading import data_watermark, meta, owned, phase
 from .schedule import next_run
 from .timeutil import iso, parse_time
 
@@ -102,6 +102,10 @@ class Round:
 
     def finish(self, phase: str, message: str) -> Plan:
         self.status["phase"] = phase
+        serving = self.checkpoint(str(self.status.get("serving") or ""))
+        self.status["dataWatermark"] = (
+            data_watermark(serving, self.name) if serving else self.old.get("dataWatermark")
+        )
         self.status["message"] = message
         self.status["conditions"] = self.conditions.to_list()
         self.out.status = self.status

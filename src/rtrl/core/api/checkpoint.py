@@ -67,6 +67,12 @@ class DataSummary(ApiModel):
         None, description="Rows skipped, by reason (never silently trained on)."
     )
     files_bad: int = Field(0, ge=0, description="Shard files that could not be read.")
+    since: datetime | None = Field(
+        None, description="Interactions that became ready after this were read (the watermark)."
+    )
+    until: datetime | None = Field(
+        None, description="... and at or before this (the stage's time, the next watermark)."
+    )
 
 
 class TrainingSummary(ApiModel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from .common import API_VERSION, GROUP, VERSION
 
 __all__ = [
+    "ANNOTATION_DATA_SINCE",
     "ANNOTATION_PROMOTE",
     "ANNOTATION_ROLLBACK",
     "ANNOTATION_STARTED",
@@ -41,8 +42,12 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "rtrl"}
 ANNOTATION_TRIGGER = f"{GROUP}/trigger"
 ANNOTATION_PROMOTE = f"{GROUP}/promote"
 ANNOTATION_ROLLBACK = f"{GROUP}/rollback"
-# Written by the operator on a Checkpoint: when its cycle started.
+# Written by the operator on a Checkpoint: when its cycle started (the stage's --now).
 ANNOTATION_STARTED = f"{GROUP}/started-at"
+# Written by the operator on a Checkpoint: the data watermark its stage starts after (the
+# stage's --since): interactions that became ready at or before it are already in the
+# parent's lineage. Absent when the parent was trained on none (a base model).
+ANNOTATION_DATA_SINCE = f"{GROUP}/data-since"
 FINALIZER = f"{GROUP}/finalizer"
 
 # The Checkpoint phase while each Job step runs.

@@ -815,6 +815,14 @@ class RLCycleStatus(ApiModel):
     canary_weight: int = Field(0, ge=0, le=100, description="Canary traffic share in percent.")
     cycle_started_at: datetime | None = Field(None, description="When the current cycle began.")
     next_run: datetime | None = Field(None, description="When the next cycle is due.")
+    data_watermark: datetime | None = Field(
+        None,
+        description=(
+            "Interactions that became ready at or before this are in the serving "
+            "checkpoint's lineage (the stage time of the cycle that trained it); the next "
+            "cycle stages only later ones. Unset while a base model serves."
+        ),
+    )
     last_trigger: str | None = Field(
         None,
         max_length=253,

@@ -9,6 +9,7 @@ from typing import Any
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import (
+    ANNOTATION_DATA_SINCE,
     ANNOTATION_STARTED,
     ANNOTATION_TRIGGER,
     API_VERSION,
@@ -58,10 +59,16 @@ def checkpoint_manifest(
     parent: str,
     now: datetime,
     trigger: str | None,
+    since: str | None = None,
 ) -> dict[str, Any]:
+    """The cycle's Checkpoint. Its annotations fix what its stage reads, so that every
+    attempt (and an operator restarted mid-cycle) stages the same interactions: those that
+    became ready after ``since`` (the parent's data watermark) and up to ``now``."""
     meta = rlcycle["metadata"]
     name = checkpoint_name(meta["name"], cycle)
     annotations = {ANNOTATION_STARTED: iso(now)}
+    if since is not None:
+        annotations[ANNOTATION_DATA_SINCE] = since
     if trigger is not None:
         annotations[ANNOTATION_TRIGGER] = trigger
     return {
@@ -180,6 +187,9 @@ def step_args(
             f"--ranks={ranks}",
             f"--work-dir={SCRATCH}",
         ]
+        since = checkpoint["metadata"]["annotations"].get(ANNOTATION_DATA_SINCE)
+        if since:
+            args.append(f"--since={since}")
         if previous:
             args.append(f"--previous-checkpoint={previous}")
         args += [f"--exclude-checkpoint={name}" for name in excluded]
