@@ -26,8 +26,10 @@ class Settings:
     resync_seconds: float = 30.0
     # A reconcile that fails (API or store unreachable) is retried after this delay.
     error_backoff_seconds: float = 5.0
-    # A round reads everything live at least this often (seconds), whatever the cache holds.
-    live_read_seconds: float = 300.0
+    # If > 0, a round reads everything live at least this often (seconds), whatever the
+    # cache holds. Off by default: the watches keep the cache whole (a re-list refreshes
+    # it), and a timer would make every idle RLCycle list its namespace (bench/scale.py).
+    live_read_seconds: float = 0.0
     # sys.setswitchinterval while the operator runs (see rtrl.kube.reconcile.start).
     switch_interval: float = 0.0005
     # A standby replica takes over this long after the active one stopped renewing its

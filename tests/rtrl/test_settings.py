@@ -12,7 +12,7 @@ def test_defaults_when_nothing_is_set() -> None:
     assert Settings.from_environment({}) == Settings(
         resync_seconds=30.0,
         error_backoff_seconds=5.0,
-        live_read_seconds=300.0,
+        live_read_seconds=0.0,
         switch_interval=0.0005,
         peering_lifetime=60,
         round_trace=None,

@@ -18,6 +18,11 @@ answer cannot bring it back. resourceVersions are compared as integers: every AP
 backed by etcd issues them so (and the tests' emulator does); the first one that is not an
 integer disables the cache for good, and every round reads live.
 
+A re-list by kopf (after a watch that could not resume, e.g. a 410 Gone once the API server
+restarted) delivers the objects that exist but not the deletions missed meanwhile: the next
+round that reads that kind in that namespace first lists all of it live, which drops what is
+gone (:meth:`ObjectCache.relisted`). So nothing needs re-reading on a timer.
+
 What the cache does not know makes a round read live instead (:meth:`ObjectCache.usable`):
 before kopf has listed every cached kind (``mark_synced``), and for a kind of a namespace
 after a write whose outcome it could not record (a create that met an existing object, a
@@ -107,6 +112,8 @@ class ObjectCache:
         # (kind, key) -> (resourceVersion it was known gone at, monotonic time)
         self._tombstones: dict[tuple[str, Key], tuple[int, float]] = {}
         self._invalid: set[tuple[str, str]] = set()  # (kind, namespace) to read live
+        # (kind, namespace) kopf re-listed since the sync: to list in full before a read
+        self._relisted: set[tuple[str, str]] = set()
         self.synced = False
         self.disabled = ""  # why, once a resourceVersion was not an integer
 
@@ -122,7 +129,13 @@ class ObjectCache:
             and self.synced
             and not self.disabled
             and (kind, namespace) not in self._invalid
+            and (kind, namespace) not in self._relisted
         )
+
+    def relisted(self, kind: str, namespace: str) -> bool:
+        """Whether kopf re-listed ``kind`` in ``namespace`` since the sync, and no full live
+        list has yet shown which of the objects held are gone."""
+        return (kind, namespace) in self._relisted
 
     def invalidate(self, kind: str, namespace: str) -> None:
         """Read ``kind`` live in ``namespace`` until a live list refreshes it."""
@@ -167,10 +180,14 @@ class ObjectCache:
         self._tombstones[(kind, key)] = (max(rv, tomb[0] if tomb else rv), time.monotonic())
 
     def feed(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        """A watch event (``event_type`` None for kopf's initial listing)."""
+        """A watch event (``event_type`` None for kopf's listing: after the sync, a re-list,
+        which says nothing of the objects deleted since the watch broke)."""
         if kind not in self.kinds:
             return
         with self._lock:
+            if event_type is None and self.synced:
+                namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+                self._relisted.add((kind, namespace))
             if event_type == "DELETED":
                 meta = obj.get("metadata") or {}
                 key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -253,7 +270,8 @@ class ObjectCache:
             return
         with self._lock:
             for obj in items:
-                self._put(kind, obj)
+                if kind not in CHILD_KINDS or _labels_match(obj, {CHILD_LABEL: _any}):
+                    self._put(kind, obj)
             if list_rv is None:
                 return  # nothing known about what is gone: leave the kind as it was
             listed = {str((o.get("metadata") or {}).get("name")) for o in items}
@@ -261,6 +279,8 @@ class ObjectCache:
                 if key[0] == namespace and key[1] not in listed and _labels_match(held, labels):
                     self._drop(kind, key, list_rv)
             self._invalid.discard((kind, namespace))
+            if not labels:
+                self._relisted.discard((kind, namespace))
             self._prune()
 
     def _prune(self) -> None:
@@ -305,9 +325,17 @@ class CachingClient(KubeClient):
         return not self.live and self.cache.usable(kind, namespace)
 
     def reads_remotely(self, kind: str, namespace: str) -> bool:
-        return not self._from_cache(kind, namespace)
+        return self.cache.relisted(kind, namespace) or not self._from_cache(kind, namespace)
+
+    def _refresh(self, kind: str, namespace: str) -> None:
+        """After a re-list of ``kind`` in ``namespace``: one full live list, which drops the
+        objects deleted while the watch was down."""
+        if self.cache.relisted(kind, namespace):
+            items, list_rv = self.list_with_version(kind, namespace)
+            self.cache.absorb_list(kind, namespace, None, items, list_rv)
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._refresh(kind, namespace)
         if self._from_cache(kind, namespace):
             self.cached_reads += 1
             return self.cache.get(kind, namespace, name)
@@ -318,6 +346,7 @@ class CachingClient(KubeClient):
     def list(
         self, kind: str, namespace: str, labels: dict[str, str] | None = None
     ) -> list[dict[str, Any]]:
+        self._refresh(kind, namespace)
         if self._from_cache(kind, namespace):
             self.cached_reads += 1
             return self.cache.list(kind, namespace, labels)

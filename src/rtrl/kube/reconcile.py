@@ -13,8 +13,14 @@ A round reads the kinds kopf watches from :class:`rtrl.kube.cache.ObjectCache`, 
 index handlers feed with every watch event before any other handler sees it (kopf runs no
 handler and starts no daemon until every index has listed its kind), and which the round's
 own writes update with what the API answered; see that module for the consistency rule. A
-round reads everything live instead when it is the reconciler's first, when the last one
-failed or met a conflict, and every ``RTRL_LIVE_READ_SECONDS`` (default 300 s).
+round reads everything live instead only after a round that failed or met a conflict, in
+the first round of a new RLCycle (no status yet), and, if ``RTRL_LIVE_READ_SECONDS`` is set,
+at least that often. The first round of any other reconciler reads the cache: kopf starts
+no daemon before its listing has filled it, and 1,000 RLCycles each listing every Checkpoint
+of their namespace when the operator starts is 1,000 times the listing kopf just did. No
+round re-reads the cluster on a timer by default, so an idle operator sends no request but
+its watches (``bench/scale.py``); what a re-list of kopf's may have missed is read once,
+then (:meth:`rtrl.kube.cache.ObjectCache.feed`).
 
 This module holds no kopf code: ``rtrl.handlers`` registers the handlers that call it.
 """
@@ -214,16 +220,22 @@ async def run(namespace: str, name: str, stopped: object) -> None:
     flag = Process.wakeups.setdefault((namespace, name), Wakeup())
     # kopf starts no daemon before every index has listed its kind: the cache is complete.
     Process.cache.mark_synced()
-    last_live: float | None = None  # the first round reads live
+    # Read live after a failure, and in the first round of a new RLCycle (no status yet):
+    # its Deployment and base Checkpoint may have been created with it, their events not yet
+    # in. The first round of any other (the fleet, when the operator starts) reads the cache.
+    read_live = not (Process.cache.get("RLCycle", namespace, name) or {}).get("status")
+    last_live = time.monotonic()
     try:
         while not stopped:
             woken, round_ended = flag.take()
             started = time.monotonic()
-            live = last_live is None or started - last_live >= Process.settings.live_read_seconds
+            period = Process.settings.live_read_seconds  # 0: never on a timer
+            live = read_live or (period > 0 and started - last_live >= period)
             try:
                 delay = await asyncio.to_thread(
                     reconcile_once, namespace, name, live=live, woken=woken
                 )
+                read_live = False
                 if live:
                     last_live = started
             except RLCycleGoneError:
@@ -231,11 +243,11 @@ async def run(namespace: str, name: str, stopped: object) -> None:
                          "stored artifacts stay", namespace, name)  # fmt: skip
                 return
             except KubeError as exc:
-                last_live = None
+                read_live = True
                 delay = Process.settings.error_backoff_seconds
                 log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
             except Exception:
-                last_live = None
+                read_live = True
                 delay = Process.settings.error_backoff_seconds
                 log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)
             finally:

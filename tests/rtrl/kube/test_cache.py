@@ -60,7 +60,7 @@ def test_a_created_object_is_seen_before_its_event() -> None:
 
 def test_a_deleted_object_never_comes_back() -> None:
     cache = synced()
-    cache.feed("Job", None, job("j", 3))
+    cache.feed("Job", "ADDED", job("j", 3))
     cache.feed("Job", "DELETED", job("j", 8))
     cache.wrote("Job", job("j", 6))  # a patch answered after the deletion
     cache.feed("Job", "MODIFIED", job("j", 7))  # a late event
@@ -71,12 +71,12 @@ def test_a_deleted_object_never_comes_back() -> None:
 
 def test_the_operators_delete_hides_the_object_at_once() -> None:
     cache = synced()
-    cache.feed("Job", None, job("j", 3))
+    cache.feed("Job", "ADDED", job("j", 3))
     cache.deleted("Job", NS, "j", job("j", 5))  # gone (no finalizers)
     cache.feed("Job", "MODIFIED", job("j", 4))  # an update before the deletion, late
     assert cache.get("Job", NS, "j") is None
     # with finalizers the answer is the object, now deleting: kept as such
-    cache.feed("Checkpoint", None, obj("Checkpoint", "c", 3))
+    cache.feed("Checkpoint", "ADDED", obj("Checkpoint", "c", 3))
     answer = obj("Checkpoint", "c", 6, deletionTimestamp="2026-11-29T00:00:00Z")
     cache.deleted("Checkpoint", NS, "c", answer)
     cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c", 4))
@@ -91,7 +91,7 @@ def test_the_operators_delete_hides_the_object_at_once() -> None:
 
 def test_a_live_list_drops_what_it_no_longer_holds_but_not_newer_objects() -> None:
     cache = synced()
-    cache.feed("Job", None, job("ghost", 3))  # deleted while the watch was down
+    cache.feed("Job", "ADDED", job("ghost", 3))  # deleted while the watch was down
     cache.wrote("Job", job("new", 12))  # created after the list was taken
     cache.absorb_list("Job", NS, {names.LABEL_RLCYCLE: "composer"}, [job("kept", 9)], 10)
     kept = sorted(j["metadata"]["name"] for j in cache.list("Job", NS))
@@ -100,9 +100,9 @@ def test_a_live_list_drops_what_it_no_longer_holds_but_not_newer_objects() -> No
 
 def test_only_the_operators_children_are_kept() -> None:
     cache = synced()
-    cache.feed("Job", None, obj("Job", "someone-elses", 3))
+    cache.feed("Job", "ADDED", obj("Job", "someone-elses", 3))
     assert cache.get("Job", NS, "someone-elses") is None
-    cache.feed("Job", None, job("mine", 4))
+    cache.feed("Job", "ADDED", job("mine", 4))
     cache.feed("Job", "MODIFIED", obj("Job", "mine", 5))  # lost its label
     assert cache.get("Job", NS, "mine") is None
     assert cache.list("Job", NS, {names.LABEL_RLCYCLE: "composer"}) == []
@@ -122,7 +122,7 @@ def test_not_usable_before_the_initial_listing_or_with_opaque_resource_versions(
 def test_managed_fields_are_not_kept_and_the_fed_object_is_not_changed() -> None:
     cache = synced()
     fed = job("j", 3, managedFields=[{"manager": "kubectl"}])
-    cache.feed("Job", None, fed)
+    cache.feed("Job", "ADDED", fed)
     assert "managedFields" not in cache.get("Job", NS, "j")["metadata"]  # type: ignore[index]
     assert fed["metadata"]["managedFields"]
 
@@ -181,3 +181,37 @@ def test_a_write_that_meets_a_conflict_makes_the_kind_read_live(
     kube2 = CachingClient(base, cache)
     assert kube2.create({**job("x", 0), "kind": "Job"}) is None
     assert kube2.write_failed and not cache.usable("Job", NS)
+
+
+def test_a_relist_drops_what_its_watch_missed_with_one_full_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf re-lists a kind when its watch cannot resume (a 410 after an API server restart):
+    the listing brings what exists, never the deletions missed meanwhile. No round re-reads
+    the cluster on a timer (bench/scale.py), so the next read of that kind lists it in full,
+    once, and what is gone leaves the cache; other kinds stay cached."""
+    cache = ObjectCache()
+    cache.feed("Job", None, job("kept", 3))  # kopf's first listing, before any round
+    cache.feed("Job", None, job("deleted-while-down", 4))
+    cache.feed("Checkpoint", None, obj("Checkpoint", "c1", 5))
+    cache.mark_synced()
+    assert cache.usable("Job", NS)
+    # the watch broke; kopf re-lists: only "kept" (and another RLCycle's Job) exists now
+    cache.feed("Job", None, job("kept", 3))
+    lists: list[tuple[str, Any]] = []
+
+    def list_with_version(self: Any, kind: str, namespace: str, labels: Any = None) -> Any:
+        lists.append((kind, labels))
+        other = obj("Job", "other", 6, labels={names.LABEL_RLCYCLE: "second"})
+        unlabelled = obj("Job", "not-ours", 7)
+        return [job("kept", 3), other, unlabelled], 20
+
+    monkeypatch.setattr(KubeClient, "list_with_version", list_with_version)
+    kube = CachingClient(KubeClient(api_client=object()), cache)  # type: ignore[arg-type]
+    mine = {names.LABEL_RLCYCLE: "composer"}
+    assert kube.reads_remotely("Job", NS) and not kube.reads_remotely("Checkpoint", NS)
+    assert [j["metadata"]["name"] for j in kube.list("Job", NS, mine)] == ["kept"]
+    assert lists == [("Job", None)]  # one full list, not the labelled one
+    assert cache.get("Job", NS, "not-ours") is None  # only the operator's children are kept
+    assert kube.list("Job", NS, mine) and kube.get("Checkpoint", NS, "c1") is not None
+    assert lists == [("Job", None)] and kube.cached_reads == 3  # all from the cache
