@@ -1,11 +1,13 @@
 """An idle operator sends no request but its watches: not when it starts with RLCycles that
 exist already (kopf's listing filled the watch cache), and not at each resync (idle rounds
-read that cache). With 1,000 RLCycles of 10 Checkpoints in a namespace, one live round each
-is 1,000 lists of 10,000 Checkpoints (bench/scale.py, docs/benchmarks.md)."""
+read that cache); a new RLCycle reads only its Deployment, by name. With 1,000 RLCycles of
+10 Checkpoints in a namespace, one live round each is 1,000 lists of 10,000 Checkpoints
+(bench/scale.py, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,15 @@ def reconciler_reads(log: list[tuple[str, str]], namespace: str) -> list[str]:
     return [path for method, path in log if method == "GET" and any(n in path for n in named)]
 
 
+def collection_gets(log: list[tuple[str, str]], namespace: str) -> Counter[str]:
+    """GETs of a whole kind (a list or a watch) in the namespace, by kind."""
+    prefix = f"/namespaces/{namespace}/"
+    return Counter(
+        path.split(prefix, 1)[1] for method, path in log
+        if method == "GET" and prefix in path and "/" not in path.split(prefix, 1)[1]
+    )  # fmt: skip
+
+
 def run_operator(seconds: float, until: Any = None) -> None:
     args = ["run", "--standalone", "--namespace", "default"]
     with kopf.testing.KopfRunner(args, timeout=60, registry=handlers.registry) as runner:
@@ -62,14 +73,20 @@ def test_an_idle_operator_sends_no_request_at_start_or_resync(
         for obj in idle_world(tmp_path, name):
             kube_api.create(obj)
 
-    # A first operator meets them new: each one's first round reads live (its Deployment
-    # may not have reached the cache yet), and writes its status.
+    # A first operator meets them new: each one's first round reads its Deployment live (its
+    # event may not have reached the cache yet), and writes its status ...
     def all_idle() -> bool:
         return all(status(kube_api, "RLCycle", n).get("phase") == "Idle" for n in RLCYCLES)
 
     run_operator(0.5, until=all_idle)
     assert all_idle(), [status(kube_api, "RLCycle", n) for n in RLCYCLES]
     assert reconciler_reads(kube_api.emulator.request_log, kube_api.namespace)
+    # ... by name: no round lists a kind, as applying many RLCycles at once would make each
+    # list every Checkpoint of the namespace. Only kopf lists (and watches) them, and
+    # Deployments, which no round lists.
+    gets = collection_gets(kube_api.emulator.request_log, kube_api.namespace)
+    for plural in ("checkpoints", "jobs", "services", "configmaps"):
+        assert gets[plural] == gets["deployments"], gets
 
     # The operator restarts: nothing changed, so over 2.5 s (5 resyncs each) its rounds read
     # only the cache its listing filled.

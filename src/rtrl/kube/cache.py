@@ -18,10 +18,9 @@ answer cannot bring it back. resourceVersions are compared as integers: every AP
 backed by etcd issues them so (and the tests' emulator does); the first one that is not an
 integer disables the cache for good, and every round reads live.
 
-A re-list by kopf (after a watch that could not resume, e.g. a 410 Gone once the API server
-restarted) delivers the objects that exist but not the deletions missed meanwhile: the next
-round that reads that kind in that namespace first lists all of it live, which drops what is
-gone (:meth:`ObjectCache.relisted`). So nothing needs re-reading on a timer.
+A re-list by kopf (a watch that could not resume) brings what exists, not what was deleted
+meanwhile: the next read of that kind in that namespace lists it all live first, dropping
+what is gone (:meth:`ObjectCache.relisted`); nothing is re-read on a timer.
 
 What the cache does not know makes a round read live instead (:meth:`ObjectCache.usable`):
 before kopf has listed every cached kind (``mark_synced``), and for a kind of a namespace
@@ -133,8 +132,7 @@ class ObjectCache:
         )
 
     def relisted(self, kind: str, namespace: str) -> bool:
-        """Whether kopf re-listed ``kind`` in ``namespace`` since the sync, and no full live
-        list has yet shown which of the objects held are gone."""
+        """Re-listed by kopf since the sync, and not yet listed in full live since."""
         return (kind, namespace) in self._relisted
 
     def invalidate(self, kind: str, namespace: str) -> None:
@@ -180,8 +178,7 @@ class ObjectCache:
         self._tombstones[(kind, key)] = (max(rv, tomb[0] if tomb else rv), time.monotonic())
 
     def feed(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        """A watch event (``event_type`` None for kopf's listing: after the sync, a re-list,
-        which says nothing of the objects deleted since the watch broke)."""
+        """A watch event (``event_type`` None for kopf's listing; after the sync, a re-list)."""
         if kind not in self.kinds:
             return
         with self._lock:
@@ -312,24 +309,26 @@ class ObjectCache:
 class CachingClient(KubeClient):
     """A :class:`KubeClient` whose writes feed an :class:`ObjectCache` and whose reads come
     from it where it is usable; with ``live=True`` every read goes to the API server (and
-    refreshes the cache). One per round: it shares the connection pool of ``client``."""
+    refreshes the cache); ``live_kinds``: only reads of these kinds do. One per round: it
+    shares the connection pool of ``client``."""
 
-    def __init__(self, client: KubeClient, cache: ObjectCache, *, live: bool = False):
+    def __init__(self, client: KubeClient, cache: ObjectCache, *, live: bool = False,
+                 live_kinds: frozenset[str] = frozenset()):  # fmt: skip
         super().__init__(client.api)
         self.cache = cache
         self.live = live
+        self.live_kinds = live_kinds
         self.cached_reads = 0
         self.write_failed = False  # a write failed or met a conflict: read live next round
 
     def _from_cache(self, kind: str, namespace: str) -> bool:
-        return not self.live and self.cache.usable(kind, namespace)
+        return not self.live and kind not in self.live_kinds and self.cache.usable(kind, namespace)
 
     def reads_remotely(self, kind: str, namespace: str) -> bool:
         return self.cache.relisted(kind, namespace) or not self._from_cache(kind, namespace)
 
     def _refresh(self, kind: str, namespace: str) -> None:
-        """After a re-list of ``kind`` in ``namespace``: one full live list, which drops the
-        objects deleted while the watch was down."""
+        """After a re-list: one full live list, which drops what was deleted meanwhile."""
         if self.cache.relisted(kind, namespace):
             items, list_rv = self.list_with_version(kind, namespace)
             self.cache.absorb_list(kind, namespace, None, items, list_rv)

@@ -13,11 +13,13 @@ A round reads the kinds kopf watches from :class:`rtrl.kube.cache.ObjectCache`, 
 index handlers feed with every watch event before any other handler sees it (kopf runs no
 handler and starts no daemon until every index has listed its kind), and which the round's
 own writes update with what the API answered; see that module for the consistency rule. A
-round reads everything live instead only after a round that failed or met a conflict, in
-the first round of a new RLCycle (no status yet), and, if ``RTRL_LIVE_READ_SECONDS`` is set,
-at least that often. The first round of any other reconciler reads the cache: kopf starts
-no daemon before its listing has filled it, and 1,000 RLCycles each listing every Checkpoint
-of their namespace when the operator starts is 1,000 times the listing kopf just did. No
+round reads everything live instead only after a round that failed or met a conflict, and,
+if ``RTRL_LIVE_READ_SECONDS`` is set, at least that often. The first round of a reconciler
+reads the cache: kopf starts no daemon before its listing has filled it, and 1,000 RLCycles
+each listing every Checkpoint of their namespace when the operator starts (or when they are
+applied at once) is 1,000 times the listing kopf just did; only a new RLCycle (no status
+yet) reads its target Deployment by name, which may have been created just before it, and
+reads everything live a second later if that first round found something it names missing. No
 round re-reads the cluster on a timer by default, so an idle operator sends no request but
 its watches (``bench/scale.py``); what a re-list of kopf's may have missed is read once,
 then (:meth:`rtrl.kube.cache.ObjectCache.feed`).
@@ -155,20 +157,37 @@ def wake(namespace: str | None, name: str | None) -> asyncio.Future[None] | None
     return None
 
 
+# What the first round of a new RLCycle reads live: the kinds it gets by name; and when a
+# live round follows if that first round found the spec invalid (not found what it names).
+NEW_RLCYCLE_LIVE = frozenset({"Deployment"})
+NEW_RLCYCLE_RETRY_SECONDS = 1.0
+
+
+def _phase(namespace: str, name: str) -> str | None:
+    """The phase the RLCycle's status has now (the cache holds the round's own write)."""
+    return ((Process.cache.get("RLCycle", namespace, name) or {}).get("status") or {}).get("phase")
+
+
 class RLCycleGoneError(Exception):
     """The RLCycle was deleted (or is being deleted): its reconciler ends."""
 
 
 def reconcile_once(
-    namespace: str, name: str, *, live: bool = True, woken: float | None = None
+    namespace: str,
+    name: str,
+    *,
+    live: bool = True,
+    woken: float | None = None,
+    live_kinds: frozenset[str] = frozenset(),
 ) -> float | None:
     """One round for one RLCycle; returns when to look again (seconds), None for the resync.
 
-    ``live``: read the cluster rather than the cache; ``woken``: when an event woke the
+    ``live``: read the cluster rather than the cache (``live_kinds``: these kinds only);
+    ``woken``: when an event woke the
     reconciler for this round (``time.perf_counter``, for the trace). Raises
     :class:`KubeError` after a write that failed or met a conflict (so that the next round
     reads live), :class:`RLCycleGoneError` when there is nothing left to reconcile."""
-    kube = CachingClient(client(), Process.cache, live=live)
+    kube = CachingClient(client(), Process.cache, live=live, live_kinds=live_kinds)
     marks = {"t0": time.perf_counter()}
     if woken is not None:
         marks["woken"] = woken
@@ -220,10 +239,10 @@ async def run(namespace: str, name: str, stopped: object) -> None:
     flag = Process.wakeups.setdefault((namespace, name), Wakeup())
     # kopf starts no daemon before every index has listed its kind: the cache is complete.
     Process.cache.mark_synced()
-    # Read live after a failure, and in the first round of a new RLCycle (no status yet):
-    # its Deployment and base Checkpoint may have been created with it, their events not yet
-    # in. The first round of any other (the fleet, when the operator starts) reads the cache.
-    read_live = not (Process.cache.get("RLCycle", namespace, name) or {}).get("status")
+    read_live = False  # after a failure; the first round reads the cache kopf filled
+    # but a new RLCycle (no status yet) reads its Deployment by name: created just before
+    # it, the Deployment's event may not be in yet (another watch stream)
+    new = not (Process.cache.get("RLCycle", namespace, name) or {}).get("status")
     last_live = time.monotonic()
     try:
         while not stopped:
@@ -233,9 +252,16 @@ async def run(namespace: str, name: str, stopped: object) -> None:
             live = read_live or (period > 0 and started - last_live >= period)
             try:
                 delay = await asyncio.to_thread(
-                    reconcile_once, namespace, name, live=live, woken=woken
-                )
-                read_live = False
+                    reconcile_once, namespace, name, live=live, woken=woken,
+                    live_kinds=NEW_RLCYCLE_LIVE if new else frozenset(),
+                )  # fmt: skip
+                if new and _phase(namespace, name) == "Invalid":
+                    # perhaps only a race with the events of what was created with it (the
+                    # base Checkpoint): once more in a second, live
+                    read_live, delay = True, NEW_RLCYCLE_RETRY_SECONDS
+                else:
+                    read_live = False
+                new = False
                 if live:
                     last_live = started
             except RLCycleGoneError:
