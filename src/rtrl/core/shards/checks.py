@@ -1,7 +1,8 @@
 """Row-level checks of canonical interaction batches, vectorised.
 
 A bad row (a positive log-prob, a completion whose token and log-prob lists disagree) does
-not crash training; it silently biases it. So every row the pipeline consumes passes these
+not crash training; it silently biases it. A token id outside the model's vocabulary does
+crash it, at every retry: it is stopped here too. So every row the pipeline consumes passes these
 checks first, and they must cost little next to decoding the Parquet: each check works on
 whole columns (list offsets, flattened values) with numpy, with a fast path that proves a
 batch clean from a couple of reductions and only locates offending rows when there are any.
@@ -17,7 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rtrl.core.shards.schema import COMPLETION_LIST_COLUMNS, NON_NULL_COLUMNS
+from rtrl.core.shards.schema import COMPLETION_LIST_COLUMNS, NON_NULL_COLUMNS, TOKEN_ID_COLUMNS
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -28,6 +29,8 @@ LIST_LENGTH_MISMATCH = "list_length_mismatch"
 LOGPROB_POSITIVE = "logprob_positive"
 LOGPROB_NON_FINITE = "logprob_non_finite"
 SIGNAL_OUT_OF_RANGE = "signal_out_of_range"
+# A negative token id, or one at or beyond the model's vocabulary (when it is known).
+TOKEN_OUT_OF_RANGE = "token_out_of_range"
 DUPLICATE_INTERACTION_ID = "duplicate_interaction_id"
 
 _LIST_COLUMNS = ("prompt_ids", *COMPLETION_LIST_COLUMNS)
@@ -41,6 +44,9 @@ class RowFlags:
 
     num_rows: int
     reasons: dict[str, BoolArray] = field(default_factory=dict)
+    # The first offence of a reason, where a check can say more than its name: (row in
+    # the batch, what is wrong with it).
+    details: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def flag(self, reason: str, rows: BoolArray | IntArray) -> None:
         """Mark ``rows`` (a boolean mask or row indices) as failing ``reason``."""
@@ -155,12 +161,43 @@ def check_signals(batch: pa.RecordBatch, flags: RowFlags) -> None:
     flags.flag(SIGNAL_OUT_OF_RANGE, more_invalid)
 
 
-def check_rows(batch: pa.RecordBatch) -> RowFlags:
+def check_token_ids(batch: pa.RecordBatch, flags: RowFlags, vocab_size: int | None) -> None:
+    """Token ids must be embeddable: never negative, and below ``vocab_size`` when the
+    vocabulary of the model to be trained is known. (Null ids are check_nulls' business.)"""
+    for name in TOKEN_ID_COLUMNS:
+        array = batch.column(name)
+        offsets = _offsets(array)
+        start, stop = int(offsets[0]), int(offsets[-1])
+        if stop == start:
+            continue
+        values = _numbers(array.values.slice(start, stop - start), 0)
+        # Fast path: two reductions prove the column clean.
+        if values.min() >= 0 and (vocab_size is None or values.max() < vocab_size):
+            continue
+        outside = values < 0
+        if vocab_size is not None:
+            outside |= values >= vocab_size
+        positions = np.flatnonzero(outside)
+        rows = _rows_of_positions(offsets, positions + start)
+        flags.flag(TOKEN_OUT_OF_RANGE, rows)
+        first = (int(rows[0]), int(values[positions[0]]))
+        known = flags.details.get(TOKEN_OUT_OF_RANGE)
+        if known is None or first[0] < known[0]:
+            bound = f"outside [0, {vocab_size})" if vocab_size is not None else "negative"
+            flags.details[TOKEN_OUT_OF_RANGE] = (
+                first[0],
+                f"{name} has token id {first[1]}, {bound}",
+            )
+
+
+def check_rows(batch: pa.RecordBatch, vocab_size: int | None = None) -> RowFlags:
     """All stateless row checks of one canonical batch (duplicates need state across
-    batches: see :mod:`rtrl.core.shards.dedup`)."""
+    batches: see :mod:`rtrl.core.shards.dedup`); token ids against ``vocab_size`` when
+    given, else only against 0."""
     flags = RowFlags(batch.num_rows)
     check_nulls(batch, flags)
     check_list_lengths(batch, flags)
     check_logprobs(batch, flags)
     check_signals(batch, flags)
+    check_token_ids(batch, flags, vocab_size)
     return flags

@@ -4,6 +4,9 @@ When a cycle stalls on "not enough good interactions", the first question is wha
 with the shards; ``rtrl shards validate s3://...`` answers it with the same validating
 reader the stage step uses, as text for people or ``--json`` for scripts. Exit codes are
 for CI and scripts: 0 all good, 1 something bad (or nothing found), 2 usage errors.
+Token ids are checked against a vocabulary when one is given, as a number
+(``--vocab-size``) or as the checkpoint the rows would train (``--checkpoint``, whose
+``config.json`` is read as the stage and train steps read it); negative ids always fail.
 
 The main ``rtrl`` CLI mounts this with :func:`add_shards_parser`; each leaf parser sets
 ``func`` to the function that runs it, returning the exit code.
@@ -19,7 +22,8 @@ from rtrl.core.cliargs import positive_int
 from rtrl.core.shards.layout import resolve_store
 from rtrl.core.shards.reader import DEFAULT_BATCH_SIZE
 from rtrl.core.shards.validate import validate
-from rtrl.core.store.base import StoreError
+from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
+from rtrl.core.store.base import ObjectStore, StoreError
 from rtrl.core.store.local import LocalStore
 
 EXIT_OK = 0
@@ -72,6 +76,19 @@ def add_shards_parser(
         metavar="NAME=VALUE",
         help="only files under this Hive partition (repeatable), e.g. checkpoint=ckpt-41",
     )
+    vocabulary = check.add_mutually_exclusive_group()
+    vocabulary.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        metavar="N",
+        help="quarantine token ids >= N (the vocabulary of the model to train)",
+    )
+    vocabulary.add_argument(
+        "--checkpoint",
+        metavar="URI",
+        help="take the vocabulary from this checkpoint's config.json (vocab_size), e.g. "
+        "the serving checkpoint",
+    )
     check.add_argument(
         "--endpoint-url",
         default=None,
@@ -102,8 +119,21 @@ def run_validate(args: argparse.Namespace) -> int:
     if isinstance(store, LocalStore) and not store.root.is_dir():
         print(f"rtrl shards validate: {store.root} is not a directory", file=sys.stderr)
         return EXIT_USAGE
+    vocab_size = args.vocab_size
+    if args.checkpoint is not None:
+        try:
+            vocab_size = read_vocab_size(_checkpoint_store(args.checkpoint, args.endpoint_url))
+        except (ValueError, StoreError) as exc:
+            # VocabularyError is a ValueError; so is a URI no store understands.
+            print(f"rtrl shards validate: checkpoint {args.checkpoint}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
-        report = validate(store, batch_size=args.batch_size, partitions=partitions or None)
+        report = validate(
+            store,
+            batch_size=args.batch_size,
+            partitions=partitions or None,
+            vocab_size=vocab_size,
+        )
     except StoreError as exc:
         # The store failed (no such bucket, no access, unreachable), not the shards: there
         # is no report to give, only the reason the URI cannot be read.
@@ -114,3 +144,11 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         print(report.render())
     return EXIT_OK if report.ok else EXIT_BAD
+
+
+def _checkpoint_store(uri: str, endpoint_url: str | None) -> ObjectStore:
+    """The checkpoint prefix as a store; ``ValueError`` for a URI that is none."""
+    store = resolve_store(uri, endpoint_url=endpoint_url)
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        raise VocabularyError(f"{store.root} is not a directory")
+    return store

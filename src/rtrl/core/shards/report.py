@@ -19,6 +19,7 @@ from rtrl.core.shards.checks import (
     LOGPROB_POSITIVE,
     NULL_REQUIRED,
     SIGNAL_OUT_OF_RANGE,
+    TOKEN_OUT_OF_RANGE,
 )
 
 UNREADABLE = "unreadable"
@@ -34,6 +35,7 @@ ROW_REASONS: tuple[str, ...] = (
     LOGPROB_POSITIVE,
     LOGPROB_NON_FINITE,
     SIGNAL_OUT_OF_RANGE,
+    TOKEN_OUT_OF_RANGE,
     DUPLICATE_INTERACTION_ID,
 )
 REASONS: tuple[str, ...] = FILE_REASONS + ROW_REASONS
@@ -89,8 +91,14 @@ class FileReport:
         if len(self.messages) < MAX_MESSAGES:
             self.messages.append(f"{reason}: {message}")
 
-    def add_rows(self, reason: str, count: int, examples: list[int]) -> None:
-        """``count`` rows failed ``reason``; ``examples`` are some of their row numbers."""
+    def add_rows(
+        self, reason: str, count: int, examples: list[int], detail: str | None = None
+    ) -> None:
+        """``count`` rows failed ``reason``; ``examples`` are some of their row numbers;
+        ``detail`` says what is wrong with the first of them, kept for the first batch
+        with such rows only (one message per reason and file)."""
+        if detail is not None and reason not in self.reasons and len(self.messages) < MAX_MESSAGES:
+            self.messages.append(f"{reason}: {detail}")
         self.reasons.add(reason)
         self.rows_by_reason[reason] += count
         kept = self.examples.setdefault(reason, [])
@@ -126,10 +134,13 @@ class FileReport:
 
 @dataclass
 class ValidationReport:
-    """The running report of one pass over a shard set; updated while rows stream."""
+    """The running report of one pass over a shard set; updated while rows stream.
+    ``vocab_size`` is the vocabulary token ids were checked against (None: only that they
+    are not negative)."""
 
     uri: str
     files: list[FileReport] = field(default_factory=list)
+    vocab_size: int | None = None
 
     @property
     def files_total(self) -> int:
@@ -169,6 +180,7 @@ class ValidationReport:
         return {
             "uri": self.uri,
             "ok": self.ok,
+            "vocab_size": self.vocab_size,
             "files_total": self.files_total,
             "files_bad": self.files_bad,
             "rows_total": self.rows_total,

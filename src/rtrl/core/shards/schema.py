@@ -71,6 +71,9 @@ COMPLETION_LIST_COLUMNS: tuple[str, ...] = (
     "completion_mask",
 )
 
+# The token id lists: the ids the model embeds, which must lie in its vocabulary.
+TOKEN_ID_COLUMNS: tuple[str, ...] = ("prompt_ids", "completion_ids")
+
 # Canonical columns whose value a Hive partition of the same meaning can supply.
 PATH_COLUMNS: dict[str, str] = {"checkpoint_id": "checkpoint", "org": "org"}
 

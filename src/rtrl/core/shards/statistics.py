@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rtrl.core.shards.reader import ShardError, ShardFile, open_parquet
+from rtrl.core.shards.schema import TOKEN_ID_COLUMNS
 from rtrl.core.store.base import ObjectStore
 
-TOKEN_ID_COLUMNS = ("prompt_ids", "completion_ids")
+__all__ = ["TOKEN_ID_COLUMNS", "ValueRange", "declared_range"]
 # Footers read at once from a remote store (each is one or two small range requests).
 FOOTER_READS = 16
 

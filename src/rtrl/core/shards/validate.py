@@ -3,7 +3,8 @@
 Shards come from pipelines this project does not control, so every file and row is judged
 before anything learns from it: files that cannot be read or made canonical are rejected
 whole; rows that break the contract (nulls where a row is useless, disagreeing completion
-lists, impossible log-probs or signals, repeated interaction ids) are quarantined. Only good
+lists, impossible log-probs or signals, token ids outside the vocabulary, repeated
+interaction ids) are quarantined. Only good
 rows come out, and a running :class:`ValidationReport` says what was held back and why, so
 nothing is silently dropped and nothing bad is silently passed on.
 
@@ -46,6 +47,9 @@ class ValidatingReader:
 
     Files are read in key order; of repeated interaction ids the first good occurrence is
     kept. ``columns`` projects the output only: all canonical columns are read and checked.
+    ``vocab_size`` is the vocabulary of the model the rows are for
+    (:mod:`~rtrl.core.shards.vocabulary`): ids at or beyond it are quarantined, as negative
+    ids always are.
     """
 
     def __init__(
@@ -56,14 +60,18 @@ class ValidatingReader:
         batch_size: int = DEFAULT_BATCH_SIZE,
         prefix: str = "",
         partitions: PartitionFilter | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         self.store = resolve_store(source)
         self.columns = output_columns(columns)
         self.batch_size = batch_size
         self.prefix = prefix
         self.partitions = partitions
         uri = self.store.url(prefix.strip("/") + "/") if prefix.strip("/") else self.store.uri
-        self.report = ValidationReport(uri=uri)
+        self.vocab_size = vocab_size
+        self.report = ValidationReport(uri=uri, vocab_size=vocab_size)
         self._read_columns = list(dict.fromkeys([*REQUIRED_COLUMNS, *self.columns]))
         self._project = self.columns != self._read_columns
         self._seen = SeenIds()
@@ -148,7 +156,7 @@ class ValidatingReader:
             )
 
     def _good_rows(self, file: FileReport, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
-        flags = check_rows(batch)
+        flags = check_rows(batch, self.vocab_size)
         ids = batch.column("interaction_id")
         # Only rows good on every other count claim their id: a quarantined row is never
         # trained on, so a later good copy of it is not a duplicate of anything used.
@@ -163,7 +171,9 @@ class ValidatingReader:
             return batch
         for reason, mask in flags.reasons.items():
             rows = np.flatnonzero(mask)
-            file.add_rows(reason, int(rows.size), (rows[:5] + first_row).tolist())
+            found = flags.details.get(reason)
+            detail = None if found is None else f"row {found[0] + first_row}: {found[1]}"
+            file.add_rows(reason, int(rows.size), (rows[:5] + first_row).tolist(), detail)
         return batch.filter(pa.array(~bad))
 
 
@@ -173,6 +183,7 @@ def validate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     prefix: str = "",
     partitions: PartitionFilter | None = None,
+    vocab_size: int | None = None,
 ) -> ValidationReport:
     """Read a whole shard set through the validating reader and return its report."""
     reader = ValidatingReader(
@@ -181,6 +192,7 @@ def validate(
         batch_size=batch_size,
         prefix=prefix,
         partitions=partitions,
+        vocab_size=vocab_size,
     )
     for _ in reader:
         pass
