@@ -37,6 +37,7 @@ CORE = ("rtrl.core.api", "rtrl.core.store", "rtrl.core.shards", "rtrl.core.cliar
 # What the steps that load checkpoints (train, eval) may read.
 CHECKPOINT_STEP = (
     "rtrl.core.api",
+    "rtrl.core.shards",
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
     "rtrl_trainer.runner",

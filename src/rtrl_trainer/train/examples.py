@@ -15,19 +15,30 @@ prompt (the context nearest to the completion); a completion longer than the lim
 first tokens after one prompt token. With an empty prompt the first completion token has no
 context to be predicted from: it becomes the context of the rest. Rows with no token that
 carries loss (all of the completion is tool output) are skipped.
+
+Rows holding a token id outside the parent's vocabulary are skipped and counted
+(:class:`Skipped`, ``token_out_of_range`` in train.json), not fatal: the stage step
+quarantines them when it is given the parent (``--parent``), but a set staged without it, or
+by an older stage, may hold one, and failing the run on it would fail every retry of the
+cycle. Only when more rows are out than the set's ``max_bad_fraction`` allows does the run
+stop (:func:`check_skipped`). Other bad values (lists that disagree, non-finite log-probs or
+weights) mean the set was not written by the stage step and stop the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from rtrl.core.api.rlcycle import DataSpec
+from rtrl.core.shards.checks import TOKEN_OUT_OF_RANGE
 from rtrl_trainer import stagedset
 from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, advantage_name, parse_rank_name
 
@@ -35,6 +46,10 @@ from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, advantage_name, pa
 LIST_COLUMNS = tuple(PACKED_COLUMNS)
 SCALAR_COLUMNS = (ADVANTAGE, "sample_weight")
 REQUIRED_COLUMNS = ("interaction_id", *LIST_COLUMNS, *SCALAR_COLUMNS)
+# Skipped rows named in train.json (the counts cover all of them).
+MAX_SKIPPED_EXAMPLES = 5
+# The limit on skipped rows of a set whose stage.json does not say (one written by hand).
+DEFAULT_MAX_BAD_FRACTION: float = DataSpec.model_fields["max_bad_fraction"].default
 
 
 class DataError(ValueError):
@@ -65,6 +80,38 @@ class Example:
         return int(self.mask.sum())
 
 
+@dataclass
+class Skipped:
+    """Rows left out because no model could train on them: how many of how many read,
+    per reason, and the first few named (``file row N (interaction X): what``)."""
+
+    rows_read: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.by_reason.values())
+
+    @staticmethod
+    def merged(parts: Sequence[Skipped]) -> Skipped:
+        """Every rank's skipped rows as one (in rank order)."""
+        by_reason: dict[str, int] = {}
+        examples: list[str] = []
+        for part in parts:
+            for reason, n in part.by_reason.items():
+                by_reason[reason] = by_reason.get(reason, 0) + n
+            examples.extend(part.examples)
+        return Skipped(
+            rows_read=sum(p.rows_read for p in parts),
+            by_reason=by_reason,
+            examples=examples[:MAX_SKIPPED_EXAMPLES],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows_skipped": dict(self.by_reason), "skipped_examples": list(self.examples)}
+
+
 @dataclass(frozen=True)
 class RankData:
     """What one rank trains on, and what it noticed while reading."""
@@ -72,6 +119,30 @@ class RankData:
     examples: list[Example]
     rows_truncated: int
     files: list[str]
+    skipped: Skipped = field(default_factory=Skipped)
+
+
+def max_bad_fraction(stage: Mapping[str, Any]) -> float:
+    """The share of rows that may be skipped: the limit the stage applied to the shards
+    (stage.json ``max_bad_fraction``, the RLCycle's ``data.maxBadFraction``)."""
+    value = stage.get("max_bad_fraction")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        return DEFAULT_MAX_BAD_FRACTION
+    return float(value)
+
+
+def check_skipped(skipped: Skipped, limit: float) -> None:
+    """:class:`DataError` when too many rows were skipped: more than ``limit`` of the rows
+    read. One row never stops a run, whatever the size of the set."""
+    if skipped.rows <= 1 or skipped.rows <= limit * skipped.rows_read:
+        return
+    share = skipped.rows / skipped.rows_read if skipped.rows_read else 1.0
+    reasons = ", ".join(f"{reason}={n}" for reason, n in skipped.by_reason.items())
+    example = f"; first: {skipped.examples[0]}" if skipped.examples else ""
+    raise DataError(
+        f"{skipped.rows} of {skipped.rows_read} rows cannot be trained on ({share:.3g} of "
+        f"the set, limit {limit:.3g}: stage.json max_bad_fraction): {reasons}{example}"
+    )
 
 
 def assign_files(names: Sequence[str], world_size: int) -> tuple[bool, list[str]]:
@@ -97,12 +168,14 @@ def read_rank(
     max_sequence_length: int,
 ) -> RankData:
     """Read and check the rows of ``rank``. ``paths``: (name in the set, local file), all
-    files of the set in name order. :class:`DataError` names the file and row of the first
-    bad row: token ids outside the vocabulary, list lengths that disagree, non-finite
-    log-probs, advantages or weights, negative weights."""
+    files of the set in name order. Rows with a token id outside the vocabulary are
+    skipped and counted (:class:`Skipped`); :class:`DataError` names the file and row of
+    the first other bad row: list lengths that disagree, non-finite log-probs, advantages
+    or weights, negative weights."""
     examples: list[Example] = []
     truncated = 0
     used: list[str] = []
+    skipped: list[Skipped] = []
     offset = 0  # global row index of the current file's first row (striding mode)
     for index, (name, path) in enumerate(paths):
         if one_per_rank and index != rank:
@@ -118,10 +191,16 @@ def read_rank(
         if len(keep) == 0:
             continue
         used.append(name)
-        rows, cut = _examples(table, name, keep, vocab_size, max_sequence_length)
+        rows, cut, left_out = _examples(table, name, keep, vocab_size, max_sequence_length)
         examples.extend(rows)
         truncated += cut
-    return RankData(examples=examples, rows_truncated=truncated, files=used)
+        skipped.append(left_out)
+    return RankData(
+        examples=examples,
+        rows_truncated=truncated,
+        files=used,
+        skipped=Skipped.merged(skipped),
+    )
 
 
 def _read_table(name: str, path: Path) -> pa.Table:
@@ -188,24 +267,28 @@ def _flat(table: pa.Table, column: str, name: str) -> tuple[NDArray[np.int64], n
 
 def _examples(
     table: pa.Table, name: str, keep: NDArray[np.int64], vocab_size: int, max_len: int
-) -> tuple[list[Example], int]:
+) -> tuple[list[Example], int, Skipped]:
+    """(the examples of rows ``keep``, how many were truncated, the rows of ``keep``
+    skipped for a token id outside the vocabulary)."""
     ids = table.column("interaction_id").to_pylist()
     lists = {c: _flat(table, c, name) for c in LIST_COLUMNS}
 
     def where(row: int) -> str:
         return f"{name} row {row} (interaction {ids[row]})"
 
+    # Row -> (column, its first id outside the vocabulary).
+    out_of_range: dict[int, tuple[str, int]] = {}
     for column in ("prompt_ids", "completion_ids"):
         offsets, values = lists[column]
         if not np.issubdtype(values.dtype, np.integer):
             raise DataError(f"{name}: {column} holds {values.dtype}, expected integer token ids")
         bad = np.flatnonzero((values < 0) | (values >= vocab_size))
-        if len(bad):
-            row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
-            raise DataError(
-                f"{where(row)}: {column} has token id {int(values[bad[0]])}, outside the "
-                f"model's vocabulary of {vocab_size}"
-            )
+        if not len(bad):
+            continue
+        rows = np.searchsorted(offsets, bad, side="right") - 1
+        rows, first = np.unique(rows, return_index=True)  # each row's first bad position
+        for row, position in zip(rows.tolist(), bad[first].tolist(), strict=True):
+            out_of_range.setdefault(row, (column, int(values[position])))
     c_off = lists["completion_ids"][0]
     for column in ("completion_logprobs", "completion_mask"):
         offsets = lists[column][0]
@@ -237,7 +320,17 @@ def _examples(
     c_ids = lists["completion_ids"][1]
     out: list[Example] = []
     truncated = 0
+    skipped = Skipped(rows_read=len(keep))
     for row in keep.tolist():
+        if row in out_of_range:
+            skipped.by_reason[TOKEN_OUT_OF_RANGE] = skipped.by_reason.get(TOKEN_OUT_OF_RANGE, 0) + 1
+            if len(skipped.examples) < MAX_SKIPPED_EXAMPLES:
+                column, value = out_of_range[row]
+                skipped.examples.append(
+                    f"{where(row)}: {column} has token id {value}, outside the model's "
+                    f"vocabulary of {vocab_size}"
+                )
+            continue
         prompt = p_ids[p_off[row] : p_off[row + 1]]
         completion = c_ids[c_off[row] : c_off[row + 1]]
         lp = logprobs[c_off[row] : c_off[row + 1]]
@@ -266,4 +359,4 @@ def _examples(
                 source=f"{name} row {row}",
             )
         )
-    return out, truncated
+    return out, truncated, skipped

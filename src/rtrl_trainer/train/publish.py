@@ -159,6 +159,7 @@ def train_document(
             "rows": sum(c[0] for c in counts),
             "loss_tokens": sum(c[1] for c in counts),
             "rows_truncated": sum(c[2] for c in counts),
+            **data.skipped.to_dict(),
             "stage": {k: inputs.stage.get(k) for k in ("interactions_used", "tokens_used")},
         },
         "config": describe(config),

@@ -19,13 +19,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
 from rtrl_trainer import checkpoint_io as cio
 from rtrl_trainer.stagedset import RESULT_NAME, TRAIN_DIR
 from rtrl_trainer.train.batches import Schedule, make_schedule, step_tokens
 from rtrl_trainer.train.collectives import Ranks, TrainAbortError, agree, broadcast, gather, say
 from rtrl_trainer.train.config import TrainConfig
-from rtrl_trainer.train.examples import DataError, Example, assign_files, read_rank
+from rtrl_trainer.train.examples import (
+    DataError,
+    Example,
+    Skipped,
+    assign_files,
+    check_skipped,
+    max_bad_fraction,
+    read_rank,
+)
 
 
 @dataclass(frozen=True)
@@ -42,12 +51,14 @@ class Inputs:
 @dataclass(frozen=True)
 class Data:
     """This rank's rows, every rank's (rows, loss tokens, rows truncated), the schedule all
-    ranks follow, and each step's loss-token count over all ranks (its normaliser)."""
+    ranks follow, each step's loss-token count over all ranks (its normaliser), and the
+    rows all ranks skipped."""
 
     examples: list[Example]
     counts: list[tuple[int, int, int]]
     schedule: Schedule
     step_norms: list[int]
+    skipped: Skipped = field(default_factory=Skipped)
 
 
 @dataclass
@@ -147,10 +158,13 @@ def _vocabulary(config: TrainConfig, parent: cio.Fetched) -> tuple[int, int | No
     from transformers import AutoConfig
 
     try:
-        hf_config = AutoConfig.from_pretrained(parent.directory)
+        AutoConfig.from_pretrained(parent.directory)
+        # The vocabulary is read as the stage step and `rtrl shards validate --checkpoint`
+        # read it, so the ids they passed are exactly the ids trained on here.
+        raw = (parent.directory / CONFIG_NAME).read_bytes()
+        vocab_size = vocab_size_of(parse_config(raw))
     except (OSError, ValueError) as exc:
         raise cio.InputError(f"parent {config.parent}: config.json is not usable ({exc})") from None
-    vocab_size = int(hf_config.get_text_config().vocab_size)
     if not cio.has_tokenizer(parent.files):
         return vocab_size, None
     from transformers import AutoTokenizer
@@ -176,6 +190,7 @@ def load_data(config: TrainConfig, inputs: Inputs, ranks: Ranks, device: torch.d
     one_per_rank, files = assign_files(list(inputs.data.files), ranks.world_size)
     examples: list[Example] = []
     rows_truncated = 0
+    skipped = Skipped()
     error = None
     try:
         rank_data = read_rank(
@@ -187,10 +202,19 @@ def load_data(config: TrainConfig, inputs: Inputs, ranks: Ranks, device: torch.d
             max_sequence_length=config.training.max_sequence_length,
         )
         examples, rows_truncated = rank_data.examples, rank_data.rows_truncated
+        skipped = rank_data.skipped
     except DataError as exc:
         error = str(exc)
     agree(error)
     counts = gather((len(examples), sum(e.tokens for e in examples), rows_truncated))
+    # Every rank gets the same total, so every rank stops, or none.
+    skipped = Skipped.merged(gather(skipped))
+    try:
+        check_skipped(skipped, max_bad_fraction(inputs.stage))
+    except DataError as exc:
+        raise TrainAbortError(f"staged training set {config.data}: {exc}") from None
+    if skipped.rows:
+        say(f"skipped {skipped.rows} row(s) that cannot be trained on: {skipped.examples[0]}")
     try:
         schedule = make_schedule(
             [c[0] for c in counts],
@@ -206,4 +230,10 @@ def load_data(config: TrainConfig, inputs: Inputs, ranks: Ranks, device: torch.d
     normalizers = torch.tensor(step_tokens(examples, schedule, rank=ranks.rank), device=device)
     dist.all_reduce(normalizers)
     step_norms = [max(1, int(n)) for n in normalizers.tolist()]
-    return Data(examples=examples, counts=counts, schedule=schedule, step_norms=step_norms)
+    return Data(
+        examples=examples,
+        counts=counts,
+        schedule=schedule,
+        step_norms=step_norms,
+        skipped=skipped,
+    )

@@ -19,7 +19,15 @@ from rtrl_trainer.train.batches import (
     step_micro_batches,
     step_tokens,
 )
-from rtrl_trainer.train.examples import DataError, Example, assign_files, read_rank
+from rtrl_trainer.train.examples import (
+    DataError,
+    Example,
+    Skipped,
+    assign_files,
+    check_skipped,
+    max_bad_fraction,
+    read_rank,
+)
 from rtrl_trainer.train.forward import token_logprobs
 from tests.rtrl_trainer.trainset import (
     LIST_TRAINSET_SCHEMA,
@@ -100,8 +108,6 @@ def test_one_file_per_rank_reads_only_its_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        (Row(prompt=[1], completion=[2, 260], advantage=1), "completion_ids has token id 260"),
-        (Row(prompt=[-1], completion=[2], advantage=1), "prompt_ids has token id -1"),
         (
             Row(prompt=[1], completion=[2, 3], advantage=1, logprobs=[0.0]),
             "completion_logprobs and completion_ids differ in length",
@@ -125,6 +131,46 @@ def test_a_bad_row_is_named_by_file_and_row(tmp_path: Path, row: Row, message: s
     text = str(caught.value)
     assert text.startswith("train/rank-00000-of-00001.parquet row 2 (interaction bad-one): ")
     assert message in text
+
+
+def test_a_row_with_a_token_id_outside_the_vocabulary_is_skipped_and_counted(
+    tmp_path: Path,
+) -> None:
+    """A set staged without the parent's vocabulary (an older stage) may hold such a row:
+    it is left out and counted, on whichever rank it falls, instead of failing the run."""
+    rows = [
+        *_rows(4),
+        Row(prompt=[1], completion=[2, 260], advantage=1, interaction_id="big"),
+        Row(prompt=[-1, 300], completion=[2], advantage=1, interaction_id="neg"),
+    ]
+    paths = [("train/rank-00000-of-00001.parquet", _write(tmp_path / "f.parquet", rows))]
+    parts = [
+        read_rank(paths, rank=r, world_size=2, one_per_rank=False, vocab_size=260,
+                  max_sequence_length=64)
+        for r in (0, 1)
+    ]  # fmt: skip
+    # Global rows alternate: rank 0 has rows 0, 2, 4 ("big"), rank 1 rows 1, 3, 5 ("neg").
+    assert [len(p.examples) for p in parts] == [2, 2]
+    skipped = Skipped.merged([p.skipped for p in parts])
+    assert (skipped.rows_read, skipped.by_reason) == (6, {"token_out_of_range": 2})
+    name = "train/rank-00000-of-00001.parquet"
+    assert skipped.examples == [
+        f"{name} row 4 (interaction big): completion_ids has token id 260, outside the "
+        "model's vocabulary of 260",
+        f"{name} row 5 (interaction neg): prompt_ids has token id -1, outside the "
+        "model's vocabulary of 260",
+    ]
+    check_skipped(skipped, 0.5)
+    with pytest.raises(DataError) as caught:
+        check_skipped(skipped, 0.01)
+    assert str(caught.value) == (
+        "2 of 6 rows cannot be trained on (0.333 of the set, limit 0.01: stage.json "
+        f"max_bad_fraction): token_out_of_range=2; first: {skipped.examples[0]}"
+    )
+    # One row never stops a run, however small the set or the limit.
+    check_skipped(Skipped(rows_read=1, by_reason={"token_out_of_range": 1}), 0.0)
+    assert max_bad_fraction({"max_bad_fraction": 0.25}) == 0.25
+    assert max_bad_fraction({}) == max_bad_fraction({"max_bad_fraction": "x"}) == 0.01
 
 
 def test_tool_output_log_probs_may_be_anything(tmp_path: Path) -> None:

@@ -332,14 +332,22 @@ def _bad_data(world: World, name: str, rows: list[Row], **kw: Any) -> str:
 def _case(world: World, case: str) -> tuple[str, str, list[str], str]:
     """(parent, data, extra flags, expected message) of an abort case."""
     good = world.rows[:8]
-    if case == "token-id-beyond-vocab":
-        rows = [*good, Row(prompt=[3], completion=[4, 300], advantage=1.0, interaction_id="big")]
+    if case == "token-ids-beyond-vocab":
+        # One such row is skipped (tests/rtrl_trainer/stage/test_stage_to_train.py); two of
+        # ten are more than stage.json's max_bad_fraction (0.01 when it does not say).
+        rows = [
+            *good,
+            Row(prompt=[3], completion=[4, 300], advantage=1.0, interaction_id="big"),
+            Row(prompt=[-2], completion=[4, 5], advantage=1.0, interaction_id="neg"),
+        ]
         data = _bad_data(world, case, rows)
         return (
             world.parent,
             data,
             [],
             (
+                f"staged training set {data}: 2 of 10 rows cannot be trained on (0.2 of the "
+                "set, limit 0.01: stage.json max_bad_fraction): token_out_of_range=2; first: "
                 "train/rank-00000-of-00001.parquet row 8 (interaction big): completion_ids has "
                 "token id 300, outside the model's vocabulary of 260"
             ),
@@ -386,7 +394,7 @@ def _case(world: World, case: str) -> tuple[str, str, list[str], str]:
 
 
 ABORTS = [
-    "token-id-beyond-vocab",
+    "token-ids-beyond-vocab",
     "insufficient",
     "no-loss-tokens",
     "uncommitted-data",
