@@ -104,12 +104,22 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     serve_arms(root, "composer-1", "composer-2", since=since, canary_edit_persistence=0.2)
     reaches("composer-2", "RolledBack", timeout=120)
     assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
+    # The data watermark: composer-2 staged only what became ready after composer-1's
+    # stage (the server keeps the status field and the annotation: the CRD declares them).
+    started = checkpoint(kube, "composer-1")["metadata"]["annotations"]["rtrl.io/started-at"]
+    second = checkpoint(kube, "composer-2")
+    assert second["metadata"]["annotations"]["rtrl.io/data-since"] == started
+    assert second["status"]["data"]["since"] == started
+    assert (kube.get(RTRL, "RLCycle", NAME) or {})["status"]["dataWatermark"] == started
 
     # `kubectl rtrl rollback` with no cycle running: the base model serves again.
     admin.kubectl("rtrl", "rollback", NAME, "-n", ns)
     reaches("composer-1", "RolledBack", timeout=60)
     kube.wait_for(lambda: serving_uri(kube) == checkpoint(kube, "composer-0")["spec"]["uri"],
                   timeout=60, message=why)  # fmt: skip
+    # The base model's lineage holds none of the shards: no watermark.
+    watermark = lambda: (kube.get(RTRL, "RLCycle", NAME) or {})["status"].get("dataWatermark")  # noqa: E731
+    kube.wait_for(lambda: watermark() is None, timeout=30, message=why)
 
     # What a platform engineer reads: kubectl get (the printer columns) and kubectl rtrl.
     rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
