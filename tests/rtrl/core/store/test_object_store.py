@@ -28,10 +28,10 @@ from rtrl.core.store import (
 )
 from rtrl.core.store.local import LocalStore
 from rtrl.core.store.s3 import S3Store
+from rtrl_localkube.s3faults import FaultProxy
 
 MiB = 1 << 20
 StoreFactory = Any  # conftest.make_store: (**s3_options) -> ObjectStore
-FaultProxy = Any  # conftest.FaultProxy
 
 
 def _no_temp_files(root: Path) -> bool:
@@ -385,14 +385,12 @@ def test_s3_retries_transient_errors(
     assert isinstance(store, S3Store)
     proxy.fail(matcher, times=1, status=status, code=code)
     operation(store, tmp_path)
-    statuses = [s for _, _, s in proxy.log]
+    statuses = [entry.status for entry in proxy.log]
     assert statuses.count(status) == 1, proxy.log
-    failed_at = statuses.index(status)
-    method, path, _ = proxy.log[failed_at]
+    failed = proxy.log[statuses.index(status)]
     # botocore sent the very same request again, and that one succeeded.
-    assert any((m, p) == (method, path) and s < 300 for m, p, s in proxy.log[failed_at + 1 :]), (
-        proxy.log
-    )
+    after = proxy.log[statuses.index(status) + 1 :]
+    assert any(e.request == failed.request and e.status < 300 for e in after), proxy.log
 
 
 @pytest.mark.parametrize("backend", ["s3"], indirect=True)
@@ -407,7 +405,7 @@ def test_s3_persistent_failure_raises_store_error_without_secrets(
     message = str(info.value)
     assert store.url("ckpt/c9/model.bin") in message
     assert "SlowDown" in message and "503" in message and "1 retry" in message
-    assert [s for m, _, s in proxy.log if m == "PUT"] == [503, 503]
+    assert [e.status for e in proxy.log if e.method == "PUT"] == [503, 503]
     rendered = "".join(traceback.format_exception(info.value))
     secrets = [
         aws_env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
