@@ -23,6 +23,7 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     join_key,
+    redact,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "open_store",
     "parse_store_uri",
     "read_committed_json",
+    "redact",
     "split_uri",
 ]
 
@@ -56,32 +58,36 @@ class StoreURI:
 
 
 def parse_store_uri(uri: str) -> StoreURI:
-    """Parse ``s3://bucket[/prefix/]`` or ``file:///abs/path[/]``; ValueError otherwise."""
+    """Parse ``s3://bucket[/prefix/]`` or ``file:///abs/path[/]``; ValueError otherwise (its
+    message shows the URI :func:`redact`-ed: a presigned URL pasted by mistake stays secret)."""
     parts = urlsplit(uri)
+    shown = redact(uri)
     if parts.query or parts.fragment:
-        raise ValueError(f"store URI {uri!r} must not have a query or fragment")
+        raise ValueError(f"store URI {shown!r} must not have a query or fragment")
+    if "@" in parts.netloc:
+        raise ValueError(f"store URI {shown!r}: credentials do not belong in a store URI")
     if parts.scheme == "s3":
         if not _BUCKET.match(parts.netloc):
-            raise ValueError(f"store URI {uri!r}: {parts.netloc!r} is not a valid S3 bucket name")
+            raise ValueError(f"store URI {shown!r}: {parts.netloc!r} is not a valid S3 bucket name")
         prefix = parts.path.strip("/")
         if prefix:
             try:
                 check_key(prefix)
             except StoreError as exc:
-                raise ValueError(f"store URI {uri!r}: invalid prefix ({exc})") from None
+                raise ValueError(f"store URI {shown!r}: invalid prefix ({exc})") from None
         return StoreURI("s3", parts.netloc, prefix)
     if parts.scheme == "file":
         # file:relative and file://host/path have no meaning in a pod; only local, absolute.
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise ValueError(
-                f"store URI {uri!r}: a file URI needs an absolute path, as in file:///data/rtrl/"
+                f"store URI {shown!r}: a file URI needs an absolute path, as in file:///data/rtrl/"
             )
         path = unquote(parts.path)
         if any(part in (".", "..") for part in path.split("/")):
-            raise ValueError(f"store URI {uri!r}: '.' and '..' are not allowed in the path")
+            raise ValueError(f"store URI {shown!r}: '.' and '..' are not allowed in the path")
         return StoreURI("file", "", path.rstrip("/") or "/")
     raise ValueError(
-        f"unsupported store URI {uri!r}: expected s3://bucket/prefix/ or file:///abs/path/"
+        f"unsupported store URI {shown!r}: expected s3://bucket/prefix/ or file:///abs/path/"
     )
 
 
@@ -108,7 +114,7 @@ def split_uri(uri: str) -> tuple[str, str]:
     ``s3://b/ckpt/1/result.json`` -> (``s3://b/ckpt/1/``, ``result.json``)."""
     parsed = parse_store_uri(uri)
     if uri.endswith("/") or (parsed.scheme == "s3" and not parsed.path):
-        raise ValueError(f"URI {uri!r} names a prefix, not an object")
+        raise ValueError(f"URI {redact(uri)!r} names a prefix, not an object")
     root, _, name = uri.rpartition("/")
     return root + "/", unquote(name) if parsed.scheme == "file" else name
 
@@ -126,5 +132,5 @@ def read_committed_json(
             return None
         doc = json.loads(store.get_bytes(name))
     except (StoreError, ValueError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return redact(f"{type(exc).__name__}: {exc}")
     return doc if isinstance(doc, dict) else f"{name} is not a JSON object"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,8 +25,31 @@ MANIFEST_NAME = "_MANIFEST.json"
 MANIFEST_VERSION = 1
 
 
+# Secrets a URL can carry: userinfo (``http://KEY:SECRET@host``) and the signature,
+# credential and token of a presigned query string (SigV4, and SigV2's names).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@'\"]*@")
+_SIGNED_QUERY = re.compile(
+    r"(?i)\b(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|AWSAccessKeyId)"
+    r"=[^&\s'\"#]*"
+)
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets of any URL in it replaced by ``***``: the userinfo of
+    ``scheme://user:password@host`` and presigned query values (``X-Amz-Signature``,
+    ``X-Amz-Credential``, ``X-Amz-Security-Token``). Store errors end up in logs, events
+    and status, which more people read than may read the storage Secret."""
+    text = _USERINFO.sub(rf"\1{REDACTED}@", text)
+    return _SIGNED_QUERY.sub(rf"\1={REDACTED}", text)
+
+
 class StoreError(Exception):
-    """An object-store operation failed (after retries, where they apply)."""
+    """An object-store operation failed (after retries, where they apply). Its message
+    is :func:`redact`-ed, whoever raises it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class ObjectNotFound(StoreError, KeyError):  # noqa: N818 (a public name callers match on)

@@ -2,39 +2,39 @@
 
 The cluster keeps every artifact here, so this module is where flaky networks and busy
 endpoints are absorbed: botocore's own retry modes handle throttling, 5xx and connection
-errors with backoff; s3transfer does multipart uploads and ranged downloads of large files;
-and :meth:`S3Store.open_input` reads byte ranges on demand so Parquet readers fetch a
-footer and the columns they need rather than whole objects.
+errors with backoff, and the store fetches again a body that breaks off mid-read, both
+within the budgets of :mod:`rtrl.core.store.retries`; s3transfer does multipart uploads and
+ranged downloads of large files; and :meth:`S3Store.open_input` reads byte ranges on demand
+so Parquet readers fetch a footer and the columns they need rather than whole objects.
 
 Credentials are never an argument. In a step pod with ``storage.credentialsSecret`` they are
 files, in the directory ``RTRL_STORAGE_CREDENTIALS_DIR`` names (the Secret's volume), read
 each time a store is built and handed to boto3; they are never put in the environment, which
 every child process inherits (the eval step runs model-written code). Without that variable,
 boto3's default chain finds them (the pod's cloud role, or the environment, as the operator's
-own Deployment has them). No error message carries them.
+own Deployment has them). No error message carries them, nor any URL's userinfo or
+presigned query (:func:`~rtrl.core.store.base.redact`); an endpoint URL with credentials in
+it is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
+import itertools
 import os
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+from urllib.parse import urlsplit
 
 import boto3
+import botocore.session
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    IncompleteReadError,
-    NoCredentialsError,
-    ReadTimeoutError,
-    ResponseStreamingError,
-)
+from botocore.exceptions import BotoCoreError, ClientError
 
 from rtrl.core.store.base import (
     ObjectInfo,
@@ -43,26 +43,33 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     check_prefix,
+    redact,
 )
-from rtrl.core.store.credentials import (
-    CREDENTIALS_DIR_ENV,
-    file_credentials,
-)
+from rtrl.core.store.credentials import file_credentials
 from rtrl.core.store.local import TEMP_PREFIX
+from rtrl.core.store.retries import (
+    BODY_ATTEMPTS_ENV,
+    BODY_RETRY_BUDGET_S,
+    MAX_ATTEMPTS_ENV,
+    RETRY_MODE_ENV,
+    RetryMode,
+    RetrySettings,
+    body_backoff,
+    broken_body,
+    retry_settings,
+)
+from rtrl.core.store.s3errors import (
+    DOWNLOAD_RETRIES_EXCEEDED,
+    find_client_error,
+    redacted_already,
+    store_error,
+)
+from rtrl.core.store.s3input import RangeReader, S3InputFile
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
     from mypy_boto3_s3 import S3Client
 
 MiB = 1 << 20
-
-# Error codes S3 (and compatibles) use for an absent key; HEAD has no body, so only "404".
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-# botocore retries a request until its response headers arrive; a body that breaks off
-# while being read is outside its retry loop, so reads of a body are retried here (the
-# same errors s3transfer retries for downloads).
-_STREAM_ERRORS = (IncompleteReadError, ReadTimeoutError, ResponseStreamingError, ConnectionError)
-_STREAM_ATTEMPTS = 3
 
 
 def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
@@ -76,19 +83,50 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
     )
 
 
+def check_endpoint_url(endpoint_url: str) -> str:
+    """``endpoint_url`` unchanged, or :class:`StoreError` when it carries credentials
+    (``http://KEY:SECRET@host``): botocore never signs with them, and a URL is shown in
+    errors, logs and the RLCycle itself."""
+    if "@" in urlsplit(endpoint_url).netloc:
+        raise StoreError(
+            f"endpoint URL {redact(endpoint_url)} has credentials in it (user:password@); "
+            "S3 credentials come from storage.credentialsSecret or the pod's cloud role, "
+            "never from the endpoint"
+        )
+    return endpoint_url
+
+
+def _botocore_retry_config(session: botocore.session.Session) -> dict[str, object]:
+    """``retry_mode`` and ``max_attempts`` as botocore resolves them (the environment, then
+    the AWS config file), None where neither sets them; a value botocore cannot convert is
+    passed on as written, for :func:`retry_settings` to name."""
+    config: dict[str, object] = {}
+    for name, env in (("retry_mode", RETRY_MODE_ENV), ("max_attempts", MAX_ATTEMPTS_ENV)):
+        try:
+            config[name] = session.get_config_variable(name)
+        except ValueError:
+            config[name] = os.environ.get(env, "?")
+    return config
+
+
 class S3Store(ObjectStore):
     """An object store rooted at ``s3://bucket/prefix/``.
 
     ``endpoint_url`` defaults to ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (unset: AWS);
-    a custom endpoint switches to path-style addressing. ``max_attempts`` is the total number
-    of tries per request under botocore's ``retry_mode`` (throttling, 5xx and connection
-    errors back off exponentially with jitter). Files above ``multipart_threshold`` go up
+    a custom endpoint switches to path-style addressing (and one with credentials in it is a
+    :class:`StoreError`). ``retry_mode`` and ``max_attempts`` (tries per request in all,
+    under botocore's retry modes: throttling, 5xx and connection errors back off
+    exponentially with jitter) and ``body_attempts`` (tries of a body that breaks off)
+    default to :func:`~rtrl.core.store.retries.retry_settings`: ``AWS_RETRY_MODE``,
+    ``AWS_MAX_ATTEMPTS``, ``RTRL_S3_BODY_ATTEMPTS``, else rtrl's defaults; ``retries`` holds
+    what applies. Files above ``multipart_threshold`` go up
     in ``multipart_chunksize`` parts (S3's minimum is 5 MiB). ``page_size`` is ListObjectsV2's
     MaxKeys. ``read_buffer_size`` is the smallest range :meth:`open_input` fetches: small
     reads (Parquet page headers) share one request, large ones (column chunks) go direct.
 
     ``client`` replaces the client this store would build (tests, or sharing one client);
-    the endpoint, region, retry and timeout arguments then do not apply to it. A store built
+    the endpoint, region, botocore retry and timeout arguments then do not apply to it
+    (``body_attempts`` does). A store built
     without one reads :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set
     (StoreError if they cannot be read), boto3's default chain otherwise.
     """
@@ -104,8 +142,9 @@ class S3Store(ObjectStore):
         multipart_threshold: int = 64 * MiB,
         multipart_chunksize: int = 16 * MiB,
         max_concurrency: int = 8,
-        retry_mode: Literal["standard", "adaptive"] = "standard",
-        max_attempts: int = 8,
+        retry_mode: RetryMode | None = None,
+        max_attempts: int | None = None,
+        body_attempts: int | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         page_size: int = 1000,
@@ -117,15 +156,27 @@ class S3Store(ObjectStore):
         self.prefix = check_prefix(prefix.strip("/"))
         self._root = f"{self.prefix}/" if self.prefix else ""
         self.uri = f"s3://{bucket}/{self._root}"
-        self.endpoint_url = resolve_endpoint_url(endpoint_url)
+        endpoint = resolve_endpoint_url(endpoint_url)
+        self.endpoint_url = check_endpoint_url(endpoint) if endpoint else None
         self.page_size = page_size
         self.read_buffer_size = read_buffer_size
-        if client is None:
+        core = botocore.session.Session() if client is None else None
+        settings = retry_settings(_botocore_retry_config(core) if core else None)
+        self.retries: RetrySettings = replace(
+            settings,
+            mode=retry_mode or settings.mode,
+            max_attempts=max_attempts or settings.max_attempts,
+            body_attempts=body_attempts or settings.body_attempts,
+        )
+        if core is not None:
             custom = self.endpoint_url is not None
             config = Config(
                 region_name=region,
                 # total_max_attempts counts the first try; botocore's "max_attempts" does not.
-                retries={"mode": retry_mode, "total_max_attempts": max_attempts},
+                retries={
+                    "mode": self.retries.mode,
+                    "total_max_attempts": self.retries.max_attempts,
+                },
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 # s3transfer runs max_concurrency requests at once; a smaller pool would
@@ -143,26 +194,32 @@ class S3Store(ObjectStore):
             creds = file_credentials()
             # A session per store: sessions are not thread-safe, the client built from one is.
             session = (
-                boto3.session.Session()
+                boto3.session.Session(botocore_session=core)
                 if creds is None
                 else boto3.session.Session(
                     aws_access_key_id=creds.access_key_id,
                     aws_secret_access_key=creds.secret_access_key,
                     aws_session_token=creds.session_token,
+                    botocore_session=core,
                 )
             )
-            client = session.client(
-                "s3", endpoint_url=self.endpoint_url, region_name=region, config=config
-            )
-        self._client = client
+            try:
+                client = session.client(
+                    "s3", endpoint_url=self.endpoint_url, region_name=region, config=config
+                )
+            except ValueError as exc:  # botocore's "Invalid endpoint: <url>"
+                raise StoreError(f"cannot use S3 endpoint: {exc}") from None
+        self._client = cast("S3Client", client)
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
             max_concurrency=max_concurrency,
+            # s3transfer fetches a download's broken-off ranges again itself.
+            num_download_attempts=self.retries.body_attempts,
         )
 
     def __repr__(self) -> str:
-        endpoint = f", endpoint_url={self.endpoint_url!r}" if self.endpoint_url else ""
+        endpoint = f", endpoint_url={redact(self.endpoint_url)!r}" if self.endpoint_url else ""
         return f"S3Store({self.bucket!r}, {self.prefix!r}{endpoint})"
 
     @property
@@ -175,48 +232,24 @@ class S3Store(ObjectStore):
     # --- errors ----------------------------------------------------------------------------
 
     def _raise(self, exc: Exception, action: str, key: str) -> NoReturn:
-        """Re-raise a boto error as StoreError naming the URI; never the request itself,
-        which carries the signature and security token in its headers."""
-        uri = self.url(key) if key else self.uri
-        client_error = _find_client_error(exc)
-        if client_error is not None:
-            error = client_error.response.get("Error", {})
-            meta = client_error.response.get("ResponseMetadata", {})
-            code = str(error.get("Code") or "Unknown")
-            status = meta.get("HTTPStatusCode", "?")
-            if code in _NOT_FOUND_CODES:
-                raise ObjectNotFound(f"{uri}: no such object") from exc
-            detail = str(error.get("Message") or "").strip()
-            retries = meta.get("RetryAttempts")
-            message = f"{action} {uri} failed: {code} (HTTP {status})"
-            if detail:
-                message += f": {detail[:200]}"
-            if retries:
-                message += f" (after {retries} {'retry' if retries == 1 else 'retries'})"
-            if code in ("403", "AccessDenied") and action == "head":
-                message += " (S3 answers 403 for a missing key without s3:ListBucket)"
-            raise StoreError(message) from exc
-        if isinstance(exc, NoCredentialsError):
-            raise StoreError(
-                f"{action} {uri} failed: no AWS credentials found (the files of "
-                f"${CREDENTIALS_DIR_ENV}, environment variables, shared config, or the pod's "
-                "service-account role)"
-            ) from exc
-        raise StoreError(f"{action} {uri} failed: {type(exc).__name__}: {exc}") from exc
+        raise store_error(exc, action, self.url(key) if key else self.uri, self.retries)
 
     @contextlib.contextmanager
     def _errors(self, action: str, key: str) -> Iterator[None]:
         try:
             yield
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, *DOWNLOAD_RETRIES_EXCEEDED) as exc:
             self._raise(exc, action, key)
         except Exception as exc:
             # boto3's upload wrapper (S3UploadFailedError) keeps the ClientError as context.
-            if _find_client_error(exc) is None:
+            if find_client_error(exc) is None:
                 raise
             self._raise(exc, action, key)
 
     def _fetch(self, key: str, *, byte_range: str | None = None, etag: str | None = None) -> bytes:
+        """One object (or range of it). botocore retries the request; a body that breaks off
+        while read is fetched again here, ``retries.body_attempts`` tries in all, with
+        backoff, and no new try after ``BODY_RETRY_BUDGET_S`` from the first."""
         extra: dict[str, Any] = {}
         if byte_range is not None:
             extra["Range"] = byte_range
@@ -224,20 +257,31 @@ class S3Store(ObjectStore):
             # Pin the version opened: an overwrite between two range reads fails loudly
             # (412) instead of splicing bytes of two objects together.
             extra["IfMatch"] = etag
-        for attempt in range(1, _STREAM_ATTEMPTS + 1):
+        started = time.monotonic()
+        for attempt in itertools.count(1):
             with self._errors("get", key):
                 response = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
                 body = response["Body"]
                 try:
                     return body.read()
-                except _STREAM_ERRORS as exc:
-                    if attempt == _STREAM_ATTEMPTS:
-                        raise StoreError(
+                except Exception as exc:
+                    if not broken_body(exc):
+                        raise
+                    elapsed = time.monotonic() - started
+                    if attempt >= self.retries.body_attempts or elapsed >= BODY_RETRY_BUDGET_S:
+                        limit = (
+                            f"{BODY_ATTEMPTS_ENV} allows {self.retries.body_attempts} tries"
+                            if attempt >= self.retries.body_attempts
+                            else f"retried for {BODY_RETRY_BUDGET_S:.0f} s at most"
+                        )
+                        message = (
                             f"get {self.url(key)} failed: the response body broke off "
-                            f"{_STREAM_ATTEMPTS} times ({type(exc).__name__})"
-                        ) from exc
+                            f"{attempt} times in {elapsed:.1f} s ({type(exc).__name__}; {limit})"
+                        )
+                        raise StoreError(message) from (exc if redacted_already(exc) else None)
                 finally:
                     body.close()
+            time.sleep(body_backoff(attempt))
         raise AssertionError("unreachable")
 
     # --- the interface ---------------------------------------------------------------------
@@ -278,7 +322,13 @@ class S3Store(ObjectStore):
     def open_input(self, key: str) -> S3InputFile:
         with self._errors("head", key):
             head = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-        raw = _RangeReader(self, key, size=int(head["ContentLength"]), etag=head.get("ETag"))
+
+        def fetch(byte_range: str, etag: str | None) -> bytes:
+            return self._fetch(key, byte_range=byte_range, etag=etag)
+
+        raw = RangeReader(
+            fetch, self.url(key), size=int(head["ContentLength"]), etag=head.get("ETag")
+        )
         return S3InputFile(raw, buffer_size=self.read_buffer_size)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -309,92 +359,3 @@ class S3Store(ObjectStore):
         # S3 answers 204 for an absent key too, so no special case is needed.
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-
-class _RangeReader(io.RawIOBase):
-    """A seekable raw reader of one S3 object: each read is one ranged GET."""
-
-    def __init__(self, store: S3Store, key: str, *, size: int, etag: str | None) -> None:
-        super().__init__()
-        self._store = store
-        self._key = key
-        self._size = size
-        self._etag = etag
-        self._pos = 0
-        self.name = store.url(key)
-        self.mode = "rb"
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return self._size
-
-    def tell(self) -> int:
-        self._checkClosed()
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._checkClosed()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
-            raise ValueError(f"invalid whence {whence}")
-        if pos < 0:
-            raise OSError(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
-
-    def _read_range(self, length: int) -> bytes:
-        length = min(length, self._size - self._pos)
-        if length <= 0:
-            # No request: a Range past the end (or on an empty object) is a 416 on S3.
-            return b""
-        end = self._pos + length - 1
-        data = self._store._fetch(self._key, byte_range=f"bytes={self._pos}-{end}", etag=self._etag)
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        self._checkClosed()
-        view = memoryview(buffer).cast("B")
-        data = self._read_range(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    def readall(self) -> bytes:
-        # The default reads in 8 KiB chunks, one request each; fetch the rest at once.
-        self._checkClosed()
-        return self._read_range(self._size - self._pos)
-
-
-class S3InputFile(io.BufferedReader):
-    """What :meth:`S3Store.open_input` returns: a buffered, seekable binary reader whose
-    reads become ranged GETs, plus :meth:`size`. Works as ``pyarrow.parquet.ParquetFile(f)``
-    input."""
-
-    raw: _RangeReader
-
-    def __init__(self, raw: _RangeReader, buffer_size: int = io.DEFAULT_BUFFER_SIZE) -> None:
-        super().__init__(raw, buffer_size)
-
-    def size(self) -> int:
-        return self.raw.size()
-
-
-def _find_client_error(exc: BaseException) -> ClientError | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ClientError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
