@@ -18,9 +18,8 @@ answer cannot bring it back. resourceVersions are compared as integers: every AP
 backed by etcd issues them so (and the tests' emulator does); the first one that is not an
 integer disables the cache for good, and every round reads live.
 
-A re-list by kopf (a watch that could not resume) brings what exists, not what was deleted
-meanwhile: the next read of that kind in that namespace lists it all live first, dropping
-what is gone (:meth:`ObjectCache.relisted`); nothing is re-read on a timer.
+A re-list by kopf brings what exists, not what was deleted meanwhile: the next read of that
+kind lists it all live first (:meth:`ObjectCache.relist`); nothing is re-read on a timer.
 
 What the cache does not know makes a round read live instead (:meth:`ObjectCache.usable`):
 before kopf has listed every cached kind (``mark_synced``), and for a kind of a namespace
@@ -131,6 +130,12 @@ class ObjectCache:
             and (kind, namespace) not in self._relisted
         )
 
+    def relist(self, kind: str, namespace: str) -> None:
+        """kopf re-lists ``kind`` in ``namespace`` (see :func:`rtrl.kube.watch.listing`)."""
+        if kind in self.kinds:
+            with self._lock:
+                self._relisted.add((kind, namespace))
+
     def relisted(self, kind: str, namespace: str) -> bool:
         """Re-listed by kopf since the sync, and not yet listed in full live since."""
         return (kind, namespace) in self._relisted
@@ -178,13 +183,10 @@ class ObjectCache:
         self._tombstones[(kind, key)] = (max(rv, tomb[0] if tomb else rv), time.monotonic())
 
     def feed(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        """A watch event (``event_type`` None for kopf's listing; after the sync, a re-list)."""
+        """A watch event (``event_type`` None for kopf's listing)."""
         if kind not in self.kinds:
             return
         with self._lock:
-            if event_type is None and self.synced:
-                namespace = str((obj.get("metadata") or {}).get("namespace") or "")
-                self._relisted.add((kind, namespace))
             if event_type == "DELETED":
                 meta = obj.get("metadata") or {}
                 key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))

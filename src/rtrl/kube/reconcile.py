@@ -22,7 +22,7 @@ yet) reads its target Deployment by name, which may have been created just befor
 reads everything live a second later if that first round found something it names missing. No
 round re-reads the cluster on a timer by default, so an idle operator sends no request but
 its watches (``bench/scale.py``); what a re-list of kopf's may have missed is read once,
-then (:meth:`rtrl.kube.cache.ObjectCache.feed`).
+then (:func:`rtrl.kube.watch.listing`).
 
 This module holds no kopf code: ``rtrl.handlers`` registers the handlers that call it.
 """
@@ -117,6 +117,9 @@ class Process:
     # changed only the status (most of them: the operator's own status writes) wakes nobody.
     # Only a filter for wake-ups; no decision reads it.
     seen: dict[str, tuple[Any, ...]] = {}
+    # The uids the event handlers have had an event of: a listing's object among them means
+    # kopf re-lists its kind (rtrl.kube.watch.listing).
+    listed: set[str] = set()
     # The watched objects a round reads (see the module docstring).
     cache = ObjectCache()
     # RTRL_ROUND_TRACE: a file that gets one JSON line per round (bench/operator_latency.py).
@@ -129,6 +132,7 @@ def start(settings: Settings) -> None:
     Process.settings = settings
     Process.wakeups.clear()
     Process.seen.clear()
+    Process.listed.clear()
     Process.cache = ObjectCache()
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would

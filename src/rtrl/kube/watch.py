@@ -37,6 +37,22 @@ def feed(kind: str, body: Mapping[str, Any], type_: str | None = None) -> None:
     Process.cache.feed(kind, type_, copy_json(body) if kept else body)
 
 
+def listing(kind: str, body: Mapping[str, Any], type_: str | None) -> None:
+    """Every event an event handler sees (index handlers are not told the type). kopf hands
+    a listing's objects over with type None: the initial listing, each object for the first
+    time, or a re-list after a watch that could not resume (a 410 Gone, as after an API
+    server restart), objects seen before among them, which tells nothing of the ones
+    deleted meanwhile: the cache then has the kind listed in full once (ObjectCache.relist)."""
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid"))
+    if type_ == "DELETED":
+        Process.listed.discard(uid)
+        return
+    if type_ is None and uid in Process.listed:
+        Process.cache.relist(kind, str(meta.get("namespace") or ""))
+    Process.listed.add(uid)
+
+
 def changed_beyond_status(body: Mapping[str, Any], type_: str | None) -> bool:
     """True unless the event only changed the object's status (or nothing)."""
     meta = body.get("metadata") or {}
@@ -83,6 +99,7 @@ def _finished(status: Mapping[str, Any]) -> bool:
 
 def child_event(body: Mapping[str, Any], type_: str | None) -> None:
     """A Deployment, Service or ConfigMap event: only its deletion is news to the cache."""
+    listing(str(body.get("kind")), body, type_)
     if type_ == "DELETED":
         feed(str(body.get("kind")), body, type_)
 
@@ -90,6 +107,7 @@ def child_event(body: Mapping[str, Any], type_: str | None) -> None:
 def child_job_event(body: Mapping[str, Any], type_: str | None) -> None:
     """Only a finished (see :func:`job_indexed`) or deleted Job changes a decision; its pods
     starting does not."""
+    listing("Job", body, type_)
     if type_ == "DELETED":
         feed("Job", body, type_)
         wake(body.get("metadata", {}).get("namespace"), _rlcycle_label(body))
@@ -101,6 +119,7 @@ def canary_event(body: Mapping[str, Any]) -> None:
 
 
 def checkpoint_event(body: Mapping[str, Any], type_: str | None) -> None:
+    listing("Checkpoint", body, type_)
     if type_ == "DELETED":
         feed("Checkpoint", body, type_)
     if changed_beyond_status(body, type_):
@@ -110,6 +129,7 @@ def checkpoint_event(body: Mapping[str, Any], type_: str | None) -> None:
 
 async def rlcycle_event(body: Mapping[str, Any], type_: str | None) -> None:
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    listing("RLCycle", body, type_)
     if type_ == "DELETED":
         feed("RLCycle", body, type_)
         if namespace:

@@ -197,6 +197,7 @@ def test_a_relist_drops_what_its_watch_missed_with_one_full_list(
     cache.mark_synced()
     assert cache.usable("Job", NS)
     # the watch broke; kopf re-lists: only "kept" (and another RLCycle's Job) exists now
+    cache.relist("Job", NS)  # rtrl.kube.watch.listing saw a listed object it knew
     cache.feed("Job", None, job("kept", 3))
     lists: list[tuple[str, Any]] = []
 
