@@ -79,6 +79,21 @@ def _handpicked() -> Iterator[tuple[str, Json]]:
         "cron-step-0": (("spec", "schedule"), {"cron": "*/0 * * * *"}),
         "interval-0": (("spec", "schedule"), {"interval": "0s"}),
         "interval-compound": (("spec", "schedule"), {"interval": "1h30m"}),
+        "interval-at-maximum": (("spec", "schedule"), {"interval": "365d"}),
+        "interval-too-many-digits": (("spec", "schedule"), {"interval": "3000000d"}),
+        "interval-leading-zeros": (("spec", "schedule"), {"interval": "0000000000005h"}),
+        "maturity-ms-too-many-digits": (("spec", "data", "maturity"), "9999999999999ms"),
+        "endpoint-credentials": (("spec", "storage", "endpoint"), "http://k:s@minio:9000"),
+        "endpoint-at-in-path": (("spec", "storage", "endpoint"), "http://minio:9000/a@b"),
+        "max-regression-over-maximum": (
+            ("spec", "eval", "gates"),
+            [{"metric": "tasks.pass_at_1", "maxRegression": 1e7}],
+        ),
+        "seed-over-maximum": (("spec", "training", "seed"), 2**32),
+        "node-selector-65": (
+            ("spec", "training", "nodeSelector"),
+            {f"k{i}": "v" for i in range(65)},
+        ),
         "steps-equal": (
             ("spec", "rollout", "steps"),
             [{"weight": 5, "minDuration": "1m"}, {"weight": 5, "minDuration": "1m"}],
@@ -166,5 +181,7 @@ MUTATIONS = list(_mutations()) + list(_handpicked())
 # with the InvalidSpec condition.
 MODEL_ONLY = {
     "cron-reversed-range": (("spec", "schedule"), {"cron": "30-10 * * * *"}),
+    "cron-never-fires": (("spec", "schedule"), {"cron": "0 0 31 2 *"}),
+    "duration-over-its-maximum": (("spec", "schedule", "interval"), "400d"),
     "steps-longer-than-max-duration": (("spec", "rollout", "analysis", "maxDuration"), "1h"),
 }

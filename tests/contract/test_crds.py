@@ -3,6 +3,7 @@ server accepts: structural schemas, valid defaults, compilable CEL, resolvable c
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from rtrl.core.api import RESOURCES
 from rtrl.core.api.common import CEL_KEY
 from rtrl.crdgen import crd, crd_files, drifted, openapi_schema
+from rtrl.validation import validate_document, validate_with_crd
 from tests.conftest import REPO, console_script
 
 CRDS = REPO / "crds"
@@ -175,3 +177,60 @@ def test_kubernetes_validate_accepts_the_crd_documents() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("passed") == len(RESOURCES)
+
+
+# --- bounded inputs (issue 19) ----------------------------------------------------------
+
+# Left unbounded on purpose: apiVersion and kind (the API server checks them), and the
+# date-times (a format) and enums (a closed set). RLCycle's status joins this test once
+# RLCycleStatus carries its bounds too (issue 19 bounds the spec and the Checkpoint first).
+_UNBOUNDED_OK = {".apiVersion", ".kind"}
+
+
+def _bounded_problems(kind: str) -> list[str]:
+    problems = []
+    for path, node in _nodes(openapi_schema(RESOURCES[kind])):
+        if path in _UNBOUNDED_OK or (kind == "RLCycle" and path.startswith(".status")):
+            continue
+        kind_of = node.get("type")
+        if kind_of == "array" and "maxItems" not in node:
+            problems.append(f"{path}: a list without maxItems")
+        if isinstance(node.get("additionalProperties"), dict) and "maxProperties" not in node:
+            problems.append(f"{path}: a map without maxProperties")
+        if kind_of == "string" and not ({"maxLength", "enum", "format"} & node.keys()):
+            problems.append(f"{path}: a string without maxLength")
+        if kind_of == "integer" and "maximum" not in node:
+            problems.append(f"{path}: an integer without maximum")
+        elif kind_of == "integer" and int(float(node["maximum"])) != node["maximum"]:
+            # The API server reads maximum as a float64 and refuses a CRD whose integer
+            # maximum it cannot hold exactly (2**63 - 1 becomes 2**63).
+            problems.append(f"{path}: maximum {node['maximum']} is not exact as a float64")
+        if kind_of == "number" and path.startswith(".spec") and "maximum" not in node:
+            problems.append(f"{path}: a number of the spec without maximum")
+    return problems
+
+
+@pytest.mark.parametrize("kind", sorted(RESOURCES))
+def test_every_list_map_string_and_count_is_bounded(kind: str) -> None:
+    """What the API server stores is bounded in size, and what a spec sets in value: no
+    list is read item by item for seconds, no integer reaches 2**53."""
+    assert _bounded_problems(kind) == []
+
+
+def test_durations_in_the_crd_bound_the_digits_of_each_part() -> None:
+    spec = openapi_schema(RESOURCES["RLCycle"])["properties"]["spec"]["properties"]
+    interval = spec["schedule"]["properties"]["interval"]
+    assert interval["maxLength"] == 32
+    pattern = re.compile(interval["pattern"])
+    assert pattern.fullmatch("9999d") and pattern.fullmatch("1h30m")
+    assert not pattern.fullmatch("10000d") and not pattern.fullmatch("3000000d")
+
+
+def test_credentials_in_the_endpoint_are_refused_by_both_validators_without_echo() -> None:
+    body = yaml.safe_load((REPO / "examples" / "rlcycle.yaml").read_text())
+    body["spec"]["storage"]["endpoint"] = "http://AKIAKEY:VerySecret@minio.example.com:9000"
+    crd_problems = validate_with_crd(body)
+    assert [p.path for p in crd_problems] == ["spec.storage.endpoint"]
+    everything = " ".join(map(str, validate_document(body)))
+    assert "credentialsSecret" in everything
+    assert "VerySecret" not in everything and "AKIAKEY" not in everything

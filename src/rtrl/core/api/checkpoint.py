@@ -15,8 +15,11 @@ from typing import Literal
 from pydantic import Field
 
 from .common import (
+    MAX_CONDITIONS,
+    MAX_COUNT,
     ApiModel,
     Condition,
+    Count,
     DnsLabel,
     DnsSubdomain,
     ObjectMeta,
@@ -37,7 +40,9 @@ class CheckpointSpec(ApiModel):
     rl_cycle: DnsLabel | None = Field(
         None, description="RLCycle that produced it; unset for one registered by hand."
     )
-    cycle: int | None = Field(None, ge=0, description="Cycle number within that RLCycle.")
+    cycle: int | None = Field(
+        None, ge=0, le=MAX_COUNT, description="Cycle number within that RLCycle."
+    )
 
 
 class CheckpointPhase(StrEnum):
@@ -58,15 +63,15 @@ class DataSummary(ApiModel):
     """What the stage step selected for training."""
 
     manifest: StoreUri | None = Field(None, description="The staged training set.")
-    interactions: int = Field(0, ge=0, description="Interactions used.")
-    tokens: int = Field(0, ge=0, description="Completion tokens used.")
+    interactions: Count = Field(0, description="Interactions used.")
+    tokens: Count = Field(0, description="Completion tokens used.")
     on_policy_fraction: Probability | None = Field(
         None, description="Share served by the parent checkpoint itself."
     )
-    quarantined: dict[str, int] | None = Field(
-        None, description="Rows skipped, by reason (never silently trained on)."
+    quarantined: dict[str, Count] | None = Field(
+        None, max_length=64, description="Rows skipped, by reason (never silently trained on)."
     )
-    files_bad: int = Field(0, ge=0, description="Shard files that could not be read.")
+    files_bad: Count = Field(0, description="Shard files that could not be read.")
     since: datetime | None = Field(
         None, description="Interactions that became ready after this were read (the watermark)."
     )
@@ -78,8 +83,8 @@ class DataSummary(ApiModel):
 class TrainingSummary(ApiModel):
     """Metrics of the training step (from its train.json)."""
 
-    steps: int = Field(0, ge=0, description="Optimizer steps taken.")
-    tokens: int = Field(0, ge=0, description="Completion tokens trained on.")
+    steps: Count = Field(0, description="Optimizer steps taken.")
+    tokens: Count = Field(0, description="Completion tokens trained on.")
     loss: float | None = Field(None, description="Final policy loss.")
     kl: float | None = Field(None, description="Mean k3 KL to the parent.")
     clip_fraction: Probability | None = Field(None, description="Share of clipped tokens.")
@@ -161,12 +166,12 @@ class RolloutRecord(ApiModel):
     ended_at: datetime | None = Field(None, description="When the step ended.")
     decision: Decision | None = Field(None, description="promote, rollback or continue.")
     reason: str | None = Field(None, max_length=32768, description="Why, in words.")
-    baseline_samples: int | None = Field(None, ge=0, description="Matured interactions, stable.")
-    canary_samples: int | None = Field(None, ge=0, description="Matured interactions, canary.")
+    baseline_samples: Count | None = Field(None, description="Matured interactions, stable.")
+    canary_samples: Count | None = Field(None, description="Matured interactions, canary.")
     metrics: list[MetricComparison] | None = Field(
         None, max_length=64, description="The A/B numbers at the end of the step."
     )
-    analyses: int = Field(0, ge=0, description="Analyses judged during this step.")
+    analyses: Count = Field(0, description="Analyses judged during this step.")
 
 
 class CheckpointStatus(ApiModel):
@@ -183,11 +188,12 @@ class CheckpointStatus(ApiModel):
     rollout: list[RolloutRecord] | None = Field(
         None, max_length=64, description="Canary steps and their A/B results."
     )
-    observed_generation: int | None = Field(
-        None, ge=0, description="The metadata.generation the status reflects."
+    observed_generation: Count | None = Field(
+        None, description="The metadata.generation the status reflects."
     )
     conditions: list[Condition] | None = Field(
         None,
+        max_length=MAX_CONDITIONS,
         description="Conditions with reasons.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

@@ -8,11 +8,15 @@ CEL rule in the generated CRD (what the API server checks), so the two cannot dr
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
+from annotated_types import GroupedMetadata
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -36,10 +40,13 @@ def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, 
 
 
 class ApiModel(BaseModel):
-    """Base of every API object: camelCase in YAML, unknown fields rejected.
+    """Base of every API object: camelCase in YAML, unknown fields rejected, numbers finite.
 
     Unknown fields are rejected because the API server's strict field validation (kubectl's
     default since 1.27) rejects them too; a typo must never silently become a default.
+    Infinity and NaN (YAML's ``.inf``, ``.nan``) are rejected because JSON, and so the API
+    server, cannot carry them: a field without a maximum would take them, and NaN passes a
+    bound checked as ``value > maximum`` (JSON Schema's), then breaks every comparison.
     """
 
     model_config = ConfigDict(
@@ -48,6 +55,7 @@ class ApiModel(BaseModel):
         extra="forbid",
         use_enum_values=True,
         validate_default=True,
+        allow_inf_nan=False,
     )
 
     def to_k8s(self) -> dict[str, Any]:
@@ -58,20 +66,71 @@ class ApiModel(BaseModel):
 # --- Durations --------------------------------------------------------------------------
 
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# The syntax: a number and a unit, repeated (``1h30m``; ``1h1h`` is two hours).
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
-# The same, with at least one non-zero part: every duration in the API is positive.
-POSITIVE_DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))*0*[1-9][0-9]*(ms|s|m|h|d)([0-9]+(ms|s|m|h|d))*$"
 _DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+# The longest duration anything in rtrl accepts: ten years. Every field has a smaller
+# maximum of its own (``MaxDuration``); this one keeps every parsed duration far from what
+# overflows a ``datetime`` (year 9999) or a ``timedelta`` wherever it is added to a time.
+MAX_DURATION = "3650d"
+MAX_DURATION_SECONDS = 3650 * 86400
+# Significant digits a part may have: enough to write MAX_DURATION in any one unit
+# (315360000000ms, 315360000s, 5256000m, 87600h, 3650d). One more digit in any part is
+# over MAX_DURATION by itself, so the CRD's pattern (which can count digits but not add)
+# rejects every such value, and no duration within its maxLength can overflow a time.
+DURATION_DIGITS = {"ms": 12, "s": 9, "m": 7, "h": 5, "d": 4}
+# The parser reads at most this many characters (a field allows 32).
+MAX_DURATION_TEXT = 64
+
+
+class DurationTooLongError(ValueError):
+    """A well-formed duration longer than :data:`MAX_DURATION`."""
+
+
+def _positive_part(unit: str) -> str:
+    """A part with at least one non-zero digit and at most ``DURATION_DIGITS[unit]``
+    significant ones (leading zeros are free, as the parser reads them)."""
+    return f"0*[1-9][0-9]{{0,{DURATION_DIGITS[unit] - 1}}}{unit}"
+
+
+# The CRD's pattern: the syntax, each part's digits bounded, at least one part positive.
+# Zero parts first, then the first positive one, then any: one way to match each string,
+# so a backtracking engine (Python's re, jsonschema) stays linear.
+_POSITIVE_PART = "(" + "|".join(_positive_part(u) for u in _UNIT_MS) + ")"
+POSITIVE_DURATION_PATTERN = (
+    rf"^(0+(ms|s|m|h|d))*{_POSITIVE_PART}(0+(ms|s|m|h|d)|{_POSITIVE_PART})*$"
+)
+
+
+def _invalid(text: str) -> ValueError:
+    shown = text if len(text) <= MAX_DURATION_TEXT else text[:MAX_DURATION_TEXT] + "..."
+    return ValueError(
+        f"invalid duration {shown!r}: use a number and a unit (ms, s, m, h, d), e.g. 30m or 1h30m"
+    )
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a duration such as ``90s``, ``30m``, ``1h30m`` or ``7d``."""
+    """Seconds in a duration such as ``90s``, ``30m``, ``1h30m`` or ``7d``.
+
+    Raises ValueError for anything else, and :class:`DurationTooLongError` (a ValueError)
+    for a duration over :data:`MAX_DURATION`; nothing else, for any string, and in time
+    bounded by :data:`MAX_DURATION_TEXT` (the property tests hold it to that).
+    """
+    if not isinstance(text, str) or len(text) > MAX_DURATION_TEXT:
+        raise _invalid(str(text))
     if not re.fullmatch(DURATION_PATTERN, text):
-        raise ValueError(
-            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), "
-            "e.g. 30m or 1h30m"
-        )
-    return sum(int(n) * DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+        raise _invalid(text)
+    total_ms = 0
+    for number, unit in _DURATION_PART.findall(text):
+        significant = number.lstrip("0") or "0"
+        if len(significant) > DURATION_DIGITS[unit]:
+            total_ms = MAX_DURATION_SECONDS * 1000 + 1  # over by itself (see DURATION_DIGITS)
+            break
+        total_ms += int(significant) * _UNIT_MS[unit]
+    if total_ms > MAX_DURATION_SECONDS * 1000:
+        raise DurationTooLongError(f"duration {text!r} is too long: the maximum is {MAX_DURATION}")
+    return total_ms / 1000
 
 
 def format_duration(seconds: float) -> str:
@@ -89,18 +148,61 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
-def _positive_duration(text: str) -> str:
-    if parse_duration(text) <= 0:  # parse_duration rejects what DURATION_PATTERN rejects
-        raise ValueError(f"duration {text!r} must be greater than zero")
-    return text
+@dataclass(frozen=True)
+class MaxDuration(GroupedMetadata):
+    """A positive duration of at most ``limit``: the constraint every duration field of
+    the API carries, each with the longest value that makes sense for it (a cycle every
+    365d at most, a canary step of 30d at most). A value beyond any sensible use is a
+    typo or an attack, and rejecting it here keeps the operator's arithmetic on times
+    from overflowing.
+
+    In the CRD it is a ``maxLength`` and :data:`POSITIVE_DURATION_PATTERN` (digits
+    bounded); the field's own maximum needs a sum CEL cannot compute, so it is the
+    models' alone (docs/validation.md).
+    """
+
+    limit: str
+
+    def __post_init__(self) -> None:
+        if not 0 < parse_duration(self.limit) <= MAX_DURATION_SECONDS:
+            raise ValueError(f"MaxDuration({self.limit!r}): must be within (0, {MAX_DURATION}]")
+
+    @property
+    def seconds(self) -> float:
+        return parse_duration(self.limit)
+
+    def __iter__(self) -> Iterator[Any]:
+        # The pattern goes to the CRD only; pydantic runs the parser, whose message is clearer.
+        yield Field(max_length=32, json_schema_extra={"pattern": POSITIVE_DURATION_PATTERN})
+        yield AfterValidator(self.check)
+
+    def check(self, text: str) -> str:
+        """``text`` when it is a duration in (0, limit]; else ValueError saying which bound."""
+        try:
+            seconds = parse_duration(text)
+        except DurationTooLongError:
+            seconds = math.inf
+        if seconds > self.seconds:
+            raise ValueError(f"duration {text!r} is too long: the maximum is {self.limit}")
+        if seconds <= 0:
+            raise ValueError(f"duration {text!r} must be greater than zero")
+        return text
 
 
-# The pattern goes to the CRD only; pydantic runs the parser, whose message is clearer.
-Duration = Annotated[
-    str,
-    Field(max_length=32, json_schema_extra={"pattern": POSITIVE_DURATION_PATTERN}),
-    AfterValidator(_positive_duration),
-]
+# The durations of the API, by their maximum.
+Duration1d = Annotated[str, MaxDuration("1d")]
+Duration7d = Annotated[str, MaxDuration("7d")]
+Duration30d = Annotated[str, MaxDuration("30d")]
+Duration365d = Annotated[str, MaxDuration("365d")]
+Duration = Annotated[str, MaxDuration(MAX_DURATION)]
+
+# --- Counts -----------------------------------------------------------------------------
+
+# The bound of counters no spec sets (generations, tokens, samples): 2**53 - 1, the largest
+# integer a float64 holds exactly. Not int64's 2**63 - 1: the API server reads a schema's
+# ``maximum`` as a float64, where that becomes 2**63, and refuses the CRD.
+MAX_COUNT = 2**53 - 1
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 # --- Names and references ---------------------------------------------------------------
 
@@ -128,6 +230,8 @@ StoreUri = Annotated[
     ),
 ]
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+# Resource names a container requests (cpu, memory, ephemeral-storage, a GPU, ...).
+MAX_RESOURCES = 16
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 # What a pattern means, for error messages: "must be an s3:// or file:/// URI" says more
@@ -170,7 +274,10 @@ class Toleration(ApiModel):
         None, description="Taint effect to tolerate; all effects when unset."
     )
     toleration_seconds: int | None = Field(
-        None, ge=0, description="For NoExecute: how long the pod stays bound after the taint."
+        None,
+        ge=0,
+        le=MAX_COUNT,
+        description="For NoExecute: how long the pod stays bound after the taint.",
     )
 
 
@@ -178,10 +285,12 @@ class ResourceRequirements(ApiModel):
     """Container resources, as in core/v1 (quantities such as ``32``, ``500Gi``, ``1500m``)."""
 
     requests: dict[str, Quantity] | None = Field(
-        None, description="Minimum resources the scheduler reserves, e.g. cpu, memory."
+        None,
+        max_length=MAX_RESOURCES,
+        description="Minimum resources the scheduler reserves, e.g. cpu, memory.",
     )
     limits: dict[str, Quantity] | None = Field(
-        None, description="Maximum resources the container may use."
+        None, max_length=MAX_RESOURCES, description="Maximum resources the container may use."
     )
 
 
@@ -215,8 +324,15 @@ class Condition(ApiModel):
         description="When status last changed (not when the condition was last written)."
     )
     observed_generation: int | None = Field(
-        None, ge=0, description="The metadata.generation the condition was computed from."
+        None,
+        ge=0,
+        le=MAX_COUNT,
+        description="The metadata.generation the condition was computed from.",
     )
+
+
+# Conditions an object carries (one per type; rtrl writes five at most).
+MAX_CONDITIONS = 32
 
 
 class ObjectMeta(ApiModel):

@@ -5,14 +5,17 @@ The dialect is the one Kubernetes CronJobs accept: five fields (minute, hour, da
 month, day of week), ``*``, ranges, lists, steps, month and weekday names, and the macros
 ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``/``@annually``. The regular
 expression accepts exactly the same strings except reversed ranges (``5-3``), which a regular
-expression cannot reject; ``rtrl validate`` and the operator do.
+expression cannot reject, and expressions that never fire (``0 0 31 2 *``: no 31 February),
+which it cannot see either; ``rtrl validate`` and the operator reject both.
 """
 
 from __future__ import annotations
 
+import calendar
 import functools
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -109,6 +112,64 @@ def parse_cron(expression: str) -> CronSchedule:
     sets = [_parse_field(part, field) for part, field in zip(parts, FIELDS, strict=True)]
     days_of_week = frozenset(day % 7 for day in sets[4])
     return CronSchedule(sets[0], sets[1], sets[2], sets[3], days_of_week)
+
+
+# Days in each month of a leap year: a schedule on 29 February fires, every four years.
+_LEAP_MONTH_DAYS = {month: calendar.monthrange(2024, month)[1] for month in range(1, 13)}
+# How far :func:`next_firing` looks: eight years hold every date a schedule can name, 29
+# February included (leap years can be eight years apart: 2096, then 2104).
+HORIZON_DAYS = 366 * 8
+
+
+def _days_are_and(schedule: CronSchedule) -> bool:
+    """Cron's day rule: with day of month and day of week both restricted, either one
+    matching is enough; with either unrestricted (``*``), both must match."""
+    return len(schedule.days_of_month) == 31 or len(schedule.days_of_week) == 7
+
+
+def never_fires(schedule: CronSchedule) -> str:
+    """Why ``schedule`` matches no minute ever (``""`` when it fires).
+
+    Only the day of month can make it so: hours, minutes and months are never empty, and
+    every month has every weekday. So it never fires exactly when its days must match
+    (:func:`_days_are_and`) and none of its days of month falls in any of its months,
+    counting 29 February. :func:`next_firing` agrees (a property test holds them to it).
+    """
+    if not _days_are_and(schedule):
+        return ""  # any of its weekdays will do
+    if any(day <= _LEAP_MONTH_DAYS[m] for m in schedule.months for day in schedule.days_of_month):
+        return ""
+    days = ", ".join(map(str, sorted(schedule.days_of_month)))
+    months = ", ".join(calendar.month_name[m] for m in sorted(schedule.months))
+    return f"no day {days} in {months}"
+
+
+def next_firing(schedule: CronSchedule, after: datetime) -> datetime | None:
+    """The first minute strictly after ``after`` that ``schedule`` matches (in ``after``'s
+    time zone), or None when none comes within :data:`HORIZON_DAYS` (it never fires, or
+    the calendar ends first: year 9999)."""
+    try:
+        start = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    except OverflowError:
+        return None
+    both = _days_are_and(schedule)
+    hours, minutes = sorted(schedule.hours), sorted(schedule.minutes)
+    day = start.replace(hour=0, minute=0)
+    for _ in range(HORIZON_DAYS):
+        if day.month in schedule.months:
+            dom = day.day in schedule.days_of_month
+            dow = (day.isoweekday() % 7) in schedule.days_of_week
+            if (dom and dow) if both else (dom or dow):
+                for hour in hours:
+                    for minute in minutes:
+                        moment = day.replace(hour=hour, minute=minute)
+                        if moment >= start:
+                            return moment
+        try:
+            day += timedelta(days=1)
+        except OverflowError:
+            return None
+    return None
 
 
 def _name_regex(name: str) -> str:

@@ -10,6 +10,7 @@ the API server rejects what ``rtrl validate`` rejects.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal, Self
@@ -30,7 +31,10 @@ from .common import (
     Condition,
     DnsLabel,
     DnsSubdomain,
-    Duration,
+    Duration1d,
+    Duration7d,
+    Duration30d,
+    Duration365d,
     EnvName,
     Image,
     ObjectMeta,
@@ -41,16 +45,36 @@ from .common import (
     cel,
     parse_duration,
 )
-from .cron import CRON_PATTERN, parse_cron
+from .cron import CRON_PATTERN, never_fires, parse_cron
 
 # Derived child names (<rlcycle>-<cycle>-train, its headless Service, pod hostnames) must
 # stay within the 63 characters of a DNS label.
 MAX_RLCYCLE_NAME = 40
 MAX_ROLLOUT_STEPS = 10
+MAX_ORGS = 1000
+# Counts a spec sets: far beyond any real cycle, far below int64 (2**63, where the API
+# server's integers end).
+MAX_INTERACTIONS = 10**12
+MAX_TOKENS = 10**15
+
+# An endpoint URL, and the rule that keeps credentials out of it: userinfo (``user:pass@``)
+# before the host. A URL with it would put a secret in the RLCycle, in every pod's
+# arguments and in error messages.
+ENDPOINT_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
+ENDPOINT_CREDENTIALS_RULE = "!self.matches('^https?://[^/]*@')"
+_ENDPOINT_USERINFO = re.compile(r"^https?://[^/]*@")
+ENDPOINT_CREDENTIALS = (
+    "must not hold credentials (user:password@host): put them in a Secret and set credentialsSecret"
+)
+# A label value, as core/v1 bounds it. (Keys stay unconstrained here: a structural schema
+# cannot bound a map's keys, and the API server checks a pod's node selector itself.)
+LabelValue = Annotated[str, Field(max_length=63)]
 
 
 def _cron(expression: str) -> str:
-    parse_cron(expression)
+    problem = never_fires(parse_cron(expression))
+    if problem:
+        raise ValueError(f"cron expression {expression!r} never fires: {problem}")
     return expression
 
 
@@ -94,8 +118,10 @@ class ScheduleSpec(ApiModel):
         }
     )
 
-    interval: Duration | None = Field(
-        None, description="Start a cycle this long after the previous one started, e.g. 5h."
+    interval: Duration365d | None = Field(
+        None,
+        description="Start a cycle this long after the previous one started, e.g. 5h "
+        "(at most 365d).",
     )
     cron: Cron | None = Field(
         None, description="Start cycles on this cron schedule (UTC), e.g. '0 */5 * * *'."
@@ -113,10 +139,10 @@ class PopulationSpec(ApiModel):
     (specialising a model for one organisation)."""
 
     orgs: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
-        None, min_length=1, max_length=1000, description="Only interactions of these orgs."
+        None, min_length=1, max_length=MAX_ORGS, description="Only interactions of these orgs."
     )
     exclude_orgs: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
-        None, min_length=1, max_length=1000, description="Never interactions of these orgs."
+        None, min_length=1, max_length=MAX_ORGS, description="Never interactions of these orgs."
     )
 
 
@@ -133,21 +159,24 @@ class DataSpec(ApiModel):
         description="Hive partition key that holds the serving checkpoint id "
         "(interactions/<key>=<id>/...).",
     )
-    maturity: Duration = Field(
+    maturity: Duration365d = Field(
         "1h",
         description="How long after an interaction its feedback is final (edit persistence is "
-        "known later); younger interactions wait for a later cycle.",
+        "known later); younger interactions wait for a later cycle (at most 365d).",
     )
-    window: Duration | None = Field(
+    window: Duration365d | None = Field(
         None,
-        description="Only interactions created this long before the cycle starts; "
-        "unset: all since the serving checkpoint went live.",
+        description="Only interactions created this long before the cycle starts (at most "
+        "365d); unset: all since the serving checkpoint went live.",
     )
     min_interactions: int = Field(
-        1000, ge=1, description="Fewer matured interactions than this: the cycle waits."
+        1000,
+        ge=1,
+        le=MAX_INTERACTIONS,
+        description="Fewer matured interactions than this: the cycle waits.",
     )
     min_tokens: int = Field(
-        0, ge=0, description="Fewer completion tokens than this: the cycle waits."
+        0, ge=0, le=MAX_TOKENS, description="Fewer completion tokens than this: the cycle waits."
     )
     max_off_policy_fraction: Probability = Field(
         0.0,
@@ -257,8 +286,8 @@ class TrainingSpec(ApiModel):
     resources: ResourceRequirements | None = Field(
         None, description="CPU and memory of each training pod (GPUs come from gpusPerNode)."
     )
-    node_selector: dict[str, str] | None = Field(
-        None, description="Node labels the training pods must run on."
+    node_selector: dict[str, LabelValue] | None = Field(
+        None, max_length=64, description="Node labels the training pods must run on."
     )
     tolerations: list[Toleration] | None = Field(
         None, max_length=64, description="Tolerations of the training pods (e.g. GPU taints)."
@@ -269,6 +298,7 @@ class TrainingSpec(ApiModel):
     batch_tokens: int = Field(
         1_048_576,
         ge=1,
+        le=2**32,
         description="Global batch in completion tokens; gradients accumulate up to it.",
     )
     micro_batch_size: int = Field(
@@ -297,7 +327,7 @@ class TrainingSpec(ApiModel):
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."
     )
-    seed: int = Field(0, ge=0, description="Random seed of the training run.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Random seed of the training run.")
 
 
 class EvalSuite(StrEnum):
@@ -321,7 +351,12 @@ class EvalGate(ApiModel):
         max_length=128,
         description="<suite>.<metric>, e.g. tasks.pass_at_1.",
     )
-    max_regression: float = Field(ge=0, description="Largest tolerated regression.")
+    max_regression: float = Field(
+        ge=0,
+        le=1_000_000,
+        description="Largest tolerated regression, in the metric's units (absolute) or as a "
+        "share of the parent's value (relative).",
+    )
     mode: RegressionMode = Field(
         RegressionMode.ABSOLUTE, description="Whether maxRegression is absolute or relative."
     )
@@ -430,9 +465,14 @@ class RolloutStep(ApiModel):
     """One canary step: the canary's share of traffic and how long it holds at least."""
 
     weight: int = Field(ge=1, le=100, description="Canary traffic share in percent.")
-    min_duration: Duration = Field(description="Stay at least this long at this weight.")
+    min_duration: Duration30d = Field(
+        description="Stay at least this long at this weight (at most 30d)."
+    )
     min_samples: int = Field(
-        0, ge=0, description="And until each arm has this many matured interactions."
+        0,
+        ge=0,
+        le=MAX_INTERACTIONS,
+        description="And until each arm has this many matured interactions.",
     )
 
 
@@ -448,8 +488,10 @@ class AnalysisSpec(ApiModel):
     alpha: float = Field(
         0.05, gt=0, le=0.5, description="Error rate of the always-valid sequential test."
     )
-    max_duration: Duration = Field(
-        "24h", description="After this long without a decision, the inconclusive policy applies."
+    max_duration: Duration365d = Field(
+        "24h",
+        description="After this long without a decision, the inconclusive policy applies "
+        "(at most 365d).",
     )
     inconclusive: InconclusivePolicy = Field(
         InconclusivePolicy.ROLLBACK,
@@ -458,10 +500,10 @@ class AnalysisSpec(ApiModel):
     non_inferiority_margin: float = Field(
         0.01, ge=0, le=1, description="Relative margin for promote-if-non-inferior."
     )
-    interval: Duration = Field(
+    interval: Duration1d = Field(
         "15m",
         description="How often the analysis runs again while a step waits for samples or "
-        "evidence (after the step's minDuration).",
+        "evidence (after the step's minDuration; at most 1d).",
     )
     srm_alpha: float = Field(
         0.001,
@@ -474,11 +516,11 @@ class AnalysisSpec(ApiModel):
         description="CUPED: adjust each metric by the same unit's metric on the stable "
         "checkpoint during preExposure before the canary started.",
     )
-    pre_exposure: Duration = Field(
+    pre_exposure: Duration365d = Field(
         "7d",
         description="How far before the canary's start the stable arm's interactions (the "
         "baseline and the checkpoints that served before it) give each unit's "
-        "pre-exposure covariates (variance reduction).",
+        "pre-exposure covariates (variance reduction; at most 365d).",
     )
 
 
@@ -627,8 +669,10 @@ class RolloutSpec(ApiModel):
             CEL_KEY: [cel(_increasing_weights_rule(), "step weights must be strictly increasing")]
         },
     )
-    ready_timeout: Duration = Field(
-        "30m", description="The canary must be ready (model loaded) within this, else rollback."
+    ready_timeout: Duration7d = Field(
+        "30m",
+        description="The canary must be ready (model loaded) within this, else rollback "
+        "(at most 7d).",
     )
     analysis: AnalysisSpec = Field(
         default_factory=AnalysisSpec, description="The sequential A/B test."
@@ -686,9 +730,11 @@ class StorageSpec(ApiModel):
     )
     endpoint: str | None = Field(
         None,
-        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        pattern=ENDPOINT_PATTERN,
         max_length=1024,
-        description="S3-compatible endpoint URL (MinIO, Ceph, GCS interop); unset: AWS.",
+        description="S3-compatible endpoint URL (MinIO, Ceph, GCS interop); unset: AWS. "
+        "Never with credentials in it (user:password@): they go in credentialsSecret.",
+        json_schema_extra={CEL_KEY: [cel(ENDPOINT_CREDENTIALS_RULE, ENDPOINT_CREDENTIALS)]},
     )
     region: str | None = Field(
         None, pattern=r"^[a-z0-9-]+$", max_length=64, description="S3 region."
@@ -720,6 +766,14 @@ class StorageSpec(ApiModel):
                 )
         return data
 
+    @field_validator("endpoint")
+    @classmethod
+    def _no_credentials_in_endpoint(cls, endpoint: str | None) -> str | None:
+        # The message never repeats the URL: it holds a secret.
+        if endpoint is not None and _ENDPOINT_USERINFO.match(endpoint):
+            raise ValueError(ENDPOINT_CREDENTIALS)
+        return endpoint
+
     @model_validator(mode="after")
     def _one_identity(self) -> Self:
         if self.credentials_secret and self.service_account_name:
@@ -739,11 +793,14 @@ class JobPolicySpec(ApiModel):
     backoff_limit: int = Field(
         2, ge=0, le=10, description="Retries of a failed step Job before the cycle fails."
     )
-    backoff: Duration = Field(
-        "30s", description="Delay before the first retry; each further retry waits twice as long."
+    backoff: Duration1d = Field(
+        "30s",
+        description="Delay before the first retry; each further retry waits twice as long "
+        "(at most 1d).",
     )
-    active_deadline: Duration | None = Field(
-        None, description="Wall-clock limit of one attempt of a step Job; unset: none."
+    active_deadline: Duration30d | None = Field(
+        None,
+        description="Wall-clock limit of one attempt of a step Job (at most 30d); unset: none.",
     )
 
 
