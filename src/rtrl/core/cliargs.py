@@ -33,5 +33,18 @@ def non_negative_int(text: str) -> int:
 
 
 def fraction(text: str) -> float:
-    """A number in [0, 1]."""
+    """A number in [0, 1] (never NaN: it compares false with both bounds)."""
     return _checked(text, float, lambda v: 0.0 <= v <= 1.0, "a fraction between 0 and 1")
+
+
+def fraction_up_to(high: float) -> Callable[[str], float]:
+    """The argparse type of a number in [0, ``high``], for a share that must leave the
+    rest something (a held-out share of 1 would leave nothing to train on)."""
+
+    def parse(text: str) -> float:
+        return _checked(
+            text, float, lambda v: 0.0 <= v <= high, f"a fraction between 0 and {high:g}"
+        )
+
+    parse.__name__ = f"fraction_up_to_{high:g}"
+    return parse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rtrl.core.cliargs import fraction, non_negative_int, positive_int
+from rtrl.core.cliargs import fraction, fraction_up_to, non_negative_int, positive_int
 from rtrl_trainer.runner import (
     add_config_argument,
     add_endpoint_argument,
@@ -15,7 +15,11 @@ from rtrl_trainer.runner import (
     work_dir,
 )
 from rtrl_trainer.spec_file import time_arg
-from rtrl_trainer.stage.config import DEFAULT_HELDOUT_FRACTION, build_config
+from rtrl_trainer.stage.config import (
+    DEFAULT_HELDOUT_FRACTION,
+    MAX_HELDOUT_FRACTION,
+    build_config,
+)
 from rtrl_trainer.stage.step import StageError, stage
 
 DESCRIPTION = """Select the matured interactions the serving checkpoint produced, quarantine
@@ -60,11 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--heldout-fraction",
-        type=fraction,
+        type=fraction_up_to(MAX_HELDOUT_FRACTION),
         default=DEFAULT_HELDOUT_FRACTION,
         metavar="F",
         help="share of on-policy interactions held out for eval, never trained on "
-        f"(default {DEFAULT_HELDOUT_FRACTION})",
+        f"(default {DEFAULT_HELDOUT_FRACTION}, at most {MAX_HELDOUT_FRACTION})",
     )
     parser.add_argument(
         "--previous-checkpoint",

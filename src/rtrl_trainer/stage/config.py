@@ -27,6 +27,8 @@ from rtrl_trainer.spec_file import ConfigError, format_time, load_sections, vali
 
 # Share of the on-policy interactions held out for eval when --heldout-fraction is not given.
 DEFAULT_HELDOUT_FRACTION = 0.05
+# At most half: a larger share would leave less to train on than to evaluate (and 1, all).
+MAX_HELDOUT_FRACTION = 0.5
 # DataSpec fields (camelCase, as in YAML) that a flag may override -> the flag's name.
 DATA_FLAGS: dict[str, str] = {
     "shards": "--shards",
@@ -158,6 +160,11 @@ def build_config(
         raise ConfigError("--previous-checkpoint must differ from --checkpoint")
     if ranks < 1:
         raise ConfigError(f"--ranks: must be at least 1, got {ranks}")
+    if not 0.0 <= heldout_fraction <= MAX_HELDOUT_FRACTION:
+        raise ConfigError(
+            f"--heldout-fraction: must be between 0 and {MAX_HELDOUT_FRACTION}, "
+            f"got {heldout_fraction}"
+        )
     if since is not None and since > now:
         raise ConfigError(
             f"--since {format_time(since)} is after --now {format_time(now)}: nothing can be "
