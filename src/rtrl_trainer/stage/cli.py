@@ -32,7 +32,7 @@ errors."""
 # (One string, not one line a name: the list would read like the set's column lists.)
 SAME_NAMED = (  # noqa: SIM905
     "checkpoint out shards maturity max_bad_fraction min_interactions min_tokens since "
-    "previous_checkpoint ranks endpoint_url heldout_fraction"
+    "previous_checkpoint ranks endpoint_url heldout_fraction parent"
 ).split()
 
 
@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", metavar="URI", help="shard source (sets data.shards)")
     parser.add_argument("--checkpoint", metavar="ID", required=True, help="serving checkpoint")
     parser.add_argument("--out", metavar="URI", required=True, help="where to commit the set")
+    parser.add_argument(
+        "--parent",
+        metavar="URI",
+        help="the serving checkpoint's prefix: token ids at or beyond its config.json "
+        "vocab_size are quarantined (without it, only negative ids are)",
+    )
     add_config_argument(parser, "data and/or reward")
     add_now_argument(parser, "the cycle's time")
     parser.add_argument(

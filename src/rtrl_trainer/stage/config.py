@@ -62,6 +62,9 @@ class StageConfig:
     # Share of the selected on-policy interactions held out for the eval step (by a hash
     # of interaction_id), never trained on.
     heldout_fraction: float = 0.0
+    # The serving checkpoint's prefix (the parent of the one to be trained): its
+    # config.json's vocab_size bounds the token ids. None: ids are only checked >= 0.
+    parent: str | None = None
 
     @property
     def maturity(self) -> timedelta:
@@ -111,6 +114,7 @@ def build_config(
     ranks: int = 1,
     endpoint_url: str | None = None,
     heldout_fraction: float = 0.0,
+    parent: str | None = None,
     **data_flags: Unpack[DataFlags],
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
@@ -171,6 +175,11 @@ def build_config(
             "ready yet"
         )
     _check_out(out, data.shards)
+    if parent is not None:
+        try:
+            parse_store_uri(parent)
+        except ValueError as exc:
+            raise ConfigError(f"--parent: {exc}") from None
     return StageConfig(
         data=data,
         reward=reward,
@@ -183,6 +192,7 @@ def build_config(
         ranks=ranks,
         endpoint_url=endpoint_url,
         heldout_fraction=heldout_fraction,
+        parent=parent,
     )
 
 

@@ -242,12 +242,15 @@ def select(
     sink: Callable[[pa.RecordBatch], None],
     heldout: Path | None = None,
     tokens: str = WIDE_TOKEN_IDS,
+    *,
+    vocab_size: int | None = None,
 ) -> Selection:
     """Pass 1: stream the shards, pass the selected rows (with rewards, as scratch-schema
     batches, token ids as ``tokens``) to ``sink``, and write the held-out on-policy rows
-    (``config.heldout_fraction``) to ``heldout``."""
+    (``config.heldout_fraction``) to ``heldout``. Token ids at or beyond ``vocab_size``
+    (the parent's vocabulary), like negative ones, are quarantined by the reader."""
     key = config.data.checkpoint_partition
-    reader = ValidatingReader(store, partitions=shard_partitions(config))
+    reader = ValidatingReader(store, partitions=shard_partitions(config), vocab_size=vocab_size)
     strata = Strata(by_org=config.reward.baseline == "org")
     selection = Selection(report=reader.report, strata=strata)
     path_checkpoints: dict[str, str | None] = {}

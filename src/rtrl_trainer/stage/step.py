@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.quarantine import Quarantine, quarantine, quarantine_message
@@ -40,7 +41,20 @@ SCRATCH_COMPRESSION = "zstd"
 
 
 class StageError(Exception):
-    """The step cannot produce a training set (too much bad data); exit status 1."""
+    """The step cannot produce a training set (too much bad data, a parent without a
+    vocabulary); exit status 1."""
+
+
+def parent_vocabulary(config: StageConfig) -> int | None:
+    """The vocabulary token ids must lie in: the parent's config.json ``vocab_size``
+    (read through the store, as the train step reads it), None without ``--parent``."""
+    if config.parent is None:
+        return None
+    store = open_store(config.parent, endpoint_url=config.endpoint_url)
+    try:
+        return read_vocab_size(store)
+    except VocabularyError as exc:
+        raise StageError(f"parent {config.parent}: {exc}") from None
 
 
 def _summary_document(config: StageConfig) -> dict[str, Any]:
@@ -59,6 +73,8 @@ def _summary_document(config: StageConfig) -> dict[str, Any]:
         "window_start": format_time(config.window_start),
         "next_since": format_time(config.now),
         "maturity": config.data.maturity,
+        "parent": config.parent,
+        "vocab_size": None,
     }
 
 
@@ -74,6 +90,7 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         raise ConfigError(f"data.shards: {shards.root} is not a directory")
     out = open_store(config.out, endpoint_url=config.endpoint_url)
     doc = _summary_document(config)
+    doc["vocab_size"] = vocab_size = parent_vocabulary(config)
     with (
         tempfile.TemporaryDirectory(prefix="rtrl-stage-", dir=work_dir) as tmp,
         Staging(out, Path(tmp)) as staging,
@@ -83,7 +100,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         token_ids = token_id_type(shards, shard_partitions(config))
         ranks = Ranks(config.ranks, staging, tmp_dir, train_schema(token_ids))
         with ranks:
-            selection, scratch = _pass_one(config, shards, ranks, heldout, token_ids, tmp_dir)
+            selection, scratch = _pass_one(
+                config, shards, ranks, heldout, token_ids, tmp_dir, vocab_size
+            )
             select_seconds = time.perf_counter() - clock
             q = quarantine(selection)
             doc.update(_quarantine_fields(q, selection, config, token_ids))
@@ -135,12 +154,15 @@ def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
     heldout: Path | None,
     token_ids: str,
     tmp_dir: Path,
+    vocab_size: int | None,
 ) -> tuple[Selection, Path | None]:
     """Pass 1 into the rank files, or, when previous-checkpoint rows are admissible, into a
     scratch file (returned) for pass 2."""
     if not config.admits_previous:
         # Every selected row enters the set: straight to the rank files.
-        selection = select(config, shards, lambda b: deal(ranks, b), heldout, token_ids)
+        selection = select(
+            config, shards, lambda b: deal(ranks, b), heldout, token_ids, vocab_size=vocab_size
+        )
         ranks.close()
         return selection, None
     # Which previous-checkpoint rows enter the set is known only once all are read: the
@@ -154,7 +176,12 @@ def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
         Worker("stage-scratch") as background,
     ):
         selection = select(
-            config, shards, lambda b: background.submit(writer.write_batch, b), heldout, token_ids
+            config,
+            shards,
+            lambda b: background.submit(writer.write_batch, b),
+            heldout,
+            token_ids,
+            vocab_size=vocab_size,
         )
     return selection, scratch
 

@@ -9,8 +9,11 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
+import pyarrow as pa
+
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.store import open_store
+from rtrl_trainer.cli import main
 from tests.conftest import REPO, console_script
 from tests.rtrl_trainer.trainset import VOCAB, save_parent, tiny_gpt2
 
@@ -58,3 +61,60 @@ def test_train_consumes_what_stage_commits(tmp_path: Path) -> None:
     result = json.loads(published.get_bytes("train.json"))
     assert result["summary"]["tokens"] > 0
     assert result["summary"]["steps"] == 2
+
+
+def test_a_row_an_older_stage_let_through_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """A set staged without the parent's vocabulary (by an older stage, or without
+    ``--parent``) holding one row with a token id beyond it: the train step skips and
+    counts it and trains on the rest, where it used to fail at every retry. Staged again
+    with ``--parent``, the row is quarantined at the door instead."""
+    root = tmp_path / "store"
+    shards = root / "interactions"
+    batches = list(synthetic_interactions(
+        24, seed=5, checkpoint_id="ckpt-1", tokens=8, prompt_tokens=(4, 8),
+        vocab_size=VOCAB, duration=timedelta(minutes=30),
+    ))  # fmt: skip
+    table = pa.Table.from_batches(batches)
+    beyond = table.column("completion_ids").to_pylist()
+    beyond[5] = [VOCAB + 1] * len(beyond[5])
+    table = table.set_column(
+        table.schema.get_field_index("completion_ids"),
+        "completion_ids",
+        pa.array(beyond, pa.list_(pa.int32())),
+    )
+    write_shards(table, shards)
+    bad_id = table.column("interaction_id")[5].as_py()
+    store = open_store(root.as_uri() + "/")
+    save_parent(store, "models/ckpt-1", tiny_gpt2(), tmp_path)
+    parent = (root / "models" / "ckpt-1").as_uri() + "/"
+    stage = [
+        "stage", "--shards", shards.as_uri() + "/", "--checkpoint", "ckpt-1",
+        "--now", "2026-01-06T00:00:00Z", "--min-interactions", "8", "--heldout-fraction", "0",
+    ]  # fmt: skip
+
+    # With the parent, the stage quarantines the row (in-process: the subprocess is below).
+    guarded = (root / "cycles" / "guarded" / "stage").as_uri() + "/"
+    assert main([*stage, "--out", guarded, "--parent", parent, "--max-bad-fraction", "0.1"]) == 0
+    summary = json.loads(open_store(guarded).get_bytes("stage.json"))
+    assert summary["quarantined"] == {"token_out_of_range": 1}
+    assert summary["vocab_size"] == VOCAB
+
+    older = (root / "cycles" / "older" / "stage").as_uri() + "/"
+    assert main([*stage, "--out", older]) == 0
+    summary = json.loads(open_store(older).get_bytes("stage.json"))
+    assert summary["quarantined"] == {} and summary["interactions_used"] > 16
+
+    train_out = (root / "models" / "ckpt-2").as_uri() + "/"
+    trained = _job(
+        "train", "--parent", parent, "--data", older, "--out", train_out, "--precision", "fp32",
+        "--batch-tokens", "512", "--micro-batch-size", "8", "--max-steps", "1",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "skipped 1 row(s) that cannot be trained on: " in trained.stdout
+    result = json.loads(open_store(train_out).get_bytes("train.json"))
+    assert result["summary"]["steps"] == 1
+    data = result["data"]
+    assert data["rows_skipped"] == {"token_out_of_range": 1}
+    (example,) = data["skipped_examples"]
+    assert f"(interaction {bad_id}): completion_ids has token id {VOCAB + 1}" in example
+    assert data["rows"] == summary["interactions_used"] - 1

@@ -4,6 +4,7 @@ contradicts its file's footer is quarantined, never truncated."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,11 +70,105 @@ def test_a_file_without_statistics_keeps_ids_in_four_bytes(tmp_path: Path) -> No
     assert len(training_set(tmp_path / "out")) == 3
 
 
-def test_a_negative_id_keeps_ids_in_four_bytes(tmp_path: Path) -> None:
-    write(rows(1, completion_ids=[[-1, 5]]), tmp_path / "shards" / PARTITION / "p.parquet")
-    code, doc = run_stage(tmp_path / "shards", tmp_path / "out")
+def test_a_negative_id_is_quarantined_and_keeps_ids_in_four_bytes(tmp_path: Path) -> None:
+    # The footer declares the -1, so the width is chosen wide before any row is read.
+    write(
+        rows(3, completion_ids=[[-1, 5], [4, 5], [4, 5]]),
+        tmp_path / "shards" / PARTITION / "p.parquet",
+    )
+    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--max-bad-fraction", "0.5")
     assert code == 0 and doc["token_ids"] == "int32"
-    assert training_set(tmp_path / "out").column("completion_ids").to_pylist() == [[-1, 5]]
+    assert doc["quarantined"] == {"token_out_of_range": 1}
+    assert doc["vocab_size"] is None and doc["parent"] is None
+    assert sorted(by_id(training_set(tmp_path / "out"))) == ["i00001", "i00002"]
+
+
+VOCAB = 260
+
+
+def _parent(root: Path, vocab_size: int = VOCAB) -> str:
+    """A parent checkpoint as far as the stage reads one: its config.json."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": vocab_size}))
+    return root.as_uri() + "/"
+
+
+def _out_of_range_shards(root: Path) -> None:
+    """Six rows: row 1 has prompt id -5, row 4 completion id VOCAB + 1; row 2's VOCAB - 1
+    is the last id inside the vocabulary."""
+    write(
+        rows(6,
+             prompt_ids=[[1, 2], [1, -5, 3], [1], [2], [3], [4]],
+             completion_ids=[[4, 5], [4, 5], [4, VOCAB - 1], [4, 5], [4, VOCAB + 1], [4, 5]]),
+        root / PARTITION / "part-0.parquet",
+    )  # fmt: skip
+
+
+def test_ids_outside_the_parents_vocabulary_are_quarantined(tmp_path: Path) -> None:
+    _out_of_range_shards(tmp_path / "shards")
+    parent = _parent(tmp_path / "models" / "ckpt-1")
+    code, doc = run_stage(
+        tmp_path / "shards", tmp_path / "out", "--parent", parent, "--max-bad-fraction", "0.5"
+    )
+    assert code == 0, doc
+    assert (doc["parent"], doc["vocab_size"]) == (parent, VOCAB)
+    assert doc["quarantined"] == {"token_out_of_range": 2}
+    assert doc["files_by_reason"] == {"token_out_of_range": 1}
+    assert (doc["rows_read"], doc["rows_bad"], doc["interactions_used"]) == (6, 2, 4)
+    (listed,) = doc["quarantined_files"]
+    assert listed["key"] == f"{PARTITION}/part-0.parquet"
+    assert listed["rows_by_reason"] == {"token_out_of_range": 2}
+    assert listed["examples"] == {"token_out_of_range": [1, 4]}
+    assert listed["messages"] == [
+        f"token_out_of_range: row 1: prompt_ids has token id -5, outside [0, {VOCAB})"
+    ]
+    staged = by_id(training_set(tmp_path / "out"))
+    assert sorted(staged) == ["i00000", "i00002", "i00003", "i00005"]
+    assert staged["i00002"]["completion_ids"] == [4, VOCAB - 1]
+
+
+def test_without_a_parent_only_negative_ids_are_quarantined(tmp_path: Path) -> None:
+    """What an older stage (or one run by hand without --parent) lets through: the train
+    step checks the ids again against the parent it trains (tests of train/examples.py)."""
+    _out_of_range_shards(tmp_path / "shards")
+    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--max-bad-fraction", "0.5")
+    assert code == 0 and doc["quarantined"] == {"token_out_of_range": 1}
+    staged = by_id(training_set(tmp_path / "out"))
+    assert staged["i00004"]["completion_ids"] == [4, VOCAB + 1]
+
+
+def test_too_many_ids_outside_the_vocabulary_fail_the_stage(tmp_path: Path) -> None:
+    _out_of_range_shards(tmp_path / "shards")
+    # One id smaller: row 2's VOCAB - 1 is out too.
+    parent = _parent(tmp_path / "models" / "ckpt-1", vocab_size=VOCAB - 1)
+    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--parent", parent)
+    assert code == 1 and not doc["ok"]
+    assert doc["quarantined"] == {"token_out_of_range": 3}
+    assert doc["message"].startswith("50% of rows are bad (limit 1%): token_out_of_range=3")
+    assert "train/rank-00000-of-00001.parquet" not in doc["files"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (None, "no config.json (not a Hugging Face checkpoint"),
+        ({"model_type": "gpt2"}, "config.json has no vocab_size"),
+    ],
+    ids=["no-config", "no-vocab-size"],
+)
+def test_a_parent_without_a_vocabulary_fails_the_stage_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: object, message: str
+) -> None:
+    _out_of_range_shards(tmp_path / "shards")
+    parent = tmp_path / "models" / "ckpt-1"
+    parent.mkdir(parents=True)
+    if config is not None:
+        (parent / "config.json").write_text(json.dumps(config))
+    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--parent", parent.as_uri() + "/")
+    assert code == 1 and doc == {}
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"stage: parent {parent.as_uri()}/: {message}"), err
+    assert "\n" not in err
 
 
 def test_rows_contradicting_their_footer_are_quarantined_not_truncated(
@@ -83,7 +178,7 @@ def test_rows_contradicting_their_footer_are_quarantined_not_truncated(
     # declaration is what the step is told it read).
     shards = tmp_path / "shards" / PARTITION
     write(rows(3, prompt_ids=[[1], [70_000, 2], [3]]), shards / "part-0.parquet")
-    write(rows(1, interaction_id=["c0"], completion_ids=[[4, -7]]), shards / "part-1.parquet")
+    write(rows(1, interaction_id=["c0"], completion_ids=[[4, 70_001]]), shards / "part-1.parquet")
     monkeypatch.setattr(stage_select, "declared_range", lambda *_: ValueRange(0, 9, 2))
     code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--max-bad-fraction", "0.9")
     assert code == 0 and doc["token_ids"] == "uint16"

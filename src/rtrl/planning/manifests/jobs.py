@@ -182,6 +182,8 @@ def step_args(
             "stage",
             f"--checkpoint={serving['metadata']['name']}",
             f"--out={step_out(uri, 'stage')}",
+            # Its vocabulary bounds the token ids the stage lets through.
+            f"--parent={serving['spec']['uri']}",
             config,
             f"--now={started}",
             f"--ranks={ranks}",
