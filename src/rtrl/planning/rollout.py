@@ -212,30 +212,54 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
             )
         r.out.soon(10)
         return r.finish("Canary", f"cannot read the analysis: {doc}")
-    return judge(r, ck, records, dict(doc))
+    try:
+        verdict = read_verdict(dict(doc))
+    except (KeyError, TypeError, ValueError) as exc:
+        # The canary cannot be judged: as when the analysis fails, it is rolled back (once;
+        # a result that raised in every round would stop the RLCycle instead).
+        why = " ".join(str(exc).split())[:500]
+        uri = result_uri(ck["spec"]["uri"], analysis)
+        return decide(r, ck, records, "rollback", f"{uri} is not a valid analysis result: {why}")
+    return judge(r, ck, records, verdict)
 
 
-def judge(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], doc: dict[str, Any]) -> Plan:
-    """An analysis's verdict into the step's record: promote, roll back, the next step
-    (once both arms have ``minSamples``), or stay."""
+DECISIONS = ("continue", "promote", "rollback")
+
+
+def read_verdict(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an analysis.json the rollout uses, checked: ValueError or TypeError
+    when it is not an analysis result (a decision it does not know, a non-finite metric...)."""
+    decision = str(doc.get("decision") or "continue")
+    if decision not in DECISIONS:
+        raise ValueError(f"decision {decision!r} is none of {', '.join(DECISIONS)}")
+    reasons = doc.get("reasons") or []
+    metrics = doc.get("metrics") or []
+    if not isinstance(reasons, list) or not isinstance(metrics, list):
+        raise TypeError("reasons and metrics must be lists")
+    return {
+        "decision": decision,
+        "reason": "; ".join(str(e) for e in reasons)[:32768] or decision,
+        "baselineSamples": int(doc.get("baseline_samples") or 0),
+        "canarySamples": int(doc.get("canary_samples") or 0),
+        "metrics": [
+            MetricComparison.model_validate(
+                {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
+            ).model_dump(mode="json", by_alias=True, exclude_none=True)
+            for m in metrics
+        ][:64]
+        or None,
+    }
+
+
+def judge(
+    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], verdict: dict[str, Any]
+) -> Plan:
+    """An analysis's verdict (:func:`read_verdict`) into the step's record: promote, roll
+    back, the next step (once both arms have ``minSamples``), or stay."""
     name = meta(ck)["name"]
     record = records[-1]
-    decision = str(doc.get("decision") or "continue")
-    reasons = [str(e) for e in doc.get("reasons") or []]
-    metrics = [
-        MetricComparison.model_validate(
-            {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
-        ).model_dump(mode="json", by_alias=True, exclude_none=True)
-        for m in doc.get("metrics") or []
-    ][:64]
-    record.update(
-        analyses=int(record.get("analyses") or 0) + 1,
-        decision=decision,
-        reason="; ".join(reasons)[:32768] or decision,
-        baselineSamples=int(doc.get("baseline_samples") or 0),
-        canarySamples=int(doc.get("canary_samples") or 0),
-        metrics=metrics or None,
-    )
+    decision = verdict["decision"]
+    record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
     r.event(
         f"Analysis{decision.title()}",
         f"{name}: {record['reason']}",

@@ -752,6 +752,34 @@ def test_a_failing_analysis_rolls_back() -> None:
     assert "analysis failed" in ck["status"]["message"]
 
 
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"decision": "ship it"},
+        {"metrics": [{"name": "edit_persistence", "kind": "goal", "canary": float("nan")}]},
+        {"metrics": "edit_persistence"},
+        {"baseline_samples": "many"},
+        {"reasons": 7},
+    ],
+    ids=["decision", "nan-metric", "metrics-not-a-list", "samples", "reasons"],
+)
+def test_an_analysis_result_that_is_not_one_rolls_back_once(corrupt: dict) -> None:
+    """A corrupt analysis.json (by hand, or a step of another version) is a failed analysis:
+    the canary cannot be judged, so it is rolled back, once, not a round that raises for
+    ever (a crash loop of the RLCycle's reconciler)."""
+    world = World()
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", result={**analysis("promote"), **corrupt})
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert "is not a valid analysis result" in ck["status"]["message"]
+    world.reconcile()
+    assert world.reasons().count("RolledBack") == 1
+
+
 @pytest.mark.parametrize("how", ["annotation", "pin"])
 def test_manual_rollback_mid_canary(how: str) -> None:
     world = World()
