@@ -7,6 +7,15 @@ from typing import Any
 
 from .timeutil import iso
 
+# The API's bound on a status or condition message (core/api); a longer one would make the
+# server refuse the whole status write, in every round.
+MAX_MESSAGE = 32768
+
+
+def bounded(message: str) -> str:
+    """``message``, cut to what the API accepts."""
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"
+
 
 class Conditions:
     """The conditions of one object, updated in place from their previous values."""
@@ -26,7 +35,7 @@ class Conditions:
             "type": type_,
             "status": text,
             "reason": reason,
-            "message": message,
+            "message": bounded(message),
             "lastTransitionTime": (
                 iso(self._now) if changed or old is None else old["lastTransitionTime"]
             ),

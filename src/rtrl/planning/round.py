@@ -19,7 +19,7 @@ from rtrl.core.api.names import RUNNING_PHASES as RUNNING
 from rtrl.core.api.rlcycle import RLCycleSpec
 
 from .actions import Action, Emit, PatchStatus
-from .conditions import Conditions
+from .conditions import Conditions, bounded
 from .observed import Observed
 from .reading import data_watermark, meta, owned, phase
 from .schedule import next_run
@@ -106,7 +106,7 @@ class Round:
         self.status["dataWatermark"] = (
             data_watermark(serving, self.name) if serving else self.old.get("dataWatermark")
         )
-        self.status["message"] = message
+        self.status["message"] = bounded(message)
         self.status["conditions"] = self.conditions.to_list()
         self.out.status = self.status
         return self.out
@@ -128,6 +128,8 @@ class Round:
     def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
         name = meta(ck)["name"]
         status = {k: v for k, v in fields.items() if v is not None}
+        if isinstance(status.get("message"), str):
+            status["message"] = bounded(status["message"])
         status["observedGeneration"] = int(meta(ck).get("generation") or 0)
         self.act(PatchStatus(API_VERSION, "Checkpoint", name, status))
 

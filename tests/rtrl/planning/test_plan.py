@@ -16,7 +16,9 @@ import jsonpatch
 import pytest
 
 from rtrl.core.api import names
+from rtrl.core.api.checkpoint import CheckpointStatus
 from rtrl.core.api.cron import parse_cron
+from rtrl.core.api.rlcycle import RLCycleStatus
 from rtrl.core.api.yamlfile import load
 from rtrl.planning import (
     Create,
@@ -466,6 +468,20 @@ def test_a_failed_job_is_retried_with_backoff_then_fails_the_checkpoint() -> Non
     assert world.condition("Degraded")["status"] == "True"
     assert world.rlcycle["status"]["serving"] == "composer-0"
     assert world.rlcycle["status"]["phase"] == "Idle"
+
+
+def test_a_huge_failure_message_is_cut_to_what_the_api_accepts() -> None:
+    """A pod's message is not ours to bound: the statuses must still validate, or the
+    server would refuse every status write of the RLCycle from then on."""
+    world = World(jobs={"backoffLimit": 0, "backoff": "1s"})
+    world.reconcile()
+    world.finish("stage", fail="pod composer-1-stage-0-abcde: Error (exit 1): " + "x" * 100_000)
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "Failed"
+    CheckpointStatus.model_validate(ck["status"])
+    RLCycleStatus.model_validate(world.rlcycle["status"])
+    assert len(world.condition("Degraded")["message"]) <= 32768
 
 
 def test_job_success_without_a_committed_result_fails_the_cycle() -> None:

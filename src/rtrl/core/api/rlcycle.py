@@ -28,6 +28,8 @@ from .common import (
     CEL_KEY,
     DNS_LABEL_PATTERN,
     ApiModel,
+    MAX_CONDITIONS,
+    MAX_COUNT,
     Condition,
     DnsLabel,
     DnsSubdomain,
@@ -865,10 +867,16 @@ class RLCycleStatus(ApiModel):
     """What the operator observed and decided; written only by the operator."""
 
     phase: RLCyclePhase | None = Field(None, description="Phase of the current cycle.")
-    cycle: int = Field(0, ge=0, description="Number of the current (or last) cycle.")
-    serving: str | None = Field(None, description="Checkpoint serving the stable arm.")
-    candidate: str | None = Field(None, description="Checkpoint of the current cycle.")
-    last_promoted: str | None = Field(None, description="Checkpoint promoted most recently.")
+    cycle: int = Field(0, ge=0, le=MAX_COUNT, description="Number of the current (or last) cycle.")
+    serving: str | None = Field(
+        None, max_length=253, description="Checkpoint serving the stable arm."
+    )
+    candidate: str | None = Field(
+        None, max_length=253, description="Checkpoint of the current cycle."
+    )
+    last_promoted: str | None = Field(
+        None, max_length=253, description="Checkpoint promoted most recently."
+    )
     canary_weight: int = Field(0, ge=0, le=100, description="Canary traffic share in percent.")
     cycle_started_at: datetime | None = Field(None, description="When the current cycle began.")
     next_run: datetime | None = Field(None, description="When the next cycle is due.")
@@ -891,12 +899,15 @@ class RLCycleStatus(ApiModel):
     last_promote: str | None = Field(
         None, max_length=253, description="Value of the rtrl.io/promote annotation last handled."
     )
-    message: str | None = Field(None, description="What the operator is doing, in words.")
+    message: str | None = Field(
+        None, max_length=32768, description="What the operator is doing, in words."
+    )
     observed_generation: int | None = Field(
-        None, ge=0, description="The metadata.generation the status reflects."
+        None, ge=0, le=MAX_COUNT, description="The metadata.generation the status reflects."
     )
     conditions: list[Condition] | None = Field(
         None,
+        max_length=MAX_CONDITIONS,
         description="Ready, Progressing, Degraded, InsufficientData, InvalidSpec.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
