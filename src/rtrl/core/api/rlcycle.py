@@ -711,6 +711,31 @@ class RolloutSpec(ApiModel):
         return self
 
 
+class StorageRetries(ApiModel):
+    """How hard the step pods retry a busy object store (S3's 503 SlowDown, bodies that
+    break off mid-read): a step that gives up early fails a whole cycle for it. Unset
+    fields take the step's defaults (standard mode, 10 tries of each kind)."""
+
+    mode: Literal["standard", "adaptive"] | None = Field(
+        None,
+        description="botocore's retry mode (AWS_RETRY_MODE): adaptive also slows the "
+        "client down when S3 throttles.",
+    )
+    max_attempts: int | None = Field(
+        None,
+        ge=1,
+        le=50,
+        description="Tries per request in all, the first included (AWS_MAX_ATTEMPTS).",
+    )
+    body_attempts: int | None = Field(
+        None,
+        ge=1,
+        le=50,
+        description="Tries to read an object's body that breaks off mid-read "
+        "(RTRL_S3_BODY_ATTEMPTS), with backoff, for at most two minutes in all.",
+    )
+
+
 class StorageSpec(ApiModel):
     """Where artifacts go and how pods reach the object store. Credentials are never inline:
     a Secret reference or the pod's cloud role through its service account."""
@@ -748,6 +773,9 @@ class StorageSpec(ApiModel):
     )
     service_account_name: DnsSubdomain | None = Field(
         None, description="Service account of Job pods, for a cloud role (IRSA, Workload ID)."
+    )
+    retries: StorageRetries | None = Field(
+        None, description="Retry budgets of the step pods' object store client."
     )
 
     @model_validator(mode="before")

@@ -142,6 +142,15 @@ def _store_env(spec: RLCycleSpec) -> list[dict[str, Any]]:
         env.append({"name": "AWS_ENDPOINT_URL", "value": storage.endpoint})
     if storage.region:
         env.append({"name": "AWS_DEFAULT_REGION", "value": storage.region})
+    retries = storage.retries
+    if retries is not None:  # the names rtrl.core.store.retries reads
+        for name, value in (
+            ("AWS_RETRY_MODE", retries.mode),
+            ("AWS_MAX_ATTEMPTS", retries.max_attempts),
+            ("RTRL_S3_BODY_ATTEMPTS", retries.body_attempts),
+        ):
+            if value is not None:
+                env.append({"name": name, "value": str(value)})
     return env
 
 

@@ -12,6 +12,13 @@ import pytest
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import credentials
+from rtrl.core.store.retries import (
+    BODY_ATTEMPTS_ENV,
+    MAX_ATTEMPTS_ENV,
+    RETRY_MODE_ENV,
+    RetrySettings,
+    retry_settings,
+)
 from rtrl.planning.manifests.jobs import (
     CREDENTIAL_KEYS,
     CREDENTIALS_DIR_ENV,
@@ -96,3 +103,23 @@ def test_without_a_credentials_secret_nothing_is_mounted() -> None:
 def test_the_pod_and_the_store_agree_on_the_contract() -> None:
     assert CREDENTIALS_DIR_ENV == credentials.CREDENTIALS_DIR_ENV
     assert CREDENTIAL_KEYS == (credentials.ACCESS_KEY_FILE, credentials.SECRET_KEY_FILE)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_storage_retries_reach_every_step_as_the_variables_the_store_reads(step: str) -> None:
+    job = manifests(spec(retries={"mode": "adaptive", "maxAttempts": 20, "bodyAttempts": 7}))[step]
+    (container,) = pod(job)["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = retry_settings(
+        {"retry_mode": env[RETRY_MODE_ENV], "max_attempts": env[MAX_ATTEMPTS_ENV]}, env
+    )
+    assert settings == RetrySettings(mode="adaptive", max_attempts=20, body_attempts=7)
+    # unset: the store's defaults, nothing in the pod's environment
+    (plain,) = pod(manifests(spec())[step])["containers"]
+    names = {e["name"] for e in plain["env"]}
+    assert not names & {RETRY_MODE_ENV, MAX_ATTEMPTS_ENV, BODY_ATTEMPTS_ENV}
+
+
+def test_storage_retries_are_bounded() -> None:
+    with pytest.raises(ValueError, match="storage.retries.maxAttempts"):
+        spec(retries={"maxAttempts": 1000})
