@@ -9,7 +9,11 @@
    ``x-kubernetes-validations`` CEL rule evaluated (with cel-python).
 
 ``rtrl validate`` reports both, so a manifest that passes here is accepted by the API
-server and by the operator alike. Rules the CRD cannot express (listed in
+server and by the operator alike. Files come from users and may be hostile: they are read
+within bounds (``core.api.manifest_yaml``: size, nesting, values, aliases expanded; no
+duplicate keys, JSON types only), sizes are checked against the schema's ``maxItems`` and
+``maxLength`` before the schema and CEL (whose cost grows with them), and any failure is a
+one-line problem of its document, never a traceback. Rules the CRD cannot express (listed in
 docs/validation.md) are caught by the models only; the operator then marks the RLCycle
 with the ``InvalidSpec`` condition instead of acting on it.
 """
@@ -26,7 +30,6 @@ from typing import Any
 
 import celpy
 import jsonschema
-import yaml
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 from pydantic import ValidationError
@@ -34,7 +37,7 @@ from pydantic import ValidationError
 from .core.api import API_VERSION, GROUP, RESOURCES, Resource
 from .core.api.common import CEL_KEY
 from .core.api.errors import error_message, format_loc
-from .core.api.yamlfile import load_all
+from .core.api.manifest_yaml import MAX_BYTES, Loaded, Refused, load_manifests, manifest_text
 from .crdgen import openapi_schema
 
 Json = Any
@@ -64,22 +67,34 @@ class Document:
     @property
     def label(self) -> str:
         if isinstance(self.body, dict):
-            kind = self.body.get("kind") or "?"
+            kind = self.body.get("kind")
             meta = self.body.get("metadata")
             name = meta.get("name") if isinstance(meta, dict) else None
-            return f"{kind}/{name or '?'}"
+            return f"{_name(kind)}/{_name(name)}"
         return f"document {self.index + 1}"
 
 
-def load_documents(path: Path) -> Iterator[Document]:
-    """The non-empty YAML documents of ``path``; YAML syntax errors raise ValueError."""
-    try:
-        docs = list(load_all(path.read_text()))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not valid YAML: {exc}") from exc
-    for index, body in enumerate(docs):
-        if body is not None:
-            yield Document(str(path), index, body)
+def _name(value: Json) -> str:
+    """A kind or a name for a label: itself if it is a short string, else ``?``."""
+    return value if isinstance(value, str) and 0 < len(value) <= 253 else "?"
+
+
+def _short(value: Json, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_documents(path: Path) -> Iterator[Document | Refused]:
+    """The non-empty documents of ``path``, read within bounds: a Document, or the
+    Refused that says why one was refused. Unreadable files raise OSError, files too
+    large or not UTF-8 ValueError."""
+    with path.open("rb") as stream:
+        text = manifest_text(stream.read(MAX_BYTES + 1))
+    for loaded in load_manifests(text):
+        yield (
+            Document(str(path), loaded.index, loaded.body) if isinstance(loaded, Loaded) else loaded
+        )
 
 
 def is_rtrl_document(body: Json) -> bool:
@@ -97,10 +112,48 @@ def resource_for(body: Json) -> Resource | Problem:
         return Problem("", "a manifest must be a mapping (apiVersion, kind, metadata, spec)")
     api_version, kind = body.get("apiVersion"), body.get("kind")
     if api_version != API_VERSION:
-        return Problem("apiVersion", f"must be {API_VERSION!r}, got {api_version!r}")
-    if kind not in RESOURCES:
-        return Problem("kind", f"must be one of {', '.join(RESOURCES)}, got {kind!r}")
+        return Problem("apiVersion", f"must be {API_VERSION!r}, got {_short(api_version)}")
+    if not isinstance(kind, str) or kind not in RESOURCES:
+        return Problem("kind", f"must be one of {', '.join(RESOURCES)}, got {_short(kind)}")
     return RESOURCES[kind]
+
+
+# --- 0. sizes, before anything whose cost grows with them ---------------------------------
+
+
+def check_sizes(body: Json) -> list[Problem]:
+    """Lists, maps and strings longer than the schema allows (``maxItems``,
+    ``maxProperties``, ``maxLength``), found without descending into them: the schema, CEL
+    and the models all grow with their size (50,000 rollout steps took over 10 s), so
+    validation stops here when any is found. Messages in the models' words."""
+    resource = resource_for(body)
+    if isinstance(resource, Problem):
+        return []
+    problems = []
+    stack: list[tuple[Json, Json, tuple[int | str, ...]]] = [(body, _schema(resource.kind), ())]
+    while stack:
+        value, schema, path = stack.pop()
+        if isinstance(value, list):
+            if len(value) > schema.get("maxItems", len(value)):
+                message = f"List should have at most {schema['maxItems']} items, not {len(value)}"
+                problems.append(Problem(format_loc(path), message, "crd"))
+            elif "items" in schema:
+                stack.extend((v, schema["items"], (*path, i)) for i, v in enumerate(value))
+        elif isinstance(value, dict):
+            if len(value) > schema.get("maxProperties", len(value)):
+                limit = schema["maxProperties"]
+                message = f"Dictionary should have at most {limit} items, not {len(value)}"
+                problems.append(Problem(format_loc(path), message, "crd"))
+            elif "properties" in schema:
+                props = schema["properties"]
+                stack.extend((value[k], props[k], (*path, k)) for k in value if k in props)
+            elif isinstance(schema.get("additionalProperties"), dict):
+                extra = schema["additionalProperties"]
+                stack.extend((v, extra, (*path, k)) for k, v in value.items())
+        elif isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+            message = f"String should have at most {schema['maxLength']} characters"
+            problems.append(Problem(format_loc(path), message, "crd"))
+    return sorted(problems)
 
 
 # --- 1. the models ----------------------------------------------------------------------
@@ -164,7 +217,7 @@ def _prune_nulls_and_default(value: Json, schema: Json) -> Json:
     filled in on every object that is present, and a whole number written as a float
     (``8.0``) stored as the integer it is where the schema wants an integer."""
     if schema.get("type") == "integer" and isinstance(value, float) and value.is_integer():
-        return int(value)
+        return int(value) if abs(value) < 2**63 else value  # else not an int64: a float
     if isinstance(value, dict) and "properties" in schema:
         out = {k: v for k, v in value.items() if v is not None or k not in schema["properties"]}
         for key, sub in schema["properties"].items():
@@ -222,17 +275,22 @@ def validate_with_crd(body: Json) -> list[Problem]:
     resource = resource_for(body)
     if isinstance(resource, Problem):
         return [resource]
+    sizes = check_sizes(body)
+    if sizes:
+        return sizes
     schema = _schema(resource.kind)
     body = _prune_nulls_and_default(body, schema)
     problems: set[Problem] = set()
 
-    # Strict field validation: unknown fields (metadata is the API server's own business).
+    # Strict field validation: unknown fields (metadata is the API server's own business),
+    # reported, then pruned as the API server prunes them before the schema and CEL.
     for value, sub, path in _walk(body, schema, ()):
-        if path[:1] == ("metadata",) or not isinstance(value, dict) or "properties" not in sub:
+        if not isinstance(value, dict) or "properties" not in sub:
             continue
-        for key in value:
-            if key not in sub["properties"]:
+        for key in [k for k in value if k not in sub["properties"]]:
+            if path[:1] != ("metadata",):
                 problems.add(Problem(format_loc((*path, key)), "unknown field", "crd"))
+            del value[key]  # a copy: _prune_nulls_and_default built it
 
     validator = jsonschema.Draft4Validator(schema, format_checker=_FORMATS)
     bad_paths: set[tuple[int | str, ...]] = set()
@@ -243,12 +301,14 @@ def validate_with_crd(body: Json) -> list[Problem]:
             missing = next(f for f in error.validator_value if f not in error.instance)
             path, message = (*path, missing), "required field is missing"
         bad_paths.add(path)
-        problems.add(Problem(format_loc(path), message, "crd"))
+        problems.add(Problem(format_loc(path), _schema_message(error, message), "crd"))
+    # every path that holds a bad value, itself or below: one set lookup per node
+    holds_bad = {bad[:n] for bad in bad_paths for n in range(len(bad) + 1)}
 
     for value, sub, path in _walk(body, schema, ()):
         rules = sub.get(CEL_KEY)
         # Like the API server, CEL runs only on values that are well-typed.
-        if not rules or any(bad[: len(path)] == path for bad in bad_paths):
+        if not rules or path in holds_bad:
             continue
         activation = {"self": _to_cel(value, sub)}
         for rule in rules:
@@ -264,11 +324,24 @@ def validate_with_crd(body: Json) -> list[Problem]:
     return sorted(problems)
 
 
-# --- both ---------------------------------------------------------------------------------
+def _schema_message(error: jsonschema.ValidationError, message: str) -> str:
+    """jsonschema's message with the value it quotes cut short (it quotes a whole list
+    that is too long)."""
+    quoted = repr(error.instance)
+    if message.startswith(quoted) and len(quoted) > 60:
+        return _short(error.instance) + message[len(quoted) :]
+    return message
+
+
+# --- all ----------------------------------------------------------------------------------
 
 
 def validate_document(body: Json) -> list[Problem]:
-    """All problems: the models' (better messages) plus any the CRD finds at other paths."""
+    """All problems: sizes first, alone if any (the rest would pay for them); else the
+    models' (better messages) plus any the CRD finds at other paths."""
+    sizes = check_sizes(body)
+    if sizes:
+        return sizes
     model = validate_with_models(body)
     crd = validate_with_crd(body)
     seen = {p.path for p in model}
@@ -286,16 +359,37 @@ class FileReport:
 
 
 def validate_file(path: Path) -> FileReport:
-    """Validate every rtrl document of a manifest file."""
+    """Validate every rtrl document of a manifest file. Every outcome is a list of one-line
+    problems: a document refused when read, or one that fails in a way nobody foresaw
+    (an "internal error"), costs only itself; the other documents are still judged."""
     try:
-        documents = list(load_documents(path))
+        loaded = list(load_documents(path))
     except (OSError, ValueError) as exc:
         return FileReport(path, [], [], [(None, Problem("", str(exc)))])
-    checked = [d for d in documents if is_rtrl_document(d.body)]
-    skipped = [d for d in documents if not is_rtrl_document(d.body)]
-    problems: list[tuple[Document | None, Problem]] = [
-        (doc, problem) for doc in checked for problem in validate_document(doc.body)
-    ]
-    if not documents:
+    except Exception as exc:  # a reader bug must not hide the other files' verdicts
+        return FileReport(path, [], [], [(None, _internal_error(exc))])
+    checked, skipped = [], []
+    several = len(loaded) > 1 or any(d.index > 0 for d in loaded)
+    problems: list[tuple[Document | None, Problem]] = []
+    for item in loaded:
+        if isinstance(item, Refused):  # refused when read
+            where = Document(str(path), item.index, None) if several else None
+            problems.append((where, Problem(item.problem.path, str(item.problem.located))))
+        elif not is_rtrl_document(item.body):
+            skipped.append(item)
+        else:
+            checked.append(item)
+            try:
+                found = validate_document(item.body)
+            except Exception as exc:
+                found = [_internal_error(exc)]
+            problems += [(item, problem) for problem in found]
+    if not loaded:
         problems.append((None, Problem("", "no YAML documents in file")))
     return FileReport(path, checked, skipped, problems)
+
+
+def _internal_error(exc: Exception) -> Problem:
+    """What rtrl validate says when it fails itself: one line, the error's type only (its
+    message may quote the manifest, secrets included)."""
+    return Problem("", f"internal error of rtrl validate ({type(exc).__name__}); please report it")
