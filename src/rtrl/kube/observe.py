@@ -9,7 +9,7 @@ from typing import Any
 from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
-from rtrl.planning.manifests.names import canary_service_name
+from rtrl.planning.manifests.names import canary_service_name, same_uri
 from rtrl.planning.timeutil import parse_time
 
 from .client import KubeClient, KubeError
@@ -142,6 +142,50 @@ def _needs_stable_service(
     )
 
 
+def _env_value(dep: dict[str, Any] | None, target: dict[str, Any]) -> str | None:
+    """The checkpoint URI a Deployment's target container serves (None: not found)."""
+    containers = (((dep or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    container = next(
+        (c for c in containers.get("containers") or [] if c.get("name") == target.get("container")),
+        None,
+    )
+    env_name = target.get("checkpointEnv") or "MODEL_URI"
+    env = (container or {}).get("env") or []
+    return next((e.get("value") for e in env if e.get("name") == env_name), None)
+
+
+def relevant_checkpoints(
+    checkpoints: list[dict[str, Any]], rlcycle: dict[str, Any], uris: list[str | None]
+) -> list[dict[str, Any]]:
+    """Of a namespace's Checkpoints, those a round of ``rlcycle`` can look at: its own, the
+    ones no RLCycle made (base models), the rolled-back ones, those it names (pin, status,
+    annotations) or serves (``uris``), and their parents. With 1,000 RLCycles of 10
+    Checkpoints in a namespace, every round planned over all 10,000 (bench/scale.py)."""
+    name = rlcycle["metadata"]["name"]
+    named = {(rlcycle.get("spec") or {}).get("pin")}
+    named |= {
+        (rlcycle.get("status") or {}).get(k) for k in ("serving", "candidate", "lastPromoted")
+    }
+    named |= set((rlcycle["metadata"].get("annotations") or {}).values())
+    by_name = {c["metadata"]["name"]: c for c in checkpoints}
+    kept: dict[str, dict[str, Any]] = {}
+    for ck in checkpoints:
+        spec = ck.get("spec") or {}
+        if (
+            spec.get("rlCycle") in (None, "", name)
+            or ck["metadata"]["name"] in named
+            or (ck.get("status") or {}).get("phase") == "RolledBack"
+            or any(same_uri(spec.get("uri"), uri) for uri in uris)
+        ):
+            kept[ck["metadata"]["name"]] = ck
+    for ck in list(kept.values()):  # the parents, up the lineage
+        parent = (ck.get("spec") or {}).get("parent")
+        while parent and parent not in kept and parent in by_name:
+            kept[parent] = by_name[parent]
+            parent = (by_name[parent].get("spec") or {}).get("parent")
+    return [c for c in checkpoints if c["metadata"]["name"] in kept]  # in the listed order
+
+
 def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     meta = rlcycle["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -176,7 +220,8 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         read for read, kind in kinds.items() if not client.reads_remotely(kind, namespace)
     )
     got = _concurrently(reads, inline)
-    checkpoints = got["checkpoints"]
+    uris = [_env_value(got.get(d), target) for d in ("target", "canary")]
+    checkpoints = relevant_checkpoints(got["checkpoints"], rlcycle, uris)
     jobs = got["jobs"]
     services = frozenset(s["metadata"]["name"] for s in got["services"])
     config_maps = frozenset(c["metadata"]["name"] for c in got["config_maps"])
