@@ -28,6 +28,7 @@ import http.client
 import json
 import os
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -62,6 +63,7 @@ class _Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)  # as given to _spawn (for a restart)
 
 
 @dataclass
@@ -308,18 +310,33 @@ class ControlPlane:
             lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
         )
 
+    def restart_apiserver(self) -> float:
+        """Kill kube-apiserver (SIGKILL, as a crash: no graceful drain) and start it again on
+        the same port, certificates and etcd, whose data stays; etcd and the controllers keep
+        running. Every watch and connection to it breaks. Returns the seconds until it is
+        ready again (the chaos soak, ``bench/chaos.py``)."""
+        index = next(i for i, p in enumerate(self._processes) if p.name == "kube-apiserver")
+        old = self._processes[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(old.popen.pid, signal.SIGKILL)
+        old.popen.wait(10)
+        started = time.monotonic()
+        self._spawn(old.name, old.argv)
+        self._processes[index] = self._processes.pop()  # in its place: stop() keeps the order
+        self._wait("kube-apiserver", self._ready)
+        return time.monotonic() - started
+
     def _spawn(self, name: str, argv: list[str]) -> None:
-        argv = die_with_parent(argv)
         log = self.root / "logs" / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                argv,
+                die_with_parent(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._processes.append(_Process(name, popen, log))
+        self._processes.append(_Process(name, popen, log, list(argv)))
 
     def _wait(self, name: str, ready: Any) -> None:
         process = next(p for p in self._processes if p.name == name)
