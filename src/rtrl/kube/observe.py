@@ -9,7 +9,7 @@ from typing import Any
 from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
-from rtrl.planning.manifests.names import canary_service_name, same_uri
+from rtrl.planning.manifests.names import canary_service_name
 from rtrl.planning.timeutil import parse_time
 
 from .client import KubeClient, KubeError
@@ -167,23 +167,29 @@ def relevant_checkpoints(
         (rlcycle.get("status") or {}).get(k) for k in ("serving", "candidate", "lastPromoted")
     }
     named |= set((rlcycle["metadata"].get("annotations") or {}).values())
-    by_name = {c["metadata"]["name"]: c for c in checkpoints}
-    kept: dict[str, dict[str, Any]] = {}
-    for ck in checkpoints:
+    wanted = {uri.rstrip("/") for uri in uris if uri}
+    kept, names = [], set()
+    for ck in checkpoints:  # one pass: at scale, 10,000 a round
         spec = ck.get("spec") or {}
         if (
             spec.get("rlCycle") in (None, "", name)
             or ck["metadata"]["name"] in named
             or (ck.get("status") or {}).get("phase") == "RolledBack"
-            or any(same_uri(spec.get("uri"), uri) for uri in uris)
+            or (spec.get("uri") or "").rstrip("/") in wanted
         ):
-            kept[ck["metadata"]["name"]] = ck
-    for ck in list(kept.values()):  # the parents, up the lineage
-        parent = (ck.get("spec") or {}).get("parent")
-        while parent and parent not in kept and parent in by_name:
-            kept[parent] = by_name[parent]
-            parent = (by_name[parent].get("spec") or {}).get("parent")
-    return [c for c in checkpoints if c["metadata"]["name"] in kept]  # in the listed order
+            kept.append(ck)
+            names.add(ck["metadata"]["name"])
+    parents = {(c.get("spec") or {}).get("parent") for c in kept} - names - {None}
+    if not parents:  # the lineage is in already (own Checkpoints, base models)
+        return kept
+    by_name = {c["metadata"]["name"]: c for c in checkpoints}
+    while parents:  # up another RLCycle's lineage
+        parent = parents.pop()
+        if parent in by_name and parent not in names:
+            names.add(parent)
+            parents.add((by_name[parent].get("spec") or {}).get("parent"))
+        parents.discard(None)
+    return [c for c in checkpoints if c["metadata"]["name"] in names]  # in the listed order
 
 
 def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -161,6 +163,10 @@ def wake(namespace: str | None, name: str | None) -> asyncio.Future[None] | None
     return None
 
 
+# Rounds an event woke run here, resyncs on the loop's default executor: at 1,000 RLCycles
+# the resyncs alone can keep every thread of that one busy (bench/scale.py).
+WOKEN_ROUNDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rtrl-woken")
+
 # What the first round of a new RLCycle reads live: the kinds it gets by name; and when a
 # live round follows if that first round found the spec invalid (not found what it names).
 NEW_RLCYCLE_LIVE = frozenset({"Deployment"})
@@ -255,10 +261,12 @@ async def run(namespace: str, name: str, stopped: object) -> None:
             period = Process.settings.live_read_seconds  # 0: never on a timer
             live = read_live or (period > 0 and started - last_live >= period)
             try:
-                delay = await asyncio.to_thread(
+                # a woken round does not queue behind the resyncs of 1,000 idle RLCycles
+                lane = WOKEN_ROUNDS if woken is not None else None
+                delay = await asyncio.get_running_loop().run_in_executor(lane, functools.partial(
                     reconcile_once, namespace, name, live=live, woken=woken,
                     live_kinds=NEW_RLCYCLE_LIVE if new else frozenset(),
-                )  # fmt: skip
+                ))  # fmt: skip
                 if new and _phase(namespace, name) == "Invalid":
                     # perhaps only a race with the events of what was created with it (the
                     # base Checkpoint): once more in a second, live
