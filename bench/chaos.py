@@ -305,8 +305,9 @@ class Soak:
     def run(self) -> dict[str, Any]:
         self.install()
         self.populate()
-        kubelet = Kubelet(self.cp, self.tmp / "kubelet", unavailable_images=("*rtrl-operator*",))
-        with kubelet as node, contextlib.ExitStack() as stack:
+        node = Kubelet(self.cp, self.tmp / "kubelet", unavailable_images=("*rtrl-operator*",))
+        node.start()
+        with contextlib.ExitStack() as stack:
             self.script(node)
             ledgers = {
                 ns: stack.enter_context(watching(Ledger(), self.cp, ns)) for ns in self.namespaces
@@ -322,6 +323,11 @@ class Soak:
                     self.operator.stop()
             soaked = time.monotonic() - self.started
             jobs = sum(len(ledger.created("Job")) for ledger in ledgers.values())
+        try:  # what the kubelet stand-in met (a pod status it could not write while the API
+            node.stop()  # server was down): reported, not raised
+            kubelet_errors = ""
+        except RuntimeError as exc:
+            kubelet_errors = str(exc)[-3000:]
         faults = self.proxy.counts()
         return {
             "seed": self.args.seed,
@@ -336,6 +342,7 @@ class Soak:
             "s3_requests": faults,
             "final_phases": phases,
             "violations": self.violations,
+            "kubelet_errors": kubelet_errors,
             "timeline": self.timeline,
         }
 
@@ -370,6 +377,8 @@ def render(result: dict[str, Any]) -> str:
         f"final phases: {result['final_phases']}",
         f"invariant violations: {len(result['violations'])} (goal 0)",
     ]
+    if result["kubelet_errors"]:
+        lines.append(f"the kubelet stand-in met errors: {result['kubelet_errors'][-500:]}")
     lines += [
         f"  {v['namespace']} after {v['when']}: {v['invariant']}: {v['message']}"
         for v in result["violations"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import http.client
 import ipaddress
 import itertools
 import threading
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rtrl_localkube.controlplane import ControlPlane
+from rtrl_localkube.controlplane import ControlPlane, ControlPlaneError
 from rtrl_localkube.pods import PodRunner, job_of
 
 from . import node as node_api
@@ -245,19 +246,23 @@ class Kubelet:
     def _watch_pods(self) -> None:
         resource_version = ""
         while not self._stop.is_set():
-            if not resource_version:
-                listing = self.cp.request("GET", "/api/v1/pods")
-                for pod in listing["items"]:
-                    self._on_pod("ADDED", pod)
-                resource_version = listing["metadata"]["resourceVersion"]
-            for event in self.cp.watch("/api/v1/pods", resource_version):
-                if event["type"] == "ERROR":  # 410 Gone: list again
-                    resource_version = ""
-                    break
-                obj = event["object"]
-                resource_version = obj["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    self._on_pod(event["type"], obj)
+            try:
+                if not resource_version:
+                    listing = self.cp.request("GET", "/api/v1/pods")
+                    for pod in listing["items"]:
+                        self._on_pod("ADDED", pod)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                for event in self.cp.watch("/api/v1/pods", resource_version):
+                    if event["type"] == "ERROR":  # 410 Gone: list again
+                        resource_version = ""
+                        break
+                    obj = event["object"]
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._on_pod(event["type"], obj)
+            except (OSError, ValueError, http.client.HTTPException, ControlPlaneError):
+                # the API server restarts (bench/chaos.py): watch again from where it was
+                self._stop.wait(0.5)
 
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}

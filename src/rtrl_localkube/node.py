@@ -95,4 +95,7 @@ def heartbeat(cp: ControlPlane, node: str, stop: threading.Event) -> None:
                 "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
                 lease,
             )
+        except (urllib.error.URLError, OSError):  # the API server restarts (bench/chaos.py)
+            stop.wait(0.5)
+            continue
         stop.wait(RENEW_SECONDS)
