@@ -83,6 +83,10 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Libraries whose DEBUG records carry secrets: botocore prints each request's headers (the
+# Authorization signature, X-Amz-Security-Token), urllib3 and the kubernetes client bodies
+# and URLs. ``--verbose`` is rtrl's DEBUG, never theirs.
+QUIET_BELOW_INFO = ("botocore", "boto3", "s3transfer", "urllib3", "kubernetes")
 
 
 def configure(log_format: str, *, verbose: bool = False) -> None:
@@ -97,6 +101,8 @@ def configure(log_format: str, *, verbose: bool = False) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in QUIET_BELOW_INFO:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 __all__ = ["JsonFormatter", "configure", "context_fields"]
