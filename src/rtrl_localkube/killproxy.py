@@ -116,7 +116,7 @@ class KillProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="killproxy", daemon=True).start()
 
@@ -177,6 +177,11 @@ class KillProxy:
     def _current(self, generation: int) -> bool:
         with self._lock:
             return generation == self.generation
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone mid-request (a killed operator) is no error worth a traceback."""
 
 
 class _Handler(BaseHTTPRequestHandler):

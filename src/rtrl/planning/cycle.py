@@ -21,7 +21,7 @@ from rtrl.core.api.checkpoint import DataSummary, EvalSummary, GateResult, Train
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
 
-from .actions import Create, Delete
+from .actions import Create, Delete, PatchStatus
 from .manifests.jobs import (
     checkpoint_manifest,
     config_map_manifest,
@@ -234,13 +234,19 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         r.conditions.set("InsufficientData", True, "InsufficientData", message)
         r.conditions.set("Progressing", False, "InsufficientData", message)
         r.event("InsufficientData", f"{name}: {message}; retrying at the next tick")
+        r.status["candidate"] = None
+        # Crash-safe order: the verdict recorded, then the Checkpoint deleted, then its
+        # children (owned by it: garbage collection takes them anyway). Deleting the Jobs
+        # first let an operator killed in between find the Checkpoint staging without a
+        # Job, and run stage again (tests/e2e/test_crash_lifecycle.py).
+        verdict = {"candidate": None, "conditions": r.conditions.to_list()}
+        r.act(PatchStatus(API_VERSION, "RLCycle", r.name, verdict))
+        r.act(Delete(API_VERSION, "Checkpoint", name))
         for job in r.obs.jobs:
             if job.checkpoint == name:
                 r.act(Delete("batch/v1", "Job", job.name))
         if config_map_name(name) in r.obs.config_maps:
             r.act(Delete("v1", "ConfigMap", config_map_name(name)))
-        r.act(Delete(API_VERSION, "Checkpoint", name))
-        r.status["candidate"] = None
         return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
     quarantined = doc.get("quarantined") or None
     summary = DataSummary(

@@ -28,6 +28,9 @@ def pending_trigger(r: Round) -> str | None:
 def idle(r: Round) -> Plan:
     """No cycle running: pinned, rolling back by hand, suspended, waiting, or starting."""
     due = r.schedule_next()
+    # No cycle runs, so no canary does: a round killed between a cycle's end and its
+    # status write would leave the last weight (tests/e2e/test_crash_canary.py).
+    r.status["canaryWeight"] = 0
     r.set_degraded()
     serving = _meta(r.serving)["name"]
     r.set_ready(serving)

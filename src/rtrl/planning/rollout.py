@@ -329,13 +329,9 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
         r.out.soon(READY_POLL_SECONDS)
         return r.finish("Promoting", f"{name}: rolling out to {r.spec.target.deployment}")
     remove_canary(r, ck)
-    r.patch_checkpoint(
-        ck,
-        phase="Promoted",
-        reason="Promoted",
-        completedAt=iso(r.now),
-        message=str(records[-1].get("reason") or "promoted"),
-    )
+    # The parent Superseded before the candidate Promoted: once the candidate is Promoted no
+    # cycle runs, so an operator killed between the two writes would never supersede the
+    # parent (tests/e2e/test_crash_paths.py).
     parent = (ck.get("spec") or {}).get("parent")
     previous = r.checkpoint(parent) if parent else None
     if previous is not None and (previous.get("status") or {}).get("phase") != "Superseded":
@@ -347,6 +343,13 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
                 {"phase": "Superseded", "reason": "Superseded", "message": f"superseded by {name}"},
             )
         )
+    r.patch_checkpoint(
+        ck,
+        phase="Promoted",
+        reason="Promoted",
+        completedAt=iso(r.now),
+        message=str(records[-1].get("reason") or "promoted"),
+    )
     r.status.update(lastPromoted=name, serving=name, canaryWeight=0)
     r.event("Promoted", f"{name} now serves {r.spec.target.deployment}")
     r.conditions.set("Progressing", False, "Promoted", f"{name} promoted")

@@ -1,0 +1,129 @@
+"""Crash coverage of the canary's paths, on the real control plane (tests/e2e/crash.py,
+src/rtrl_localkube/crashrun.py): rolled back by the analysis, promoted and rolled back by
+hand (``rtrl.io/promote``, ``rtrl.io/rollback``) and paused (``spec.suspend``) mid-canary.
+Stage, train and eval run without kills (the happy path's sweep covers them); the operator
+is killed after every write from the canary's start on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
+from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.crashrun import CrashSweep, Step
+from rtrl_localkube.cycle_world import (
+    ANALYSIS_PROMOTE,
+    ANALYSIS_ROLLBACK,
+    RTRL,
+    base_uri,
+    commit_result,
+    script_all,
+    setup_namespace,
+)
+from rtrl_localkube.outcomes import Hang, Succeed
+from tests.e2e import crash
+from tests.e2e.crash import (
+    CANARY,
+    CKPT,
+    annotate,
+    ended,
+    exists,
+    killed,
+)
+
+pytestmark = pytest.mark.timeout(240)
+forkserver, sweep = crash.forkserver, crash.sweep  # the fixtures
+
+
+def target_uri(kube: KubeAPI) -> str:
+    dep = kube.get("apps/v1", "Deployment", "composer-vllm") or {}
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    return str(next(e["value"] for e in env if e["name"] == "MODEL_URI"))
+
+
+def sweep_from_the_canary(sweep: CrashSweep) -> Step:
+    def on() -> None:
+        sweep.sweeping = True
+        sweep.kill_while_running()  # the run that created the canary dies first
+
+    return Step(lambda: exists(sweep.kube, "Deployment", CANARY), on)
+
+
+def test_rolled_back_by_the_analysis(
+    sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path
+) -> None:
+    script_all(job_runner, tmp_path, analyze=ANALYSIS_ROLLBACK)
+    setup_namespace(kube_api, tmp_path)
+    sweep.run(lambda: ended(sweep, CKPT, "RolledBack"), steps=[sweep_from_the_canary(sweep)],
+              timeout=150)  # fmt: skip
+    sweep.settle()
+    assert target_uri(kube_api) == base_uri(tmp_path)
+    assert "worse" in sweep.status("Checkpoint", CKPT)["message"]
+    assert sweep.status()["serving"] == "composer-0"
+    assert ("DELETE", "deployments") in killed(sweep), sorted(killed(sweep))
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        pytest.param("promote", marks=pytest.mark.xfail(strict=True, reason=(
+            "finding: killed after the Checkpoint records the manual decision and before the "
+            "RLCycle's status, the token is never recorded in status.lastPromote, so the "
+            "annotation stays pending (planning/rollout.py manual_decision; for a rollback the "
+            "idle path then rolls back the serving model again)"))),
+        "rollback",
+    ],
+)  # fmt: skip
+def test_decided_by_hand_mid_canary(
+    sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path, decision: str
+) -> None:
+    """The analysis hangs; the annotation decides, the running analysis Job is removed."""
+    script_all(job_runner, tmp_path, analyze=Hang())
+    setup_namespace(kube_api, tmp_path)
+    key = ANNOTATION_PROMOTE if decision == "promote" else ANNOTATION_ROLLBACK
+    ask = Step(lambda: exists(kube_api, "Job", f"{CKPT}-analyze-0-0"),
+               annotate(kube_api, key, "by-hand"))  # fmt: skip
+    end = "Promoted" if decision == "promote" else "RolledBack"
+    sweep.run(
+        lambda: ended(sweep, CKPT, end) and not exists(kube_api, "Job", f"{CKPT}-analyze-0-0"),
+        steps=[sweep_from_the_canary(sweep), ask],
+        timeout=150,
+    )
+    sweep.settle()
+    st = sweep.status()
+    assert st["lastPromote" if decision == "promote" else "lastRollback"] == "by-hand"
+    assert st["serving"] == (CKPT if decision == "promote" else "composer-0")
+    ck = kube_api.get(RTRL, "Checkpoint", CKPT) or {}
+    want = ck["spec"]["uri"] if decision == "promote" else base_uri(tmp_path)
+    assert target_uri(kube_api) == want
+    assert sweep.ledger.created("Job")[-1] == f"{CKPT}-analyze-0-0", sweep.explain()
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "finding, not yet understood: after kills mid-canary with spec.suspend set, the settled "
+    "operator does not reach two rounds without a write within 30 s"))  # fmt: skip
+def test_suspended_mid_canary_finishes_then_stays_suspended(
+    sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path
+) -> None:
+    """``spec.suspend`` starts no cycle; the running canary goes on: a continue, step 2,
+    promote, then the RLCycle is Suspended."""
+    script_all(job_runner, tmp_path)
+    wait = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}
+    job_runner.script(
+        f"{CKPT}-analyze-0-0", Succeed(before=commit_result("analyze", wait, tmp_path / "results"))
+    )
+    setup_namespace(kube_api, tmp_path)
+
+    def suspend() -> None:
+        kube_api.patch(RTRL, "RLCycle", "composer", {"spec": {"suspend": True}})
+
+    pause = Step(lambda: exists(kube_api, "Deployment", CANARY), suspend)
+    sweep.run(lambda: ended(sweep, CKPT, "Promoted", "Suspended"),
+              steps=[pause, sweep_from_the_canary(sweep)], timeout=150)  # fmt: skip
+    sweep.settle()
+    records = sweep.status("Checkpoint", CKPT)["rollout"]
+    assert [(r["weight"], r["decision"]) for r in records] == [(25, "continue"), (50, "promote")]
+    assert sweep.status()["serving"] == CKPT
