@@ -68,15 +68,8 @@ def test_rolled_back_by_the_analysis(
 
 @pytest.mark.parametrize(
     "decision",
-    [
-        pytest.param("promote", marks=pytest.mark.xfail(strict=True, reason=(
-            "finding: killed after the Checkpoint records the manual decision and before the "
-            "RLCycle's status, the token is never recorded in status.lastPromote, so the "
-            "annotation stays pending (planning/rollout.py manual_decision; for a rollback the "
-            "idle path then rolls back the serving model again)"))),
-        "rollback",
-    ],
-)  # fmt: skip
+    ["promote", "rollback"],
+)
 def test_decided_by_hand_mid_canary(
     sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path, decision: str
 ) -> None:

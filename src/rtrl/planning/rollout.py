@@ -69,14 +69,17 @@ def manual_decision(r: Round) -> tuple[str, str | None]:
     """``(reason, decision)`` asked for by hand or by ``spec.pin``; ``("", None)`` if none."""
     if r.spec.pin:
         return f"spec.pin is set to {r.spec.pin}", "rollback"
-    token = r.pending_annotation(ANNOTATION_ROLLBACK, "lastRollback")
-    if token is not None:
-        r.status["lastRollback"] = token
-        return f"manual rollback ({ANNOTATION_ROLLBACK}={token})", "rollback"
-    token = r.pending_annotation(ANNOTATION_PROMOTE, "lastPromote")
-    if token is not None:
-        r.status["lastPromote"] = token
-        return f"manual promotion ({ANNOTATION_PROMOTE}={token})", "promote"
+    # The decision's record on the Checkpoint names the token ("... (key=token)"): that
+    # write is what takes it, so an operator killed before the RLCycle's status says so
+    # does not take it again (Round.pending_annotation reads the records).
+    for key, status_key, decision, words in (
+        (ANNOTATION_ROLLBACK, "lastRollback", "rollback", "manual rollback"),
+        (ANNOTATION_PROMOTE, "lastPromote", "promote", "manual promotion"),
+    ):
+        token = r.pending_annotation(key, status_key)
+        if token is not None:
+            r.status[status_key] = token
+            return f"{words} ({key}={token})", decision
     return "", None
 
 

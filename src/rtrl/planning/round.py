@@ -10,11 +10,17 @@ so that the areas share it without calling back into each other or into the disp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rtrl.core.api.names import ANNOTATION_STARTED, API_VERSION
+from rtrl.core.api.names import (
+    ANNOTATION_PROMOTE,
+    ANNOTATION_ROLLBACK,
+    ANNOTATION_STARTED,
+    API_VERSION,
+)
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
 from rtrl.core.api.rlcycle import RLCycleSpec
 
@@ -80,6 +86,7 @@ class Round:
         promoted = [c for c in self.owned if phase(c) in ("Promoted", "Superseded")]
         if promoted:  # read back from the Checkpoints, not only from the status
             self.status["lastPromoted"] = meta(promoted[-1])["name"]
+        self._take_recorded_requests()
         if self.owned:
             self.status["cycle"] = max(
                 self.status["cycle"], int(self.owned[-1]["spec"].get("cycle") or 0)
@@ -151,10 +158,38 @@ class Round:
         return [meta(c)["name"] for c in self.obs.checkpoints if phase(dict(c)) == "RolledBack"]
 
     def pending_annotation(self, key: str, status_key: str) -> str | None:
-        """The RLCycle's annotation ``key`` when its value is not yet the one recorded in
-        ``status.<status_key>`` (a request not yet taken)."""
+        """The RLCycle's annotation ``key`` when its value is a request not yet taken: not
+        the one recorded in ``status.<status_key>``, nor named by a Checkpoint's record of
+        what it did (``<key>=<token>`` ending its message or a canary step's reason). The
+        Checkpoint's write is the one that carries a request out; the RLCycle's status
+        follows in a later write, which a crash can lose, and the same request must not be
+        carried out twice (a second rollback of the serving model)."""
         value = (self.meta.get("annotations") or {}).get(key)
-        return str(value) if value and value != self.status.get(status_key) else None
+        if not value or value == self.status.get(status_key):
+            return None
+        return None if self._recorded(f"{key}={value}") else str(value)
+
+    def _take_recorded_requests(self) -> None:
+        """``status.lastRollback``/``lastPromote`` for a request a Checkpoint's record
+        shows was carried out, in case the status write that said so was lost."""
+        annotations = self.meta.get("annotations") or {}
+        for key, status_key in (
+            (ANNOTATION_ROLLBACK, "lastRollback"),
+            (ANNOTATION_PROMOTE, "lastPromote"),
+        ):
+            value = annotations.get(key)
+            if value and value != self.status.get(status_key) and self._recorded(f"{key}={value}"):
+                self.status[status_key] = str(value)
+
+    def _recorded(self, request: str) -> bool:
+        named = re.compile(re.escape(request) + r"\)?$")
+        for ck in self.owned:
+            status = ck.get("status") or {}
+            texts = [status.get("message") or ""]
+            texts += [e.get("reason") or "" for e in status.get("rollout") or []]
+            if any(named.search(str(t)) for t in texts):
+                return True
+        return False
 
     # --- status --------------------------------------------------------------------------
     def last_start(self) -> datetime | None:

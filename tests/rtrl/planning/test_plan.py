@@ -816,6 +816,31 @@ def test_manual_rollback_mid_canary(how: str) -> None:
         assert world.condition("Progressing")["reason"] == "Pinned"
 
 
+@pytest.mark.parametrize("key", ["rtrl.io/rollback", "rtrl.io/promote"])
+def test_a_manual_decision_is_taken_once_when_its_status_write_is_lost(key: str) -> None:
+    """Killed after the Checkpoint recorded the decision and before the RLCycle's status
+    named the token, the next operator must not take the token again (once idle, a
+    rollback would roll back the serving model a second time)."""
+    world = World()
+    to_canary(world)
+    world.rlcycle["metadata"]["annotations"] = {key: "by-hand-1"}
+    decided = plan(world.observed(), world.now)
+    # the crash: the Checkpoint's write was done, the RLCycle's status write never came
+    world.apply([a for a in decided.actions if isinstance(a, PatchStatus) and a.kind != "RLCycle"])
+    world.reconcile(3)
+    status_key = "lastRollback" if key.endswith("rollback") else "lastPromote"
+    assert world.rlcycle["status"][status_key] == "by-hand-1"
+    world.settle()
+    world.reconcile(3)
+    world.now += timedelta(minutes=1)
+    world.reconcile(3)
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == ("RolledBack" if key.endswith("rollback") else "Promoted")
+    assert world.rlcycle["status"]["phase"] == "Idle"
+    assert "RollbackImpossible" not in world.reasons()
+    assert world.reasons().count("RolledBack") == (1 if key.endswith("rollback") else 0)
+
+
 def test_manual_promotion_skips_the_analysis() -> None:
     world = World()
     to_canary(world)

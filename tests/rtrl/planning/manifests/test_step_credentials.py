@@ -121,5 +121,5 @@ def test_storage_retries_reach_every_step_as_the_variables_the_store_reads(step:
 
 
 def test_storage_retries_are_bounded() -> None:
-    with pytest.raises(ValueError, match="storage.retries.maxAttempts"):
+    with pytest.raises(ValueError, match=r"storage\.retries\.maxAttempts"):
         spec(retries={"maxAttempts": 1000})
