@@ -49,9 +49,9 @@ class EmulatorState(kmock.KubernetesEmulator):
     namespaces: set[str] = attrs.field(factory=lambda: {"default"})
     # Called after a write (create, patch, delete, replace) is applied and before it is
     # answered, with (HTTP method, path, request body, resulting object): lets a test act at
-    # an exact point, e.g. kill the client that wrote (test_operator_crash.py). It runs in the
-    # server's thread and loop, so keep it short; if it raises, the client gets a 500 for a
-    # write that was applied. Failed writes (404, 409...) do not call it.
+    # an exact point (tests/integration/test_kubectl_plugin.py records the plugin's writes).
+    # It runs in the server's thread and loop, so keep it short; if it raises, the client
+    # gets a 500 for a write that was applied. Failed writes (404, 409...) do not call it.
     after_write: Callable[[str, str, Any, dict[str, Any] | None], None] | None = None
     # Seconds every watch event takes to reach the watchers (0: at once): a lagging watch,
     # as under load, for the tests of the operator's watch cache.

@@ -55,7 +55,9 @@ class SecretState:
 @dataclass(frozen=True)
 class Observed:
     rlcycle: Mapping[str, Any]
-    checkpoints: Sequence[Mapping[str, Any]] = ()  # every Checkpoint of the namespace
+    # the Checkpoints a round may look at (its own, base models, rolled-back ones, those
+    # it serves or names, and their lineage: rtrl.kube.observe), not the whole namespace
+    checkpoints: Sequence[Mapping[str, Any]] = ()
     jobs: Sequence[JobState] = ()  # Jobs labelled rtrl.io/rlcycle=<name>
     services: frozenset[str] = frozenset()  # names of the RLCycle's Services
     config_maps: frozenset[str] = frozenset()  # names of the RLCycle's ConfigMaps
