@@ -239,7 +239,12 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         # children (owned by it: garbage collection takes them anyway). Deleting the Jobs
         # first let an operator killed in between find the Checkpoint staging without a
         # Job, and run stage again (tests/e2e/test_crash_lifecycle.py).
-        verdict = {"candidate": None, "conditions": r.conditions.to_list()}
+        # (with the trigger that started the cycle: the Checkpoint that records it goes)
+        verdict = {
+            "candidate": None,
+            "conditions": r.conditions.to_list(),
+            "lastTrigger": r.status.get("lastTrigger"),
+        }
         r.act(PatchStatus(API_VERSION, "RLCycle", r.name, verdict))
         r.act(Delete(API_VERSION, "Checkpoint", name))
         for job in r.obs.jobs:

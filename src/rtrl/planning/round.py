@@ -19,6 +19,7 @@ from rtrl.core.api.names import (
     ANNOTATION_PROMOTE,
     ANNOTATION_ROLLBACK,
     ANNOTATION_STARTED,
+    ANNOTATION_TRIGGER,
     API_VERSION,
 )
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
@@ -170,9 +171,17 @@ class Round:
         return None if self._recorded(f"{key}={value}") else str(value)
 
     def _take_recorded_requests(self) -> None:
-        """``status.lastRollback``/``lastPromote`` for a request a Checkpoint's record
-        shows was carried out, in case the status write that said so was lost."""
+        """``status.lastTrigger``/``lastRollback``/``lastPromote`` for a request a
+        Checkpoint shows was carried out (a trigger: the cycle's Checkpoint carries it), in
+        case the status write that said so was lost."""
         annotations = self.meta.get("annotations") or {}
+        trigger = annotations.get(ANNOTATION_TRIGGER)
+        if trigger and trigger != self.status.get("lastTrigger"):
+            started = {
+                (meta(c).get("annotations") or {}).get(ANNOTATION_TRIGGER) for c in self.owned
+            }
+            if trigger in started:
+                self.status["lastTrigger"] = str(trigger)
         for key, status_key in (
             (ANNOTATION_ROLLBACK, "lastRollback"),
             (ANNOTATION_PROMOTE, "lastPromote"),

@@ -577,6 +577,27 @@ def test_suspend_starts_nothing_but_lets_a_running_cycle_finish() -> None:
     assert world.checkpoint("composer-1")["status"]["phase"] == "Training"
 
 
+def test_a_trigger_whose_cycle_found_too_little_data_starts_no_second_cycle() -> None:
+    """Killed after creating the cycle's Checkpoint, before the RLCycle's status named the
+    trigger: once insufficient data has removed that Checkpoint, the trigger must not look
+    new again (the crash suite saw cycles 3, 4 ... 22 started by one trigger)."""
+    world = World()
+    world.now = T0 + timedelta(
+        minutes=10
+    )  # after the first tick's start: only a trigger starts one
+    run_cycle(world)
+    world.rlcycle["metadata"]["annotations"] = {names.ANNOTATION_TRIGGER: "once"}
+    decided = plan(world.observed(), world.now)
+    world.apply([a for a in decided.actions if isinstance(a, Create)])  # then the crash
+    world.reconcile()
+    world.finish("stage", result={**STAGE_OK, "sufficient": False, "message": "too little"})
+    world.reconcile(3)
+    assert "composer-2" not in world.checkpoints
+    assert world.rlcycle["status"]["lastTrigger"] == "once"
+    world.reconcile(3)
+    assert "composer-3" not in world.checkpoints and world.rlcycle["status"]["cycle"] == 2
+
+
 def test_trigger_annotation_starts_one_cycle_per_value() -> None:
     world = World()
     run_cycle(world)
