@@ -31,6 +31,9 @@ LOGPROB_NON_FINITE = "logprob_non_finite"
 SIGNAL_OUT_OF_RANGE = "signal_out_of_range"
 # A negative token id, or one at or beyond the model's vocabulary (when it is known).
 TOKEN_OUT_OF_RANGE = "token_out_of_range"
+# A string column's value that is not UTF-8 (a foreign writer; Parquet does not check it):
+# it would fail whoever reads it as text.
+INVALID_UTF8 = "invalid_utf8"
 DUPLICATE_INTERACTION_ID = "duplicate_interaction_id"
 
 _LIST_COLUMNS = ("prompt_ids", *COMPLETION_LIST_COLUMNS)
@@ -200,4 +203,30 @@ def check_rows(batch: pa.RecordBatch, vocab_size: int | None = None) -> RowFlags
     check_logprobs(batch, flags)
     check_signals(batch, flags)
     check_token_ids(batch, flags, vocab_size)
+    check_utf8(batch, flags)
     return flags
+
+
+def check_utf8(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Rows whose string values are not UTF-8. The whole column is validated at once (as
+    fast as a copy); only a column that fails is looked at value by value."""
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            raw = column.cast(
+                pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+            )
+            bad = np.zeros(batch.num_rows, dtype=np.bool_)
+            for row, value in enumerate(raw.to_pylist()):
+                if value is not None:
+                    try:
+                        value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        bad[row] = True
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                flags.details.setdefault(INVALID_UTF8, (first, f"{name} is not UTF-8"))
+            flags.flag(INVALID_UTF8, bad)

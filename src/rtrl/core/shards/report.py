@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from rtrl.core.shards.checks import (
     DUPLICATE_INTERACTION_ID,
+    INVALID_UTF8,
     LIST_LENGTH_MISMATCH,
     LOGPROB_NON_FINITE,
     LOGPROB_POSITIVE,
@@ -36,6 +37,7 @@ ROW_REASONS: tuple[str, ...] = (
     LOGPROB_NON_FINITE,
     SIGNAL_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
+    INVALID_UTF8,
     DUPLICATE_INTERACTION_ID,
 )
 REASONS: tuple[str, ...] = FILE_REASONS + ROW_REASONS

@@ -154,6 +154,18 @@ class ValidatingReader:
                 f"row group {index}, rows {first_row}-{end - 1}: {exc}",
                 rows=end - first_row,
             )
+            return
+        if first_row < end:
+            # A corrupt page header can make the decoder end a row group early without an
+            # error (pyarrow yields nothing more of it): the footer says how many rows there
+            # were, so the missing ones are counted, never silently lost.
+            file.status = "unreadable"
+            file.add_problem(
+                UNREADABLE,
+                f"row group {index}, rows {first_row}-{end - 1}: its pages ended before the "
+                f"{end - first_row} rows the file's footer counts",
+                rows=end - first_row,
+            )
 
     def _good_rows(self, file: FileReport, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
         flags = check_rows(batch, self.vocab_size)

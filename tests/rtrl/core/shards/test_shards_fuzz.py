@@ -6,11 +6,10 @@ without them can have a value changed undetectably, and such a row still passes 
 check, which is all the reader can promise). Fixed budget as in
 tests/contract/test_validate_fuzz.py: derandomized under CI.
 
-Two properties the fuzzing found broken are pinned below as strict xfails, for the
-reader's owner: a row group that yields fewer rows than its footer says loses them without
-a reason, and a string that is not UTF-8 comes out as a good row (which then fails
-whoever reads it). Once the reader checks both, the xfails pass (and fail, being strict):
-make them plain tests and add both checks to ``_accounted``."""
+Two properties the fuzzing found broken have a test of their own below: a row group that
+yields fewer rows than its footer says lost them without a reason (now counted as
+``unreadable``), and a string that is not UTF-8 came out as a good row, which then failed
+whoever read it (now ``invalid_utf8``)."""
 
 from __future__ import annotations
 
@@ -124,9 +123,6 @@ def test_the_originals_read_whole(source: str) -> None:
     assert {_key(row) for row in good} == ORIGINAL_ROWS
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the reader does not compare a row group's rows with its footer"
-)
 def test_a_row_group_that_yields_fewer_rows_than_its_footer_says_loses_them_with_a_reason(
     tmp_path: Path,
 ) -> None:
@@ -143,7 +139,6 @@ def test_a_row_group_that_yields_fewer_rows_than_its_footer_says_loses_them_with
     assert file.rows_by_reason == {"unreadable": ROWS // 2}, file
 
 
-@pytest.mark.xfail(strict=True, reason="the reader does not check that strings are UTF-8")
 def test_a_string_that_is_not_utf8_is_never_a_good_row(tmp_path: Path) -> None:
     """A foreign pipeline's file whose ``org`` of row 3 is not UTF-8 (pyarrow writes and
     reads it without a check): the row must be quarantined, not passed on to fail whoever
