@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e import crash
-from tests.e2e.crash import CANARY, CKPT, exists, killed, phase
 
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.crashrun import CrashSweep
@@ -25,6 +23,8 @@ from rtrl_localkube.cycle_world import (
     setup_namespace,
 )
 from rtrl_localkube.outcomes import Succeed
+from tests.e2e import crash
+from tests.e2e.crash import CANARY, CKPT, exists, killed, phase
 
 pytestmark = pytest.mark.timeout(240)
 

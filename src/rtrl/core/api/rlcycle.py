@@ -27,9 +27,9 @@ from pydantic import (
 from .common import (
     CEL_KEY,
     DNS_LABEL_PATTERN,
-    ApiModel,
     MAX_CONDITIONS,
     MAX_COUNT,
+    ApiModel,
     Condition,
     DnsLabel,
     DnsSubdomain,
