@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import json
 import logging
@@ -263,8 +264,11 @@ async def run(namespace: str, name: str, stopped: object) -> None:
             try:
                 # a woken round does not queue behind the resyncs of 1,000 idle RLCycles
                 lane = WOKEN_ROUNDS if woken is not None else None
+                # in this task's context, as asyncio.to_thread would run it: the logs take
+                # the RLCycle a record is about from kopf's context variables (rtrl.logs)
+                context = contextvars.copy_context()
                 delay = await asyncio.get_running_loop().run_in_executor(lane, functools.partial(
-                    reconcile_once, namespace, name, live=live, woken=woken,
+                    context.run, reconcile_once, namespace, name, live=live, woken=woken,
                     live_kinds=NEW_RLCYCLE_LIVE if new else frozenset(),
                 ))  # fmt: skip
                 if new and _phase(namespace, name) == "Invalid":
