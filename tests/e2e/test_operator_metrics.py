@@ -30,6 +30,7 @@ def scrape(port: int) -> str:
         return ""
 
 
+@pytest.mark.usefixtures("release")  # the chart's CRDs, also when this test runs alone
 def test_metrics_port_and_json_logs(
     kube_api: KubeAPI, job_runner: JobRunner, deployment_controller: Any, tmp_path: Path
 ) -> None:
