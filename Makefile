@@ -61,7 +61,7 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first: otherwise deepspeed's requirement could pull another torch build.
 	$(UV_PIP) -c constraints.txt torch==2.13.0
-	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,dev]"
+	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,demo,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
