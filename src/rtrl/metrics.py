@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .planning.actions import Action, Create, Delete, Emit, Patch, PatchStatus
 
@@ -140,9 +142,90 @@ def forget(namespace: str, rlcycle_name: str) -> None:
             metric.remove(namespace, rlcycle_name)
 
 
+# --- per-Checkpoint series, built at scrape time from the operator's cache -----------------
+# A deleted Checkpoint leaves the cache and so its series vanish; cardinality is bounded by
+# the RLCycle's history limit (pruned Checkpoints are deleted) and the API's list bounds
+# (at most 64 gates and 64 A/B metrics per Checkpoint).
+_CHECKPOINTS: list[Callable[[], Iterable[Mapping[str, Any]]]] = []
+
+
+def set_checkpoint_source(source: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+    """Where the collector reads the Checkpoints from at each scrape (the kube room's cache)."""
+    _CHECKPOINTS[:] = [source]
+
+
+class CheckpointCollector(Collector):
+    """Eval gates and the latest canary step's A/B numbers of every cached Checkpoint."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        base = ["namespace", "rlcycle", "checkpoint"]
+        gate = GaugeMetricFamily(
+            "rtrl_eval_gate_value", "Eval gate value, by arm.", labels=[*base, "metric", "arm"]
+        )
+        gate_ci = GaugeMetricFamily(
+            "rtrl_eval_gate_difference_interval",
+            "Bootstrap interval of an eval gate's difference (bound: low/high).",
+            labels=[*base, "metric", "bound"],
+        )
+        passed = GaugeMetricFamily(
+            "rtrl_eval_gate_passed", "1 when the eval gate passed.", labels=[*base, "metric"]
+        )
+        ab = GaugeMetricFamily(
+            "rtrl_ab_estimate", "A/B estimate of a metric, by arm.", labels=[*base, "metric", "arm"]
+        )
+        diff = GaugeMetricFamily(
+            "rtrl_ab_difference", "Canary minus baseline.", labels=[*base, "metric"]
+        )
+        ab_ci = GaugeMetricFamily(
+            "rtrl_ab_difference_interval",
+            "Always-valid interval of the difference (bound: low/high).",
+            labels=[*base, "metric", "bound"],
+        )
+        samples = GaugeMetricFamily(
+            "rtrl_ab_samples", "Matured interactions of the step, by arm.", labels=[*base, "arm"]
+        )
+        for source in _CHECKPOINTS:
+            for ck in source():
+                meta = ck.get("metadata") or {}
+                ident = [
+                    str(meta.get("namespace") or ""),
+                    str((ck.get("spec") or {}).get("rlCycle") or ""),
+                    str(meta.get("name") or ""),
+                ]
+                status = ck.get("status") or {}
+                for g in ((status.get("eval") or {}).get("gates")) or []:
+                    m = str(g.get("metric"))
+                    gate.add_metric([*ident, m, "candidate"], float(g.get("candidate", 0)))
+                    gate.add_metric([*ident, m, "parent"], float(g.get("parent", 0)))
+                    gate_ci.add_metric([*ident, m, "low"], float(g.get("ciLow", 0)))
+                    gate_ci.add_metric([*ident, m, "high"], float(g.get("ciHigh", 0)))
+                    passed.add_metric([*ident, m], 1.0 if g.get("passed") else 0.0)
+                steps = status.get("rollout") or []
+                if not steps:
+                    continue
+                step = steps[-1]
+                for arm in ("baseline", "canary"):
+                    if step.get(f"{arm}Samples") is not None:
+                        samples.add_metric([*ident, arm], float(step[f"{arm}Samples"]))
+                for row in step.get("metrics") or []:
+                    m = str(row.get("name"))
+                    for arm in ("baseline", "canary"):
+                        ab.add_metric([*ident, m, arm], float(row.get(arm, 0)))
+                    diff.add_metric([*ident, m], float(row.get("difference", 0)))
+                    ab_ci.add_metric([*ident, m, "low"], float(row.get("ciLow", 0)))
+                    ab_ci.add_metric([*ident, m, "high"], float(row.get("ciHigh", 0)))
+        return [gate, gate_ci, passed, ab, diff, ab_ci, samples]
+
+
+REGISTRY.register(CheckpointCollector())
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Serve /metrics on ``port`` from a background thread."""
     start_http_server(port, addr=addr)
 
 
-__all__ = ["forget", "observe_plan", "serve"]
+__all__ = ["CheckpointCollector", "forget", "observe_plan", "serve", "set_checkpoint_source"]

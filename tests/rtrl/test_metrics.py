@@ -82,3 +82,31 @@ def test_json_logs_carry_the_rlcycle_and_checkpoint() -> None:
     kopf_record.k8s_ref = {"kind": "RLCycle", "name": "composer", "namespace": "ml-serving"}
     entry = json.loads(formatter.format(kopf_record))
     assert entry["rlcycle"] == "composer" and "checkpoint" not in entry
+
+
+def test_checkpoint_series_come_from_the_source_and_vanish_with_it() -> None:
+    from rtrl.metrics import set_checkpoint_source
+
+    ck = {
+        "metadata": {"namespace": NS, "name": "c-1"},
+        "spec": {"rlCycle": "c"},
+        "status": {
+            "eval": {"gates": [{"metric": "he.pass", "candidate": 0.5, "parent": 0.4,
+                                "ciLow": -0.01, "ciHigh": 0.2, "passed": True}]},
+            "rollout": [{"weight": 10, "baselineSamples": 40, "canarySamples": 7, "metrics": [
+                {"name": "edit_persistence", "baseline": 0.6, "canary": 0.7,
+                 "difference": 0.1, "ciLow": -0.2, "ciHigh": 0.3}]}],
+        },
+    }  # fmt: skip
+    held = [ck]
+    set_checkpoint_source(lambda: held)
+    ident = {"rlcycle": "c", "checkpoint": "c-1"}
+    assert value("rtrl_eval_gate_value", **ident, metric="he.pass", arm="candidate") == 0.5
+    assert value("rtrl_eval_gate_passed", **ident, metric="he.pass") == 1.0
+    assert value("rtrl_ab_estimate", **ident, metric="edit_persistence", arm="canary") == 0.7
+    assert value("rtrl_ab_difference_interval", **ident, metric="edit_persistence",
+                 bound="high") == 0.3  # fmt: skip
+    assert value("rtrl_ab_samples", **ident, arm="canary") == 7.0
+    held.clear()
+    assert REGISTRY.get_sample_value("rtrl_ab_samples", {"namespace": NS, **ident,
+                                     "arm": "canary"}) is None  # fmt: skip

@@ -41,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from ..metrics import observe_plan
+from ..metrics import observe_plan, set_checkpoint_source
 from ..planning import plan, plan_rejected
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
-from .cache import CachingClient, ObjectCache
+from .cache import CachingClient, ObjectCache, _any
 from .client import KubeClient, KubeError
 from .observe import observe
 
@@ -137,6 +137,8 @@ def start(settings: Settings) -> None:
     Process.seen.clear()
     Process.listed.clear()
     Process.cache = ObjectCache()
+    # every namespace: _any equals any namespace
+    set_checkpoint_source(lambda: Process.cache.list("Checkpoint", _any))
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would
     # wait up to the default 5 ms switch interval.
