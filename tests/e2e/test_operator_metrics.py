@@ -63,6 +63,12 @@ def test_metrics_port_and_json_logs(
             in text
         )
         assert "process_cpu_seconds_total" in text
+        # The per-Checkpoint series, from the operator's cache at scrape time: eval gates.
+        kube_api.wait_for(
+            lambda: f'rtrl_eval_gate_passed{{checkpoint="{NAME}-1"' in scrape(metrics),
+            timeout=40,
+            message=lambda: scrape(metrics)[-3000:],
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
