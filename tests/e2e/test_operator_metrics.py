@@ -69,6 +69,13 @@ def test_metrics_port_and_json_logs(
             timeout=40,
             message=lambda: scrape(metrics)[-3000:],
         )
+        # ... and a deleted Checkpoint's series are gone from the next scrapes.
+        kube_api.delete("rtrl.io/v1alpha1", "Checkpoint", f"{NAME}-1")
+        kube_api.wait_for(
+            lambda: (t := scrape(metrics)) != "" and f'checkpoint="{NAME}-1"' not in t,
+            timeout=20,
+            message=lambda: scrape(metrics)[-3000:],
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
