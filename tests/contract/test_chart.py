@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,7 @@ def test_replicas_bring_peering_and_a_disruption_budget() -> None:
     args = next(d for d in ha if d["kind"] == "Deployment")["spec"]["template"]["spec"][
         "containers"
     ][0]["args"]
-    assert "--peering=rtrl-rtrl-operator" in args and "--standalone" not in args
+    assert "--peering=rtrl-operator" in args and "--standalone" not in args
     namespaced = render("--set", "replicas=2", "--set", "watchNamespaces={a,b}")
     peerings = [d for d in namespaced if d["kind"] == "KopfPeering"]
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["a", "b"]
@@ -343,3 +344,36 @@ def test_dockerfile_runs_non_root_with_the_operator_extra_only() -> None:
     assert not re.search(r"\[[^\]]*(dev|trainer)[^\]]*\]", text)
     assert re.search(r'^ENTRYPOINT \["rtrl", "operator"\]', text, flags=re.M)
     assert re.search(r"^FROM python:3\.\d+-slim", text, flags=re.M)
+
+
+@pytest.mark.parametrize(
+    ("release", "fullname"),
+    [
+        ("rtrl", "rtrl-operator"),  # the README's release: no `rtrl-rtrl-operator`
+        ("rtrl-operator", "rtrl-operator"),
+        ("prod", "prod-rtrl-operator"),
+        ("rtrlx", "rtrlx-rtrl-operator"),  # a prefix of the chart name, not the project's
+    ],
+)
+def test_object_names_do_not_stutter(release: str, fullname: str) -> None:
+    out = run_helm("template", release, os.fspath(CHART), "--namespace", "rtrl-system")
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.load_all(out.stdout, Loader=Yaml12Loader) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["metadata"]["name"] == fullname
+    names = {d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"}
+    assert not any("rtrl-rtrl" in n for n in names), names
+
+
+def test_the_chart_readme_is_generated_from_values_yaml() -> None:
+    """`helm show readme` is what chart users read: it lists every commented value and is
+    regenerated (`make chart-readme`) whenever values.yaml changes."""
+    script = REPO / "tools" / "chart_readme.py"
+    out = subprocess.run([sys.executable, os.fspath(script), "--check"], capture_output=True)
+    assert out.returncode == 0, out.stderr.decode()
+    readme = (CHART / "README.md").read_text()
+    values = (CHART / "values.yaml").read_text()
+    assert readme.count("\n| `") == values.count("# --") > 40
+    assert "| `watchNamespaces` | list | `[]` |" in readme
+    shown = run_helm("show", "readme", os.fspath(CHART))
+    assert shown.returncode == 0 and shown.stdout.startswith("# rtrl-operator"), shown.stderr

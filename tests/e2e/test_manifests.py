@@ -66,9 +66,12 @@ def server_verdict(cp: ControlPlane, namespace: str, body: dict[str, Any]) -> st
 
 
 def test_every_example_applies(admin: Cli, release: str) -> None:
-    admin.kubectl("create", "namespace", "ml-serving", check=False)
+    """The quick start's one command: the examples are complete (namespace and Secret
+    included, the namespace first by file name) and the server accepts every one."""
     try:
         out = admin.kubectl("apply", "-f", "examples/").stdout
+        assert "namespace/ml-serving" in out, out
+        assert "secret/s3-creds created" in out, out
         assert "rlcycle.rtrl.io/composer created" in out, out
         assert "checkpoint.rtrl.io/composer-0 created" in out, out
         assert "deployment.apps/composer-vllm created" in out, out

@@ -3,7 +3,9 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Full name: the release name, with the chart name unless the release already contains it. */}}
+{{/* Full name: the release name, with the chart name unless the release already contains it;
+     a release named after the project (`rtrl`, the README's) gives `rtrl-operator`, not
+     `rtrl-rtrl-operator`. */}}
 {{- define "rtrl-operator.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
@@ -11,6 +13,8 @@
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else if hasPrefix (printf "%s-" .Release.Name) $name }}
+{{- $name | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
