@@ -18,6 +18,15 @@ Series (labels ``namespace`` and ``rlcycle`` unless said otherwise):
 - ``rtrl_job_failures_total{step}``: step Jobs that failed (retried or final).
 - ``rtrl_last_promotion_age_seconds``: seconds since the last promotion this process made
   (absent until one happens: the promotion time is not in the RLCycle's status).
+
+Per Checkpoint (labels ``namespace``, ``rlcycle``, ``checkpoint``), built at each scrape from
+the operator's cache (:class:`CheckpointCollector`), so a deleted Checkpoint's series vanish:
+
+- ``rtrl_eval_gate_value{metric,arm}`` (candidate/parent), ``rtrl_eval_gate_passed{metric}``,
+  ``rtrl_eval_gate_difference_interval{metric,bound}`` (low/high);
+- of the latest canary step: ``rtrl_ab_estimate{metric,arm}`` (baseline/canary),
+  ``rtrl_ab_difference{metric}``, ``rtrl_ab_difference_interval{metric,bound}``,
+  ``rtrl_ab_samples{arm}``.
 """
 
 from __future__ import annotations
