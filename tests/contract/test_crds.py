@@ -83,7 +83,7 @@ def test_printer_columns_tell_the_state_at_a_glance() -> None:
     assert columns("RLCycle") == [
         "Phase", "Serving", "Candidate", "Canary", "Cycle", "Next Run", "Age"
     ]  # fmt: skip
-    assert columns("Checkpoint") == ["Phase", "Cycle", "Parent", "Eval", "Age"]
+    assert columns("Checkpoint") == ["Phase", "Cycle", "Parent", "Eval", "Decision", "Age"]
 
 
 @pytest.mark.parametrize("kind", sorted(RESOURCES))
@@ -96,8 +96,12 @@ def test_printer_columns_point_at_real_fields(kind: str) -> None:
         if parts[0] == "metadata":
             continue
         for part in parts:
-            assert part in node.get("properties", {}), f"{column.name}: {column.json_path}"
-            node = node["properties"][part]
+            field, indexed = part.removesuffix("[-1:]"), part.endswith("[-1:]")
+            assert field in node.get("properties", {}), f"{column.name}: {column.json_path}"
+            node = node["properties"][field]
+            if indexed:  # the last item of a list
+                assert node["type"] == "array", column.name
+                node = node["items"]
         expected = {"integer": "integer", "string": "string", "date": "string"}[column.type]
         assert node["type"] == expected, column.name
 

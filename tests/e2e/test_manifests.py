@@ -155,3 +155,27 @@ def test_printer_columns_read_by_kubectl(admin: Cli, release: str, namespace: st
     cells = row.split()
     assert cells[:6] == ["composer", "Canary", "composer-41", "composer-42", "25", "42"]
     assert cells[6] == "2099-01-01T00:00:00Z", row  # a future time, not "<invalid>"
+
+
+def test_kubectl_get_ckpt_shows_the_last_canary_decision(
+    admin: Cli, release: str, namespace: str
+) -> None:
+    """The Decision column is a JSONPath the real server evaluates (`[-1:]`, the last
+    rollout record), empty before any canary step."""
+    ckpt = load((EXAMPLES / "checkpoint-base.yaml").read_text())
+    ckpt["metadata"]["namespace"] = namespace
+    admin.kubectl("apply", "-f", "-", input=json.dumps(ckpt))
+    name = ckpt["metadata"]["name"]
+    table = admin.kubectl("get", "ckpt", name, "-n", namespace).stdout.splitlines()
+    assert table[0].split()[:6] == ["NAME", "PHASE", "CYCLE", "PARENT", "EVAL", "DECISION"]
+    assert "promote" not in table[1]
+    steps = [
+        {"weight": 10, "startedAt": "2026-01-01T00:00:00Z", "decision": "continue"},
+        {"weight": 50, "startedAt": "2026-01-01T01:00:00Z", "decision": "promote"},
+    ]
+    admin.kubectl(
+        "patch", "ckpt", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"phase": "Promoted", "rollout": steps}}),
+    )  # fmt: skip
+    row = admin.kubectl("get", "ckpt", name, "-n", namespace).stdout.splitlines()[1].split()
+    assert row[1] == "Promoted" and "promote" in row, row

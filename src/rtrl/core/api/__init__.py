@@ -84,6 +84,11 @@ CHECKPOINT = Resource(
         PrinterColumn("Cycle", "integer", ".spec.cycle", "Cycle that produced it."),
         PrinterColumn("Parent", "string", ".spec.parent", "Checkpoint it was trained from."),
         PrinterColumn("Eval", "string", ".status.eval.verdict", "Eval verdict."),
+        # The last canary step's decision: continue while it runs, then promote or rollback
+        # (the A/B test's or a manual one); the Phase says where that left it.
+        PrinterColumn(
+            "Decision", "string", ".status.rollout[-1:].decision", "Last canary decision."
+        ),
         PrinterColumn("URI", "string", ".spec.uri", "Where it is stored.", priority=1),
         _AGE,
     ),
