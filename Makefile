@@ -113,8 +113,8 @@ lint: $(STAMP)
 	$(BIN)/mypy src/rtrl src/rtrl_trainer src/rtrl_localkube src/rtrl_demo
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests bench
-	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench tools
+	$(BIN)/ruff format src tests bench tools
 
 chart-readme: $(STAMP)
 	$(BIN)/python tools/chart_readme.py
