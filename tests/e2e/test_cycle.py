@@ -123,12 +123,14 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
 
     # What a platform engineer reads: kubectl get (the printer columns) and kubectl rtrl.
     rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
-    assert rows[0] == ["NAME", "PHASE", "CYCLE", "PARENT", "EVAL", "AGE"]
+    assert rows[0] == ["NAME", "PHASE", "CYCLE", "PARENT", "EVAL", "DECISION", "AGE"]
     assert rows[1][:2] == ["composer-0", "Superseded"], rows  # registered by hand: no cycle
     assert [row[:5] for row in rows[2:]] == [
         ["composer-1", "RolledBack", "1", "composer-0", "Passed"],
         ["composer-2", "RolledBack", "2", "composer-1", "Passed"],
     ], rows
+    # Decision: the canary's last word; composer-1 was promoted, then rolled back by hand.
+    assert [row[5] for row in rows[2:]] == ["promote", "rollback"], rows
     kube.wait_for(lambda: (kube.get(RTRL, "RLCycle", NAME) or {})["status"]["phase"] == "Idle",
                   timeout=60, message=why)  # fmt: skip
     _, row = admin.kubectl("get", "rlc", "-n", ns).stdout.splitlines()
