@@ -155,12 +155,19 @@ def forget(namespace: str, rlcycle_name: str) -> None:
 # A deleted Checkpoint leaves the cache and so its series vanish; cardinality is bounded by
 # the RLCycle's history limit (pruned Checkpoints are deleted) and the API's list bounds
 # (at most 64 gates and 64 A/B metrics per Checkpoint).
-_CHECKPOINTS: list[Callable[[], Iterable[Mapping[str, Any]]]] = []
+_checkpoints: Callable[[], Iterable[Mapping[str, Any]]] = list
 
 
 def set_checkpoint_source(source: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
     """Where the collector reads the Checkpoints from at each scrape (the kube room's cache)."""
-    _CHECKPOINTS[:] = [source]
+    global _checkpoints  # noqa: PLW0603 (set once when the operator starts)
+    _checkpoints = source
+
+
+def _add_interval(family: GaugeMetricFamily, labels: list[str], row: Mapping[str, Any]) -> None:
+    """An interval's two bounds as ``bound="low"|"high"`` series."""
+    family.add_metric([*labels, "low"], float(row["ciLow"]))
+    family.add_metric([*labels, "high"], float(row["ciHigh"]))
 
 
 class CheckpointCollector(Collector):
@@ -196,36 +203,32 @@ class CheckpointCollector(Collector):
         samples = GaugeMetricFamily(
             "rtrl_ab_samples", "Matured interactions of the step, by arm.", labels=[*base, "arm"]
         )
-        for source in _CHECKPOINTS:
-            for ck in source():
-                meta = ck.get("metadata") or {}
-                ident = [
-                    str(meta.get("namespace") or ""),
-                    str((ck.get("spec") or {}).get("rlCycle") or ""),
-                    str(meta.get("name") or ""),
-                ]
-                status = ck.get("status") or {}
-                for g in ((status.get("eval") or {}).get("gates")) or []:
-                    m = str(g.get("metric"))
-                    gate.add_metric([*ident, m, "candidate"], float(g.get("candidate", 0)))
-                    gate.add_metric([*ident, m, "parent"], float(g.get("parent", 0)))
-                    gate_ci.add_metric([*ident, m, "low"], float(g.get("ciLow", 0)))
-                    gate_ci.add_metric([*ident, m, "high"], float(g.get("ciHigh", 0)))
-                    passed.add_metric([*ident, m], 1.0 if g.get("passed") else 0.0)
-                steps = status.get("rollout") or []
-                if not steps:
-                    continue
-                step = steps[-1]
+        # The CRD requires every number read here (GateResult, MetricComparison): indexing
+        # them reports what the status says, never a made-up 0.
+        for ck in _checkpoints():
+            meta = ck.get("metadata") or {}
+            ident = [
+                str(meta.get("namespace") or ""),
+                str((ck.get("spec") or {}).get("rlCycle") or ""),
+                str(meta.get("name") or ""),
+            ]
+            status = ck.get("status") or {}
+            for g in ((status.get("eval") or {}).get("gates")) or []:
+                m = str(g["metric"])
+                gate.add_metric([*ident, m, "candidate"], float(g["candidate"]))
+                gate.add_metric([*ident, m, "parent"], float(g["parent"]))
+                _add_interval(gate_ci, [*ident, m], g)
+                passed.add_metric([*ident, m], 1.0 if g["passed"] else 0.0)
+            step = (status.get("rollout") or [{}])[-1]
+            for arm in ("baseline", "canary"):
+                if step.get(f"{arm}Samples") is not None:
+                    samples.add_metric([*ident, arm], float(step[f"{arm}Samples"]))
+            for row in step.get("metrics") or []:
+                m = str(row["name"])
                 for arm in ("baseline", "canary"):
-                    if step.get(f"{arm}Samples") is not None:
-                        samples.add_metric([*ident, arm], float(step[f"{arm}Samples"]))
-                for row in step.get("metrics") or []:
-                    m = str(row.get("name"))
-                    for arm in ("baseline", "canary"):
-                        ab.add_metric([*ident, m, arm], float(row.get(arm, 0)))
-                    diff.add_metric([*ident, m], float(row.get("difference", 0)))
-                    ab_ci.add_metric([*ident, m, "low"], float(row.get("ciLow", 0)))
-                    ab_ci.add_metric([*ident, m, "high"], float(row.get("ciHigh", 0)))
+                    ab.add_metric([*ident, m, arm], float(row[arm]))
+                diff.add_metric([*ident, m], float(row["difference"]))
+                _add_interval(ab_ci, [*ident, m], row)
         return [gate, gate_ci, passed, ab, diff, ab_ci, samples]
 
 

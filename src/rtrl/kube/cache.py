@@ -107,8 +107,7 @@ class ObjectCache:
         self.kinds = frozenset(kinds)
         self._lock = threading.Lock()
         self._objects: dict[str, dict[Key, dict[str, Any]]] = {k: {} for k in self.kinds}
-        # (kind, key) -> (resourceVersion it was known gone at, monotonic time)
-        self._tombstones: dict[tuple[str, Key], tuple[int, float]] = {}
+        self._tombstones: dict[tuple[str, Key], tuple[int, float]] = {}  # -> (gone at rv, time)
         self._invalid: set[tuple[str, str]] = set()  # (kind, namespace) to read live
         # (kind, namespace) kopf re-listed since the sync: to list in full before a read
         self._relisted: set[tuple[str, str]] = set()
@@ -293,10 +292,12 @@ class ObjectCache:
         with self._lock:
             return self._objects[kind].get((namespace, name))
 
-    def list(
-        self, kind: str, namespace: str, labels: Mapping[str, str] | None = None
+    def list(  # namespace None: every namespace (the metrics' scrape)
+        self, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
     ) -> list[dict[str, Any]]:
         with self._lock:
+            if namespace is None:
+                return [obj for obj in self._objects[kind].values() if _labels_match(obj, labels)]
             held = self._objects[kind].items()
             if not labels:  # every Checkpoint of a namespace: 10,000 at scale, each round
                 return [obj for (ns, _), obj in held if ns == namespace]

@@ -45,7 +45,7 @@ from ..metrics import observe_plan, set_checkpoint_source
 from ..planning import plan, plan_rejected
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
-from .cache import CachingClient, ObjectCache, _any
+from .cache import CachingClient, ObjectCache
 from .client import KubeClient, KubeError
 from .observe import observe
 
@@ -137,8 +137,7 @@ def start(settings: Settings) -> None:
     Process.seen.clear()
     Process.listed.clear()
     Process.cache = ObjectCache()
-    # every namespace: _any equals any namespace
-    set_checkpoint_source(lambda: Process.cache.list("Checkpoint", _any))
+    set_checkpoint_source(lambda: Process.cache.list("Checkpoint", None))
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would
     # wait up to the default 5 ms switch interval.

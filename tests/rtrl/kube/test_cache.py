@@ -216,3 +216,14 @@ def test_a_relist_drops_what_its_watch_missed_with_one_full_list(
     assert cache.get("Job", NS, "not-ours") is None  # only the operator's children are kept
     assert kube.list("Job", NS, mine) and kube.get("Checkpoint", NS, "c1") is not None
     assert lists == [("Job", None)] and kube.cached_reads == 3  # all from the cache
+
+
+def test_no_namespace_lists_every_namespace() -> None:
+    """What the metrics' scrape reads: every namespace's Checkpoints, and no other kind."""
+    cache = synced()
+    cache.feed("Checkpoint", "ADDED", obj("Checkpoint", "c1", 5))
+    cache.feed("Checkpoint", "ADDED", obj("Checkpoint", "c2", 6, namespace="other"))
+    cache.feed("RLCycle", "ADDED", obj("RLCycle", "composer", 7))
+    names = sorted(c["metadata"]["name"] for c in cache.list("Checkpoint", None))
+    assert names == ["c1", "c2"]
+    assert [c["metadata"]["name"] for c in cache.list("Checkpoint", "other")] == ["c2"]
