@@ -91,6 +91,7 @@ ROOMS: dict[str, Room] = {
         "rtrl.settings",
     ),
     "rtrl.abtable": room("the A/B table's cells: kubectl rtrl status, the demo, the report"),
+    "rtrl.phasestyle": room("one colour per phase and decision, for every view"),
     "rtrl.kubectl_plugin": room(
         "`kubectl rtrl`: session, commands, rendering",
         "rtrl.core.api",
@@ -99,6 +100,7 @@ ROOMS: dict[str, Room] = {
         "rtrl.validation",
         "rtrl.cli",
         "rtrl.abtable",
+        "rtrl.phasestyle",
     ),
     "rtrl.cli": room("the `rtrl` command (`rtrl demo` imports the demo lazily)", "*", "rtrl_demo"),
     # --- the trainer image: the Job steps, `rtrl-job <step>` -------------------------------
@@ -171,6 +173,7 @@ ROOMS: dict[str, Room] = {
         "`rtrl demo`: the loop on one machine, its model server and simulated users, the report",
         *CORE,
         "rtrl.abtable",
+        "rtrl.phasestyle",
         "rtrl.planning",
         "rtrl_localkube",
     ),

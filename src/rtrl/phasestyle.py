@@ -1,0 +1,63 @@
+"""One colour per phase and per decision, for every view: ``kubectl rtrl status``, the demo's
+console and its HTML report read their colours here, so a Promoted checkpoint is the same
+green everywhere and never shares a colour with RolledBack, Rejected or Failed.
+
+Each style has a hex colour (HTML, plots) and an ANSI SGR code (terminals). Phases of the
+same kind share a style: every phase still in progress is blue, every outcome its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Style:
+    hex: str
+    ansi: str  # the SGR parameters, e.g. "32" or "1;31"
+
+
+IN_PROGRESS = Style("#1f77b4", "34")
+CANARY = Style("#ff7f0e", "33")
+PROMOTED = Style("#2ca02c", "32")
+ROLLED_BACK = Style("#d62728", "31")
+REJECTED = Style("#9467bd", "35")
+FAILED = Style("#8c1c13", "1;31")
+SUPERSEDED = Style("#7f7f7f", "2")
+NEUTRAL = Style("#555555", "0")
+
+# Checkpoint phases (rtrl.core.api.checkpoint.CheckpointPhase), RLCycle phases
+# (rtrl.core.api.rlcycle.RLCyclePhase) and canary decisions, by their wire value.
+STYLES: dict[str, Style] = {
+    "Pending": IN_PROGRESS,
+    "Staging": IN_PROGRESS,
+    "Training": IN_PROGRESS,
+    "Evaluating": IN_PROGRESS,
+    "Evaluated": IN_PROGRESS,
+    "Canary": CANARY,
+    "Promoting": PROMOTED,
+    "Promoted": PROMOTED,
+    "RollingBack": ROLLED_BACK,
+    "RolledBack": ROLLED_BACK,
+    "Rejected": REJECTED,
+    "Failed": FAILED,
+    "Invalid": FAILED,
+    "Superseded": SUPERSEDED,
+    "Idle": NEUTRAL,
+    "Suspended": SUPERSEDED,
+    "Pinned": NEUTRAL,
+    "promote": PROMOTED,
+    "rollback": ROLLED_BACK,
+    "continue": CANARY,
+}
+
+
+def style(value: str | None) -> Style:
+    """The style of a phase or decision; neutral for anything unknown (or None)."""
+    return STYLES.get(value or "", NEUTRAL)
+
+
+def ansi(text: str, value: str | None) -> str:
+    """``text`` coloured for a terminal as ``value`` (a phase or decision) is everywhere."""
+    code = style(value).ansi
+    return text if code == "0" else f"\x1b[{code}m{text}\x1b[0m"
