@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 
+from rtrl.core.api.rlcycle import RLCyclePhase
 from rtrl.logs import JsonFormatter
-from rtrl.metrics import observe_plan
+from rtrl.metrics import SERIES, observe_plan, reconcile_failed, set_object_source
 from rtrl.planning.actions import Create, Emit, PatchStatus
 
 NS = "metrics-test"
@@ -31,7 +33,6 @@ def test_a_cycle_from_staging_to_promotion() -> None:
     assert value("rtrl_phase_duration_seconds_sum", rlcycle=rlc, phase="Staging") == 100.0
     observe_plan(rlc, NS, {"phase": "Training"}, {"phase": "Canary", "canaryWeight": 25}, [],
                  now=1200.0)  # fmt: skip
-    assert value("rtrl_canary_weight_percent", rlcycle=rlc) == 25.0
     assert value("rtrl_phase_duration_seconds_count", rlcycle=rlc, phase="Training") == 1.0
     observe_plan(rlc, NS, {"phase": "Canary", "canaryWeight": 25},
                  {"phase": "Idle", "canaryWeight": 0, "lastPromoted": f"{rlc}-1"}, [
@@ -39,7 +40,6 @@ def test_a_cycle_from_staging_to_promotion() -> None:
         Emit("RLCycle", rlc, "Promoted", f"{rlc}-1 now serves"),
     ], now=1300.0)  # fmt: skip
     assert value("rtrl_cycles_total", rlcycle=rlc, result="promoted") == 1.0
-    assert value("rtrl_canary_weight_percent", rlcycle=rlc) == 0.0
     age = value("rtrl_last_promotion_age_seconds", rlcycle=rlc)
     assert age > 0  # since t=1300 (epoch seconds): far in the past
 
@@ -84,29 +84,116 @@ def test_json_logs_carry_the_rlcycle_and_checkpoint() -> None:
     assert entry["rlcycle"] == "composer" and "checkpoint" not in entry
 
 
-def test_checkpoint_series_come_from_the_source_and_vanish_with_it() -> None:
-    from rtrl.metrics import set_checkpoint_source
+RLCYCLE = {
+    "metadata": {"namespace": NS, "name": "c"},
+    "status": {"phase": "Canary", "cycle": 3, "canaryWeight": 10,
+               "cycleStartedAt": "2026-11-29T00:00:00Z", "conditions": []},
+}  # fmt: skip
+CHECKPOINT = {
+    "metadata": {"namespace": NS, "name": "c-3"},
+    "spec": {"rlCycle": "c", "cycle": 3, "uri": "s3://b/c-3/"},
+    "status": {
+        "phase": "Canary",
+        "startedAt": "2026-11-29T00:00:00Z",
+        "data": {"interactions": 2000, "tokens": 90000, "onPolicyFraction": 0.95,
+                 "quarantined": {"truncated": 3}, "filesBad": 0,
+                 "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
+                 "monitors": {"edit_rate": 0.6, "latency_p95_ms": 850.0}},
+        "training": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003,
+                     "clipFraction": 0.02},
+        "eval": {"verdict": "Passed", "gates": [
+            {"metric": "he.pass", "candidate": 0.5, "parent": 0.4, "ciLow": -0.01,
+             "ciHigh": 0.2, "passed": True}]},
+        "rollout": [
+            {"weight": 5, "startedAt": "2026-11-29T01:00:00Z", "decision": "continue"},
+            {"weight": 10, "startedAt": "2026-11-29T02:00:00Z", "baselineSamples": 40,
+             "canarySamples": 7, "metrics": [
+                {"name": "edit_persistence", "baseline": 0.6, "canary": 0.7, "difference": 0.1,
+                 "ciLow": -0.2, "ciHigh": 0.3, "relativeDifference": 0.1667,
+                 "relativeCiLow": -0.3, "relativeCiHigh": 0.5, "verdict": "inconclusive"},
+                {"name": "latency_p95", "baseline": 800.0, "canary": 900.0,
+                 "difference": 100.0, "ciLow": 50.0, "ciHigh": 150.0, "verdict": "tripped"}]}],
+    },
+}  # fmt: skip
 
-    ck = {
-        "metadata": {"namespace": NS, "name": "c-1"},
-        "spec": {"rlCycle": "c"},
-        "status": {
-            "eval": {"gates": [{"metric": "he.pass", "candidate": 0.5, "parent": 0.4,
-                                "ciLow": -0.01, "ciHigh": 0.2, "passed": True}]},
-            "rollout": [{"weight": 10, "baselineSamples": 40, "canarySamples": 7, "metrics": [
-                {"name": "edit_persistence", "baseline": 0.6, "canary": 0.7,
-                 "difference": 0.1, "ciLow": -0.2, "ciHigh": 0.3}]}],
-        },
-    }  # fmt: skip
-    held = [ck]
-    set_checkpoint_source(lambda: held)
-    ident = {"rlcycle": "c", "checkpoint": "c-1"}
-    assert value("rtrl_eval_gate_value", **ident, metric="he.pass", arm="candidate") == 0.5
-    assert value("rtrl_eval_gate_passed", **ident, metric="he.pass") == 1.0
-    assert value("rtrl_ab_estimate", **ident, metric="edit_persistence", arm="canary") == 0.7
-    assert value("rtrl_ab_difference_interval", **ident, metric="edit_persistence",
-                 bound="high") == 0.3  # fmt: skip
-    assert value("rtrl_ab_samples", **ident, arm="canary") == 7.0
-    held.clear()
-    assert REGISTRY.get_sample_value("rtrl_ab_samples", {"namespace": NS, **ident,
-                                     "arm": "canary"}) is None  # fmt: skip
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"namespace": NS, **labels})
+
+
+def test_status_series_are_what_the_status_says() -> None:
+    held = {"RLCycle": [RLCYCLE], "Checkpoint": [CHECKPOINT]}
+    set_object_source(lambda kind: held[kind])
+    rlc = {"rlcycle": "c"}
+    # the phase as a state set: every phase, 1 for the current one
+    assert sample("rtrl_rlcycle_phase", **rlc, phase="Canary") == 1.0
+    assert sample("rtrl_rlcycle_phase", **rlc, phase="Training") == 0.0
+    assert sum(sample("rtrl_rlcycle_phase", **rlc, phase=p.value) or 0
+               for p in RLCyclePhase) == 1.0  # fmt: skip
+    assert all(sample("rtrl_rlcycle_phase", **rlc, phase=p.value) is not None
+               for p in RLCyclePhase)  # fmt: skip
+    assert sample("rtrl_rlcycle_cycle", **rlc) == 3.0
+    assert sample("rtrl_canary_weight_percent", **rlc) == 10.0
+    assert sample("rtrl_rlcycle_cycle_started_timestamp_seconds", **rlc) == 1795910400.0
+    assert sample("rtrl_rlcycle_next_run_timestamp_seconds", **rlc) is None  # not in status
+
+    ck = {"rlcycle": "c", "checkpoint": "c-3"}
+    assert sample("rtrl_checkpoint_phase", **ck, phase="Canary") == 1.0
+    assert sample("rtrl_checkpoint_phase", **ck, phase="RolledBack") == 0.0
+    assert sample("rtrl_checkpoint_cycle", **ck) == 3.0
+    assert sample("rtrl_checkpoint_started_timestamp_seconds", **ck) == 1795910400.0
+    assert sample("rtrl_checkpoint_completed_timestamp_seconds", **ck) is None
+    assert sample("rtrl_data_interactions", **ck) == 2000.0
+    assert sample("rtrl_data_on_policy_fraction", **ck) == 0.95
+    assert sample("rtrl_data_quarantined", **ck, reason="truncated") == 3.0
+    assert sample("rtrl_data_reward", **ck, stat="std") == 0.42
+    assert sample("rtrl_data_monitor", **ck, monitor="latency_p95_ms") == 850.0
+    assert sample("rtrl_data_monitor", **ck, monitor="clarification_rate") is None
+    assert sample("rtrl_training_loss", **ck) == 0.12
+    assert sample("rtrl_training_clip_fraction", **ck) == 0.02
+    # not in status (the training step did not report it): no series, not a 0
+    assert sample("rtrl_training_tokens_per_second", **ck) is None
+    assert sample("rtrl_eval_passed", **ck) == 1.0
+    assert sample("rtrl_eval_gate_value", **ck, metric="he.pass", arm="candidate") == 0.5
+    assert sample("rtrl_eval_gate_passed", **ck, metric="he.pass") == 1.0
+    # the A/B numbers of the latest step only
+    assert sample("rtrl_ab_weight_percent", **ck) == 10.0
+    assert sample("rtrl_ab_decision", **ck, decision="continue") is None
+    assert sample("rtrl_ab_samples", **ck, arm="canary") == 7.0
+    ep = {**ck, "metric": "edit_persistence"}
+    assert sample("rtrl_ab_estimate", **ep, arm="canary") == 0.7
+    assert sample("rtrl_ab_difference_interval", **ep, bound="high") == 0.3
+    assert sample("rtrl_ab_relative_difference", **ep) == 0.1667
+    assert sample("rtrl_ab_relative_difference_interval", **ep, bound="low") == -0.3
+    assert sample("rtrl_ab_verdict", **ep, verdict="inconclusive") == 1.0
+    lat = {**ck, "metric": "latency_p95"}
+    assert sample("rtrl_ab_verdict", **lat, verdict="tripped") == 1.0
+    assert sample("rtrl_ab_relative_difference", **lat) is None
+    assert sample("rtrl_ab_relative_difference_interval", **lat, bound="low") is None
+
+    # a Checkpoint without a status yet: only what its spec says; no phase, no zeros
+    held["Checkpoint"] = [{**CHECKPOINT, "status": None}]
+    assert sample("rtrl_checkpoint_cycle", **ck) == 3.0
+    assert sample("rtrl_checkpoint_phase", **ck, phase="Canary") is None
+    assert sample("rtrl_data_interactions", **ck) is None
+    # deleted: its series vanish
+    held["RLCycle"], held["Checkpoint"] = [], []
+    assert sample("rtrl_rlcycle_phase", **rlc, phase="Canary") is None
+    assert sample("rtrl_checkpoint_cycle", **ck) is None
+
+
+def test_every_series_is_named_on_metrics_before_any_object_exists() -> None:
+    """HELP and TYPE of each per-object series are served with no RLCycle at all: the chart's
+    contract test reads the names a scrape exposes."""
+    set_object_source(lambda kind: [])
+    text = generate_latest(REGISTRY).decode()
+    typed = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.M))
+    assert set(SERIES) <= typed, set(SERIES) - typed
+
+
+def test_failed_rounds_are_counted_by_error() -> None:
+    before = value("rtrl_reconcile_errors_total", rlcycle="e", error="kube")
+    reconcile_failed(NS, "e", internal=False)
+    reconcile_failed(NS, "e", internal=True)
+    assert value("rtrl_reconcile_errors_total", rlcycle="e", error="kube") == before + 1
+    assert value("rtrl_reconcile_errors_total", rlcycle="e", error="internal") >= 1

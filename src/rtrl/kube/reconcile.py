@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from ..metrics import observe_plan, set_checkpoint_source
+from ..metrics import observe_plan, reconcile_failed, set_object_source
 from ..planning import plan, plan_rejected
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
@@ -137,7 +137,7 @@ def start(settings: Settings) -> None:
     Process.seen.clear()
     Process.listed.clear()
     Process.cache = ObjectCache()
-    set_checkpoint_source(lambda: Process.cache.list("Checkpoint", None))
+    set_object_source(lambda kind: Process.cache.list(kind, None))
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would
     # wait up to the default 5 ms switch interval.
@@ -286,10 +286,12 @@ async def run(namespace: str, name: str, stopped: object) -> None:
                          "stored artifacts stay", namespace, name)  # fmt: skip
                 return
             except KubeError as exc:
+                reconcile_failed(namespace, name, internal=False)
                 read_live = True
                 delay = Process.settings.error_backoff_seconds
                 log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
             except Exception:
+                reconcile_failed(namespace, name, internal=True)
                 read_live = True
                 delay = Process.settings.error_backoff_seconds
                 log.exception("reconcile %s/%s failed; retrying in %ss", namespace, name, delay)

@@ -17,7 +17,13 @@ from datetime import timedelta
 from typing import Any
 
 from rtrl.core.api import names
-from rtrl.core.api.checkpoint import DataSummary, EvalSummary, GateResult, TrainingSummary
+from rtrl.core.api.checkpoint import (
+    DataSummary,
+    EvalSummary,
+    GateResult,
+    RewardStats,
+    TrainingSummary,
+)
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
 
@@ -263,6 +269,8 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         files_bad=len(doc.get("quarantined_files") or []),
         since=doc.get("since"),
         until=doc.get("next_since"),
+        reward=_reward_stats(doc.get("reward")),
+        monitors=_monitors(doc.get("monitors")),
     )
     r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
     r.patch_summary(
@@ -278,6 +286,26 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
     return r.finish(
         "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
     )
+
+
+def _reward_stats(stats: Any) -> RewardStats | None:
+    """stage.json's reward statistics; None when no staged row had a reward (all null)."""
+    if not isinstance(stats, dict) or stats.get("mean") is None:
+        return None
+    return RewardStats.model_validate({k: stats[k] for k in RewardStats.model_fields})
+
+
+def _monitors(monitors: Any) -> dict[str, float] | None:
+    """stage.json's behaviour monitors that are defined for the set (a null one, e.g. a
+    tool-call rate without tool calls, is not a 0)."""
+    if not isinstance(monitors, dict):
+        return None
+    numbers = {
+        str(k): float(v)
+        for k, v in monitors.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return dict(sorted(numbers.items())[:32]) or None
 
 
 def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:

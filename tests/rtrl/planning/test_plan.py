@@ -50,6 +50,8 @@ STAGE_OK = {
     "on_policy_fraction": 0.95,
     "quarantined": {"truncated": 3},
     "quarantined_files": [],
+    "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
+    "monitors": {"edit_rate": 0.6, "invalid_tool_call_rate": None, "latency_p95_ms": 850.0},
 }
 TRAIN_OK = {"summary": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003}}
 EVAL_PASS = {
@@ -300,6 +302,9 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
         "onPolicyFraction": 0.95,
         "quarantined": {"truncated": 3},
         "filesBad": 0,
+        "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
+        # a monitor undefined for the set (no tool calls) is left out, not made a 0
+        "monitors": {"edit_rate": 0.6, "latency_p95_ms": 850.0},
     }
     assert "composer-1-train" in world.services  # headless Service for the rendezvous
     assert world.rlcycle["status"]["phase"] == "Training"

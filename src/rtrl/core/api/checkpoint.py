@@ -59,6 +59,15 @@ class CheckpointPhase(StrEnum):
     FAILED = "Failed"
 
 
+class RewardStats(ApiModel):
+    """The reward of the staged interactions (from the stage's stage.json)."""
+
+    mean: float = Field(description="Mean reward.")
+    std: float = Field(ge=0, description="Standard deviation of the reward.")
+    min: float = Field(description="Lowest reward.")
+    max: float = Field(description="Highest reward.")
+
+
 class DataSummary(ApiModel):
     """What the stage step selected for training."""
 
@@ -77,6 +86,16 @@ class DataSummary(ApiModel):
     )
     until: datetime | None = Field(
         None, description="... and at or before this (the stage's time, the next watermark)."
+    )
+    reward: RewardStats | None = Field(
+        None, description="The reward of the staged interactions; unset when none had one."
+    )
+    monitors: dict[str, float] | None = Field(
+        None,
+        max_length=32,
+        description="Behaviour monitors of the staged set (edit_rate, clarification_rate, "
+        "invalid_tool_call_rate, mean_completion_tokens, latency_p95_ms, ...); a monitor "
+        "undefined for the set (no rows, no tool calls) is left out.",
     )
 
 
