@@ -27,7 +27,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 K8S_VERSION = "1.30.0"
 # Custom kinds kubernetes-validate has no schema for, and how they are checked instead.
 RTRL_KINDS = {"RLCycle", "Checkpoint"}
-OTHER_CUSTOM_KINDS = {"KopfPeering", "ClusterKopfPeering", "ServiceMonitor"}
+OTHER_CUSTOM_KINDS = {"KopfPeering", "ClusterKopfPeering", "ServiceMonitor", "PrometheusRule"}
 
 
 @cache
