@@ -13,8 +13,19 @@ from rtrl.core.api.rlcycle import RLCyclePhase
 from rtrl.logs import JsonFormatter
 from rtrl.metrics import SERIES, observe_plan, reconcile_failed, set_object_source
 from rtrl.planning.actions import Create, Emit, PatchStatus
+from tests.conftest import REPO
 
 NS = "metrics-test"
+# The operator's own series (docs/monitoring.md lists them too).
+OPERATOR_SERIES = {
+    "rtrl_cycles_total",
+    "rtrl_phase_duration_seconds",
+    "rtrl_decisions_total",
+    "rtrl_events_total",
+    "rtrl_job_failures_total",
+    "rtrl_reconcile_errors_total",
+    "rtrl_last_promotion_age_seconds",
+}
 
 
 def value(name: str, **labels: str) -> float:
@@ -197,3 +208,10 @@ def test_failed_rounds_are_counted_by_error() -> None:
     reconcile_failed(NS, "e", internal=True)
     assert value("rtrl_reconcile_errors_total", rlcycle="e", error="kube") == before + 1
     assert value("rtrl_reconcile_errors_total", rlcycle="e", error="internal") >= 1
+
+
+def test_the_user_guide_lists_every_series() -> None:
+    guide = (REPO / "docs" / "monitoring.md").read_text()
+    listed = set(re.findall(r"`(rtrl_\w+)", guide))
+    assert set(SERIES) - listed == set()
+    assert listed - set(SERIES) - OPERATOR_SERIES == set()  # none the operator does not serve
