@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..core.api.names import (
+    ANNOTATION_APPROVE,
     ANNOTATION_PROMOTE,
     ANNOTATION_ROLLBACK,
     ANNOTATION_TRIGGER,
@@ -290,3 +291,34 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "pause": (cmd_pause, "start no new cycles (spec.suspend: true)"),
     "resume": (cmd_resume, "start cycles again (spec.suspend: false; --unpin clears spec.pin)"),
 }
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    """Release the manual approval gate the canary waits at (annotation rtrl.io/approve)."""
+    session: Session = args.session
+    rlc = session.rlcycle(args.name)
+    st = render.status(rlc)
+    waiting = st.get("awaitingApproval") or {}
+    if not waiting:
+        raise PluginError(
+            f"RLCycle {args.name} waits at no approval gate (phase {st.get('phase') or 'unknown'})"
+        )
+    if waiting.get("mode") != "manual":
+        raise PluginError(
+            f"RLCycle {args.name} waits for its confirm webhook, not for a person: the "
+            "webhook releases the gate by answering HTTP 200"
+        )
+    annotate(session, args.name, rlc, ANNOTATION_APPROVE, "lastApprove")
+    what = (
+        f"the canary of {waiting.get('checkpoint')} moves to {waiting.get('weight')}%"
+        if waiting.get("gate") == "step"
+        else f"{waiting.get('checkpoint')} is promoted"
+    )
+    note(f"{what} on the operator's next reconcile; {follow(args)}")
+    return 0
+
+
+VERBS["approve"] = (
+    cmd_approve,
+    "release the approval gate the canary waits at (annotation rtrl.io/approve)",
+)
