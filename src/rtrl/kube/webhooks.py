@@ -4,7 +4,8 @@ of approval gates. Both URLs live in Secrets of the RLCycle's namespace and carr
 an Event or a status: every error that could hold it goes through :func:`redact`.
 
 Notifications are delivered from a small pool of threads, never by the round itself, so a
-slow or dead receiver never delays a cycle: a failed delivery is retried with backoff
+slow or dead receiver never delays a cycle; each webhook gets them one at a time, in the
+order they were decided. A failed delivery is retried with backoff
 (:data:`MAX_ATTEMPTS` tries in all), then given up. The reconciler learns what is done
 (:meth:`Notifier.done`) in its next round, whose plan drops it from the outbox; what this
 process has not delivered when it dies is still in the outbox, and the next one sends it
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import http.client
 import json
 import logging
@@ -47,11 +49,15 @@ class WebhookError(Exception):
 
 
 def redact(text: str, url: str) -> str:
-    """``text`` without ``url`` or any part of it that may carry a token (host, path,
-    query): those become ``<redacted>``."""
-    parts = urlsplit(url)
-    pieces = [url, url.rstrip("/"), parts.netloc, parts.path, parts.query, parts.hostname or ""]
-    for piece in sorted({p for p in pieces if p and p != "/"}, key=len, reverse=True):
+    """``text`` without ``url`` or any part of it that may carry a token (host, port, a
+    path segment, a query value): those become ``<redacted>``."""
+    pieces = {url, url.rstrip("/")}
+    with contextlib.suppress(ValueError):  # a URL urllib cannot split has its pieces below
+        parts = urlsplit(url)
+        pieces |= {parts.netloc, parts.path, parts.query}
+    pieces |= {p for p in re.split(r"[/:?&=#@;,\[\]]+", url) if len(p) >= 4}
+    pieces -= {"http", "https"}
+    for piece in sorted((p for p in pieces if p and p != "/"), key=len, reverse=True):
         text = text.replace(piece, "<redacted>")
     return text
 
@@ -84,17 +90,20 @@ def post(url: str, document: Mapping[str, Any], content_type: str, event_id: str
     headers = {"Content-Type": content_type, "User-Agent": "rtrl-operator"}
     if event_id:
         headers["Idempotency-Key"] = event_id
-    request = urllib.request.Request(
-        url, data=json.dumps(document).encode(), headers=headers, method="POST"
-    )
     try:
+        request = urllib.request.Request(
+            url, data=json.dumps(document).encode(), headers=headers, method="POST"
+        )
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         exc.close()
         return int(exc.code)
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        raise WebhookError(redact(f"{type(exc).__name__}: {exc}", url)) from None
+        problem = redact(f"{type(exc).__name__}: {exc}", url)
+    # raised here, not in the handler: the exception urllib raised (which may name the URL)
+    # must not ride along as this one's __context__
+    raise WebhookError(problem)
 
 
 # --- the bodies -----------------------------------------------------------------------
@@ -205,9 +214,13 @@ class Notifier:
                 del state[stale]
             if not state and not wanted:
                 del self._state[key]
+            busy: set[str] = set()  # one delivery at a time per webhook, in outbox order
             for entry in outbox:
                 for target in entry.get("targets") or []:
                     delivery = state.setdefault(f"{entry.get('id')}/{target}", Delivery())
+                    if delivery.state in ("sent", "failed") or target in busy:
+                        continue
+                    busy.add(target)
                     if delivery.state != "pending" or target not in specs:
                         continue
                     if delivery.due > now:

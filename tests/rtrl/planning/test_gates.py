@@ -169,4 +169,4 @@ def test_gate_rules_name_the_field() -> None:
     spec = copy.deepcopy(world.rlcycle["spec"])
     spec["rollout"]["approval"] = "webhook"
     _, problem = validate_spec(spec)
-    assert problem.startswith("spec.rollout: confirmWebhook: approval webhook needs"), problem
+    assert problem.startswith("spec.rollout: approval webhook needs confirmWebhook"), problem

@@ -641,7 +641,7 @@ FIRST_STEP_APPROVAL = (
     "steps[0].approval: the canary starts at the first step, there is no step before it "
     "to hold; gate the second step or the promotion (rollout.approval)"
 )
-WEBHOOK_NEEDS_CONFIRM = "approval webhook needs rollout.confirmWebhook (its URL's Secret)"
+WEBHOOK_NEEDS_CONFIRM = "approval webhook needs confirmWebhook (the Secret key of its URL)"
 
 
 def _default_steps() -> list[RolloutStep]:
@@ -683,7 +683,6 @@ class RolloutSpec(ApiModel):
                     "self.approval == 'webhook') || (has(self.steps) && "
                     "self.steps.exists(s, has(s.approval) && s.approval == 'webhook')))",
                     WEBHOOK_NEEDS_CONFIRM,
-                    field_path=".confirmWebhook",
                 ),
             ]
         }
@@ -777,7 +776,7 @@ class RolloutSpec(ApiModel):
             s.approval == Approval.WEBHOOK for s in self.steps
         )
         if webhook and self.confirm_webhook is None:
-            raise ValueError(f"confirmWebhook: {WEBHOOK_NEEDS_CONFIRM}")
+            raise ValueError(WEBHOOK_NEEDS_CONFIRM)
         return self
 
 
