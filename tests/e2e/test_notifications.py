@@ -19,6 +19,7 @@ import pytest
 from rtrl.core.api.yamlfile import load_all
 from rtrl.validation import validate_document
 from rtrl_localkube.api import KubeAPI
+from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.cycle_world import (
     ANALYSIS_PROMOTE,
     NAME,
@@ -31,7 +32,6 @@ from rtrl_localkube.cycle_world import (
     status,
     wait_phase,
 )
-from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.outcomes import Succeed
 from rtrl_localkube.tools import Cli, OperatorProcess
@@ -167,6 +167,8 @@ def test_a_cycle_is_notified_in_three_formats_and_a_manual_gate_waits_for_approv
         ],
     )
     ns = kube_api.namespace
+    early = admin.kubectl("rtrl", "approve", NAME, "-n", ns, check=False)
+    assert early.returncode == 1 and "waits at no approval gate" in early.stderr, early
 
     def why() -> str:
         rlc = status(kube_api, "RLCycle", NAME)

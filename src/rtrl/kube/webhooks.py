@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION
 
 from .client import KubeClient, KubeError
@@ -287,15 +288,42 @@ NOTIFIER = Notifier()
 # --- the confirm webhook --------------------------------------------------------------
 
 
+# The last answer of each gate's confirm webhook: (when, answer), by (uid, gate, since).
+_ANSWERS: dict[tuple[str, ...], tuple[float, tuple[bool | None, str]]] = {}
+_ANSWERS_MAX = 1024
+
+
 def confirm(client: KubeClient, rlcycle: Mapping[str, Any]) -> tuple[bool | None, str]:
     """While ``status.awaitingApproval`` names a webhook gate: whether the confirm webhook
-    releases it (HTTP 200, as Flagger's confirm-rollout), and why not, in words. ``(None,
-    "")`` when no webhook gate waits."""
+    releases it (HTTP 200, as Flagger's confirm-rollout), and why not, in words; asked at
+    most once per ``confirmWebhook.interval`` (rounds woken by other events in between get
+    its last answer). ``(None, "")`` when no webhook gate waits."""
     waiting = (rlcycle.get("status") or {}).get("awaitingApproval") or {}
     if waiting.get("mode") != "webhook":
         return None, ""
     meta = rlcycle.get("metadata") or {}
     hook = ((rlcycle.get("spec") or {}).get("rollout") or {}).get("confirmWebhook") or {}
+    key = tuple(str(x) for x in (meta.get("uid"), waiting.get("gate"), waiting.get("since")))
+    try:
+        interval = parse_duration(str(hook.get("interval") or "1m"))
+    except ValueError:
+        interval = 60.0
+    last = _ANSWERS.get(key)
+    if last is not None and last[1][0] is not True and time.monotonic() - last[0] < interval:
+        return last[1]
+    answer = _ask(client, meta, hook, waiting)
+    if len(_ANSWERS) >= _ANSWERS_MAX:
+        _ANSWERS.clear()
+    _ANSWERS[key] = (time.monotonic(), answer)
+    return answer
+
+
+def _ask(
+    client: KubeClient,
+    meta: Mapping[str, Any],
+    hook: Mapping[str, Any],
+    waiting: Mapping[str, Any],
+) -> tuple[bool | None, str]:
     question = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
