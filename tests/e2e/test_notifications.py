@@ -136,6 +136,12 @@ def promote_from_now_on(node: Kubelet, scratch: Path) -> None:
     node.script("*-analyze-*", Succeed(before=commit_result("analyze", ANALYSIS_PROMOTE, scratch)))
 
 
+def state(kube: KubeAPI, operator: OperatorProcess) -> str:
+    """What a failed wait shows."""
+    rlc = status(kube, "RLCycle", NAME)
+    return f"RLCycle status: {rlc}\n--- operator\n{operator.output()[-5000:]}"
+
+
 def assert_token_nowhere(kube: KubeAPI, operator: OperatorProcess) -> None:
     rlcycle = kube.get(RTRL, "RLCycle", NAME)
     assert TOKEN not in json.dumps(rlcycle)
@@ -171,8 +177,7 @@ def test_a_cycle_is_notified_in_three_formats_and_a_manual_gate_waits_for_approv
     assert early.returncode == 1 and "waits at no approval gate" in early.stderr, early
 
     def why() -> str:
-        rlc = status(kube_api, "RLCycle", NAME)
-        return f"RLCycle status: {rlc}\n--- operator\n{operator.output()[-5000:]}"
+        return state(kube_api, operator)
 
     # The gate holds the canary at 25% while its analyses go on.
     kube_api.wait_for(
@@ -259,8 +264,7 @@ def test_a_confirm_webhook_answering_403_holds_the_step_and_200_releases_it(
     setup_namespace(kube_api, tmp_path, rollout=rollout("webhook", confirmWebhook=hook))
 
     def why() -> str:
-        rlc = status(kube_api, "RLCycle", NAME)
-        return f"RLCycle status: {rlc}\n--- operator\n{operator.output()[-5000:]}"
+        return state(kube_api, operator)
 
     kube_api.wait_for(lambda: len(receiver.of("confirm")) >= 3, timeout=120, message=why)
     assert [r["weight"] for r in records(kube_api)] == [25]
