@@ -27,6 +27,8 @@ from . import render
 from .session import RESOURCE, PluginError, Session, annotate
 
 DOCS = "docs/kubectl.md"
+# RLCycle phases while a canary runs (AwaitingApproval: held at an approval gate)
+CANARY_PHASES = ("Canary", "AwaitingApproval")
 # How a GitOps controller shows on an object it applies: (where, key or manager, tool).
 GITOPS_MARKS = (
     ("annotation", "argocd.argoproj.io/tracking-id", "Argo CD"),
@@ -150,7 +152,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     rlc = session.rlcycle(args.name)
     st = render.status(rlc)
     phase = st.get("phase")
-    if phase != "Canary":
+    if phase not in CANARY_PHASES:
         why = {
             "Promoting": "a promotion is already in progress",
             "RollingBack": "a rollback is in progress",
@@ -186,7 +188,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             f"RLCycle {args.name} is Invalid, and the operator acts on nothing until that is "
             f"fixed: {st.get('message')}"
         )
-    if phase == "Canary":
+    if phase in CANARY_PHASES:
         effect = f"the canary of {candidate} is aborted: all traffic back to {serving}"
     elif phase == "Promoting":
         effect = f"once {candidate} is promoted, it is rolled back to {serving}"
