@@ -92,8 +92,9 @@ def new_entry(r: Round, key: str, event: str, emit: Emit, targets: list[str]) ->
 
 def failed(r: Round) -> None:
     """Deliveries given up (their retries spent) and deliveries made: the condition
-    ``NotificationsDelivered`` and a Warning Event per failure. The reasons come from the
-    kube layer, which never puts a webhook's URL in them."""
+    ``NotificationsDelivered`` (False from a failure until that notification delivers
+    again) and a Warning Event per failure. The reasons come from the kube layer, which
+    never puts a webhook's URL in them."""
     for key, target, why in r.obs.undeliverable:
         r.event(
             "NotificationFailed",
@@ -105,8 +106,15 @@ def failed(r: Round) -> None:
         r.conditions.set(
             "NotificationsDelivered", False, "DeliveryFailed", f"{target}: {key}: {why}"
         )
-    elif r.obs.delivered:
-        r.conditions.set("NotificationsDelivered", True, "Delivered", "")
+        return
+    succeeded = {key.split("/", 1)[1] for key in r.obs.delivered}
+    if not succeeded:
+        return
+    if r.conditions.previous_status("NotificationsDelivered") == "False":
+        target = r.conditions.previous_message("NotificationsDelivered").split(": ", 1)[0]
+        if target not in succeeded:
+            return
+    r.conditions.set("NotificationsDelivered", True, "Delivered", "")
 
 
 def finish_round(r: Round, plan: Plan) -> Plan:

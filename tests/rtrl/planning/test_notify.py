@@ -116,6 +116,23 @@ def test_a_delivery_given_up_is_a_condition_and_a_warning_event() -> None:
     assert failed and failed[0].warning and "everything" in failed[0].message
 
 
+def test_a_failed_notification_stays_failed_until_it_delivers_again() -> None:
+    world = NotifyingWorld(notifications=HOOKS)
+    run_cycle(world)
+    first, *_ = world.outbox()
+    promoted = next(e for e in world.outbox() if e["event"] == "Promoted")
+    world.delivered = {f"{first['id']}/everything"}
+    world.undeliverable = [(first["id"], "everything", "HTTP 502")]
+    world.reconcile()
+    world.undeliverable = []
+    world.delivered = {f"{promoted['id']}/chat"}  # another webhook delivers: still failed
+    world.reconcile()
+    assert world.condition("NotificationsDelivered")["status"] == "False"
+    world.delivered = {f"{promoted['id']}/everything"}
+    world.reconcile()
+    assert world.condition("NotificationsDelivered")["status"] == "True"
+
+
 def test_without_notifications_the_status_has_no_outbox() -> None:
     world = NotifyingWorld()
     run_cycle(world)
