@@ -35,6 +35,7 @@ STYLES: dict[str, Style] = {
     "Evaluating": IN_PROGRESS,
     "Evaluated": IN_PROGRESS,
     "Canary": CANARY,
+    "AwaitingApproval": CANARY,
     "Promoting": PROMOTED,
     "Promoted": PROMOTED,
     "RollingBack": ROLLED_BACK,

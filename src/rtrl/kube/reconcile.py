@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -48,6 +49,7 @@ from .apply import RejectedError, apply, write_status
 from .cache import CachingClient, ObjectCache
 from .client import KubeClient, KubeError
 from .observe import observe
+from .webhooks import NOTIFIER, confirm
 
 log = logging.getLogger("rtrl.operator")
 
@@ -207,11 +209,12 @@ def reconcile_once(
         rlcycle = kube.get("RLCycle", namespace, name)
         if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
             raise RLCycleGoneError(f"{namespace}/{name}")
-        observed = observe(kube, rlcycle)
+        observed = with_webhooks(kube, rlcycle, observe(kube, rlcycle))
         marks["observed"] = time.perf_counter()
         now = datetime.now(UTC)
         decided = plan(observed, now)
         marks["planned"] = time.perf_counter()
+        post_outbox(kube, rlcycle, decided.status)
         try:
             apply(kube, rlcycle, decided.actions)
         except RejectedError as exc:
@@ -226,10 +229,55 @@ def reconcile_once(
         observe_plan(name, namespace, rlcycle.get("status"), decided.status, decided.actions)
         if kube.write_failed:
             raise KubeError("a write met a conflict; the next round reads live")
-        return decided.requeue_after
+        return notify(kube, rlcycle, decided.status, decided.requeue_after)
     finally:
         if Process.trace is not None:
             _trace_round(namespace, name, marks, kube)
+
+
+def with_webhooks(kube: CachingClient, rlcycle: dict[str, Any], observed: Any) -> Any:
+    """What the webhooks answered: the confirm webhook of a gate that waits for it, and the
+    notifications this process is done with."""
+    meta = rlcycle["metadata"]
+    confirmed, why = confirm(kube, rlcycle)
+    delivered, failed = NOTIFIER.done(meta["namespace"], meta["name"])
+    if confirmed is None and not delivered:
+        return observed
+    return dataclasses.replace(
+        observed,
+        confirmed=confirmed,
+        confirm_error=why,
+        delivered=delivered,
+        undeliverable=tuple((k, t, w) for k, t, w in failed),
+    )
+
+
+def post_outbox(kube: CachingClient, rlcycle: dict[str, Any], status: dict[str, Any]) -> None:
+    """New notifications are written to the outbox before the round's changes: a crash
+    after a change must not lose the notification of it (a decision carried out is not
+    decided again). Planned again after a crash, the same decision has the same id."""
+    old = {e.get("id") for e in (rlcycle.get("status") or {}).get("outbox") or []}
+    new = [e for e in status.get("outbox") or [] if e.get("id") not in old]
+    if new:
+        write_status(kube, rlcycle, {"outbox": status["outbox"]})
+
+
+def notify(
+    kube: CachingClient, rlcycle: dict[str, Any], status: dict[str, Any], requeue: float | None
+) -> float | None:
+    """Start the outbox's deliveries (in the background); when to look again for the ones
+    retried later."""
+    if not status.get("outbox"):
+        if (rlcycle.get("status") or {}).get("outbox"):
+            NOTIFIER.submit(kube, {**rlcycle, "status": status})  # forgets the delivered
+        return requeue
+    events = KubeClient(kube.api)  # used from the notifier's threads
+    wait = NOTIFIER.submit(
+        events, {**rlcycle, "status": {**(rlcycle.get("status") or {}), **status}}
+    )
+    if wait is None:
+        return requeue
+    return wait if requeue is None else min(wait, requeue)
 
 
 def _trace_round(namespace: str, name: str, marks: dict[str, float], kube: CachingClient) -> None:
@@ -249,6 +297,13 @@ async def run(namespace: str, name: str, stopped: object) -> None:
     """The reconciler of RLCycle ``namespace/name``: rounds until ``stopped`` is true or
     the RLCycle is gone."""
     flag = Process.wakeups.setdefault((namespace, name), Wakeup())
+    loop = asyncio.get_running_loop()
+
+    # a delivery that ended wakes the reconciler, whose next plan drops it from the outbox
+    def delivery_ended(ns: str, n: str) -> None:
+        loop.call_soon_threadsafe(wake, ns, n)
+
+    NOTIFIER.woken = delivery_ended
     # kopf starts no daemon before every index has listed its kind: the cache is complete.
     Process.cache.mark_synced()
     read_live = False  # after a failure; the first round reads the cache kopf filled

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..core.api.names import (
+    ANNOTATION_APPROVE,
     ANNOTATION_PROMOTE,
     ANNOTATION_ROLLBACK,
     ANNOTATION_TRIGGER,
@@ -26,6 +27,8 @@ from . import render
 from .session import RESOURCE, PluginError, Session, annotate
 
 DOCS = "docs/kubectl.md"
+# RLCycle phases while a canary runs (AwaitingApproval: held at an approval gate)
+CANARY_PHASES = ("Canary", "AwaitingApproval")
 # How a GitOps controller shows on an object it applies: (where, key or manager, tool).
 GITOPS_MARKS = (
     ("annotation", "argocd.argoproj.io/tracking-id", "Argo CD"),
@@ -149,7 +152,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     rlc = session.rlcycle(args.name)
     st = render.status(rlc)
     phase = st.get("phase")
-    if phase != "Canary":
+    if phase not in CANARY_PHASES:
         why = {
             "Promoting": "a promotion is already in progress",
             "RollingBack": "a rollback is in progress",
@@ -185,7 +188,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             f"RLCycle {args.name} is Invalid, and the operator acts on nothing until that is "
             f"fixed: {st.get('message')}"
         )
-    if phase == "Canary":
+    if phase in CANARY_PHASES:
         effect = f"the canary of {candidate} is aborted: all traffic back to {serving}"
     elif phase == "Promoting":
         effect = f"once {candidate} is promoted, it is rolled back to {serving}"
@@ -290,3 +293,34 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "pause": (cmd_pause, "start no new cycles (spec.suspend: true)"),
     "resume": (cmd_resume, "start cycles again (spec.suspend: false; --unpin clears spec.pin)"),
 }
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    """Release the manual approval gate the canary waits at (annotation rtrl.io/approve)."""
+    session: Session = args.session
+    rlc = session.rlcycle(args.name)
+    st = render.status(rlc)
+    waiting = st.get("awaitingApproval") or {}
+    if not waiting:
+        raise PluginError(
+            f"RLCycle {args.name} waits at no approval gate (phase {st.get('phase') or 'unknown'})"
+        )
+    if waiting.get("mode") != "manual":
+        raise PluginError(
+            f"RLCycle {args.name} waits for its confirm webhook, not for a person: the "
+            "webhook releases the gate by answering HTTP 200"
+        )
+    annotate(session, args.name, rlc, ANNOTATION_APPROVE, "lastApprove")
+    what = (
+        f"the canary of {waiting.get('checkpoint')} moves to {waiting.get('weight')}%"
+        if waiting.get("gate") == "step"
+        else f"{waiting.get('checkpoint')} is promoted"
+    )
+    note(f"{what} on the operator's next reconcile; {follow(args)}")
+    return 0
+
+
+VERBS["approve"] = (
+    cmd_approve,
+    "release the approval gate the canary waits at (annotation rtrl.io/approve)",
+)

@@ -68,6 +68,9 @@ class Emit:
     reason: str
     message: str
     warning: bool = False
+    # The notification events (spec.notifications) this Event also is: a decision or a
+    # phase change a webhook may want to hear of (rtrl.planning.notify).
+    notify: tuple[str, ...] = ()
 
 
 Action = Create | Delete | Patch | PatchStatus | Emit

@@ -1,13 +1,14 @@
 """The canary's analysis Jobs (``rtrl-job analyze``): when the next one is due, the
 arguments that make every attempt of one analysis judge the same data, and forgetting the
-Jobs of analyses already judged. :mod:`.rollout` decides when to run them and what their
-verdicts mean."""
+Jobs of analyses already judged, and reading a verdict back (checked). :mod:`.rollout`
+decides when to run them and what their verdicts mean."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
 
+from rtrl.core.api.checkpoint import MetricComparison
 from rtrl.core.api.common import parse_duration
 
 from .actions import Delete
@@ -107,3 +108,36 @@ def analyze_args(
     if max_reached:
         args.append("--max-duration-reached")
     return args
+
+
+DECISIONS = ("continue", "promote", "rollback")
+
+
+def tripped(decision: str, reason: str) -> bool:
+    """A rollback because a guardrail tripped (the analysis says so in its reasons)."""
+    return decision == "rollback" and "guardrail tripped:" in reason
+
+
+def read_verdict(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an analysis.json the rollout uses, checked: ValueError or TypeError
+    when it is not an analysis result (a decision it does not know, a non-finite metric...)."""
+    decision = str(doc.get("decision") or "continue")
+    if decision not in DECISIONS:
+        raise ValueError(f"decision {decision!r} is none of {', '.join(DECISIONS)}")
+    reasons = doc.get("reasons") or []
+    metrics = doc.get("metrics") or []
+    if not isinstance(reasons, list) or not isinstance(metrics, list):
+        raise TypeError("reasons and metrics must be lists")
+    return {
+        "decision": decision,
+        "reason": "; ".join(str(e) for e in reasons)[:32768] or decision,
+        "baselineSamples": int(doc.get("baseline_samples") or 0),
+        "canarySamples": int(doc.get("canary_samples") or 0),
+        "metrics": [
+            MetricComparison.model_validate(
+                {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
+            ).model_dump(mode="json", by_alias=True, exclude_none=True)
+            for m in metrics
+        ][:64]
+        or None,
+    }

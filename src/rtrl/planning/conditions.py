@@ -48,6 +48,9 @@ class Conditions:
         old = self._previous.get(type_)
         return None if old is None else old.get("status")
 
+    def previous_message(self, type_: str) -> str:
+        return str((self._previous.get(type_) or {}).get("message") or "")
+
     def to_list(self) -> list[dict[str, Any]]:
         """All conditions, those not set this time kept as they were."""
         merged = {**self._previous, **self._current}

@@ -84,7 +84,11 @@ def start(r: Round, trigger: str | None) -> Plan:
     name = manifest["metadata"]["name"]
     r.act(Create(manifest))
     why = f"triggered by {names.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"
-    r.event("CycleStarted", f"cycle {cycle} ({why}): training {name} from {parent}")
+    r.event(
+        "CycleStarted",
+        f"cycle {cycle} ({why}): training {name} from {parent}",
+        notify=("CycleStarted",),
+    )
     r.status.update(
         cycle=cycle,
         candidate=name,
@@ -194,7 +198,12 @@ def fail(r: Round, ck: dict[str, Any], reason: str, message: str) -> Plan:
     name = _meta(ck)["name"]
     r.patch_checkpoint(ck, phase="Failed", reason=reason, message=message, completedAt=iso(r.now))
     r.event(reason, message, warning=True, kind="Checkpoint", name=name)
-    r.event("CycleFailed", f"{name}: {message}; the serving model is unchanged", warning=True)
+    r.event(
+        "CycleFailed",
+        f"{name}: {message}; the serving model is unchanged",
+        warning=True,
+        notify=("CycleFailed",),
+    )
     r.conditions.set("Degraded", True, "CycleFailed", f"{name}: {message}")
     r.conditions.set("Progressing", False, "CycleFailed", message)
     return end_cycle(r, f"cycle {r.status['cycle']} failed: {message}")
@@ -347,7 +356,14 @@ def evaluated(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Pl
         message=message,
         completedAt=None if passed else iso(r.now),
     )
-    r.event(reason, f"{name}: {message}", warning=not passed, kind="Checkpoint", name=name)
+    r.event(
+        reason,
+        f"{name}: {message}",
+        warning=not passed,
+        kind="Checkpoint",
+        name=name,
+        notify=() if passed else ("EvalRejected",),
+    )
     if passed:
         r.conditions.set("Progressing", True, reason, f"{name}: {message}; canary next")
         r.out.soon(0)
@@ -357,5 +373,5 @@ def evaluated(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Pl
     text = (
         f"cycle {r.status['cycle']}: {name} rejected by eval ({message}); {serving} keeps serving"
     )
-    r.event("CycleCompleted", text, warning=True)
+    r.event("CycleCompleted", text, warning=True, notify=("CycleCompleted",))
     return end_cycle(r, text)

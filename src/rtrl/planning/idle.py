@@ -84,6 +84,7 @@ def manual_rollback(r: Round, token: str) -> Plan:
         "RolledBack",
         f"{name} rolled back to {parent_name} ({names.ANNOTATION_ROLLBACK}={token})",
         warning=True,
+        notify=("RolledBack",),
     )
     r.status["serving"] = parent_name
     r.out.soon(READY_POLL_SECONDS)

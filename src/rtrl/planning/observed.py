@@ -74,3 +74,11 @@ class Observed:
     # Step results by URI (stage.json, train.json, eval.json): the document, or None when
     # nothing is committed there; a string is the error met reading it.
     results: Mapping[str, Mapping[str, Any] | str | None] = field(default_factory=dict)
+    # While status.awaitingApproval names a webhook gate: whether the confirm webhook
+    # answered 200 (None: not asked), and why not, in words (never its URL).
+    confirmed: bool | None = None
+    confirm_error: str = ""
+    # Notifications of status.outbox the kube layer is done with, as "<id>/<target>":
+    # delivered, or given up after its retries (``undeliverable``: id, target, why).
+    delivered: frozenset[str] = frozenset()
+    undeliverable: tuple[tuple[str, str, str], ...] = ()

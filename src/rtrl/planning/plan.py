@@ -26,9 +26,11 @@ from rtrl.core.api.rlcycle import RLCycleMeta, RLCycleSpec
 
 from .cycle import cancel, cancel_reason, drive_step
 from .environment import check_environment
+from .gates import unused_approval
 from .history import prune_history
 from .idle import idle
 from .manifests.names import result_uri
+from .notify import finish_round
 from .observed import Observed
 from .reading import active as _active
 from .reading import current_step as _current_step
@@ -143,11 +145,16 @@ def drive(r: Round, ck: dict[str, Any]) -> Plan:
 
 def plan(observed: Observed, now: datetime) -> Plan:
     """Decide the next actions for one RLCycle and its new status."""
-    return run(Round(observed, now))
+    r = Round(observed, now)
+    out = run(r)
+    if getattr(r, "spec", None) is not None:
+        unused_approval(r)
+    return finish_round(r, out)
 
 
 def plan_rejected(observed: Observed, now: datetime, message: str) -> Plan:
     """The status (and Event) for a round whose plan the API server refused as invalid:
     ``InvalidSpec`` with the server's words. The next round plans afresh (and meets the
     same refusal until the spec or the cluster changes)."""
-    return Round(observed, now).invalid("RejectedByAPIServer", message)
+    r = Round(observed, now)
+    return finish_round(r, r.invalid("RejectedByAPIServer", message))

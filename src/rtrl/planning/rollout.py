@@ -22,13 +22,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from rtrl.core.api.checkpoint import MetricComparison
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK, API_VERSION
 from rtrl.core.api.rlcycle import Router
 
+from . import gates
 from .actions import Create, Delete, Patch, PatchStatus
-from .analysis import analysis_due, analyze_args, forget_analyses
+from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, tripped
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
@@ -43,6 +43,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     name = meta(ck)["name"]
     records = [dict(e) for e in (ck.get("status") or {}).get("rollout") or []]
     decided = records[-1].get("decision") if records else None
+    gates.clear(r)
     if decided not in ("promote", "rollback"):
         reason, decision = manual_decision(r)
         if decision is not None:
@@ -61,7 +62,13 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             message=f"canary at {first.weight}%",
             rollout=records,
         )
-        r.event("CanaryStarted", f"{name}: canary at {first.weight}%", kind="Checkpoint", name=name)
+        r.event(
+            "CanaryStarted",
+            f"{name}: canary at {first.weight}%",
+            kind="Checkpoint",
+            name=name,
+            notify=("CanaryStarted",),
+        )
     return run_step(r, ck, records)
 
 
@@ -176,6 +183,15 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         r.patch_checkpoint(ck, phase="Canary", rollout=records)
         r.out.soon(0)
         return r.finish("Canary", f"{name} at {share:.0f}%: ready")
+    if record.get("awaitingApproval") and not record.get("approved"):
+        gate = gates.passed(r, ck, records)  # None: still held, the analyses go on
+        if gate == "promotion":
+            return decide(r, ck, records, "promote", gates.promotion_reason(record))
+        if gate == "step":
+            next_step(r, ck, records)
+            r.patch_checkpoint(ck, phase="Canary", rollout=records)
+            r.out.soon(0)
+            return r.finish("Canary", f"{name}: approved ({record['approved']})")
     judged = sum(int(e.get("analyses") or 0) for e in records)
     forget_analyses(r, ck, judged)
     analysis = f"analyze-{judged}"
@@ -226,34 +242,6 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
     return judge(r, ck, records, verdict)
 
 
-DECISIONS = ("continue", "promote", "rollback")
-
-
-def read_verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fields of an analysis.json the rollout uses, checked: ValueError or TypeError
-    when it is not an analysis result (a decision it does not know, a non-finite metric...)."""
-    decision = str(doc.get("decision") or "continue")
-    if decision not in DECISIONS:
-        raise ValueError(f"decision {decision!r} is none of {', '.join(DECISIONS)}")
-    reasons = doc.get("reasons") or []
-    metrics = doc.get("metrics") or []
-    if not isinstance(reasons, list) or not isinstance(metrics, list):
-        raise TypeError("reasons and metrics must be lists")
-    return {
-        "decision": decision,
-        "reason": "; ".join(str(e) for e in reasons)[:32768] or decision,
-        "baselineSamples": int(doc.get("baseline_samples") or 0),
-        "canarySamples": int(doc.get("canary_samples") or 0),
-        "metrics": [
-            MetricComparison.model_validate(
-                {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
-            ).model_dump(mode="json", by_alias=True, exclude_none=True)
-            for m in metrics
-        ][:64]
-        or None,
-    }
-
-
 def judge(
     r: Round, ck: dict[str, Any], records: list[dict[str, Any]], verdict: dict[str, Any]
 ) -> Plan:
@@ -262,6 +250,9 @@ def judge(
     name = meta(ck)["name"]
     record = records[-1]
     decision = verdict["decision"]
+    held = decision == "promote" and gates.promotion_gate(r) is not None
+    if held:  # recorded as what happens: the canary stays until the promotion is approved
+        verdict = gates.held_promotion(verdict)
     record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
     r.event(
         f"Analysis{decision.title()}",
@@ -269,8 +260,9 @@ def judge(
         warning=decision == "rollback",
         kind="Checkpoint",
         name=name,
+        notify=("GuardrailTripped",) if tripped(decision, record["reason"]) else (),
     )
-    if decision in ("promote", "rollback"):
+    if record["decision"] in ("promote", "rollback"):
         record["endedAt"] = iso(r.now)
         r.patch_checkpoint(ck, phase="Canary", rollout=records)
         r.out.soon(0)
@@ -282,16 +274,31 @@ def judge(
     index = len(records) - 1
     step = steps[min(index, len(steps) - 1)]
     enough = min(record["baselineSamples"], record["canarySamples"]) >= step.min_samples
-    if index + 1 < len(steps) and enough:
-        record["endedAt"] = iso(r.now)
-        following = steps[index + 1]
-        records.append({"weight": following.weight, "startedAt": iso(r.now), "analyses": 0})
-        r.event(
-            "CanaryStep", f"{name}: canary to {following.weight}%", kind="Checkpoint", name=name
-        )
+    if held:
+        gates.wait(r, ck, records, "promotion")
+    elif index + 1 < len(steps) and enough:
+        if gates.step_gate(r, index + 1):
+            gates.wait(r, ck, records, "step")
+        else:
+            next_step(r, ck, records)
     r.patch_checkpoint(ck, phase="Canary", rollout=records)
     r.out.soon(0)
     return r.finish("Canary", f"{name}: {record['reason']}")
+
+
+def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """The current step ends; the next one starts (its record appended)."""
+    name = meta(ck)["name"]
+    records[-1]["endedAt"] = iso(r.now)
+    following = r.spec.rollout.steps[len(records)]
+    records.append({"weight": following.weight, "startedAt": iso(r.now), "analyses": 0})
+    r.event(
+        "CanaryStep",
+        f"{name}: canary to {following.weight}%",
+        kind="Checkpoint",
+        name=name,
+        notify=("CanaryStep",),
+    )
 
 
 # --- outcomes ------------------------------------------------------------------------
@@ -354,7 +361,11 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
         message=str(records[-1].get("reason") or "promoted"),
     )
     r.status.update(lastPromoted=name, serving=name, canaryWeight=0)
-    r.event("Promoted", f"{name} now serves {r.spec.target.deployment}")
+    r.event(
+        "Promoted",
+        f"{name} now serves {r.spec.target.deployment}",
+        notify=("Promoted", "CycleCompleted"),
+    )
     r.conditions.set("Progressing", False, "Promoted", f"{name} promoted")
     return end_cycle(r, f"cycle {r.status['cycle']}: {name} promoted")
 
@@ -371,6 +382,8 @@ def roll_back(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], reaso
         ck, phase="RolledBack", reason="RolledBack", message=reason, completedAt=iso(r.now)
     )
     r.status["canaryWeight"] = 0
-    r.event("RolledBack", f"{name}: {reason}", warning=True)
+    r.event(
+        "RolledBack", f"{name}: {reason}", warning=True, notify=("RolledBack", "CycleCompleted")
+    )
     r.conditions.set("Progressing", False, "RolledBack", f"{name}: {reason}")
     return end_cycle(r, f"cycle {r.status['cycle']}: {name} rolled back: {reason}")

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from rtrl.core.api.names import (
+    ANNOTATION_APPROVE,
     ANNOTATION_PROMOTE,
     ANNOTATION_ROLLBACK,
     ANNOTATION_STARTED,
@@ -83,6 +84,9 @@ class Round:
             "lastPromote": self.old.get("lastPromote"),
             "observedGeneration": self.generation,
         }
+        for key in ("lastApprove", "awaitingApproval", "outbox"):
+            if key in self.old:  # written only by RLCycles that use gates or notifications
+                self.status[key] = self.old[key] if key != "awaitingApproval" else None
         self.owned = owned(observed, self.name)
         promoted = [c for c in self.owned if phase(c) in ("Promoted", "Superseded")]
         if promoted:  # read back from the Checkpoints, not only from the status
@@ -105,8 +109,9 @@ class Round:
         warning: bool = False,
         kind: str = "RLCycle",
         name: str | None = None,
+        notify: tuple[str, ...] = (),
     ) -> None:
-        self.act(Emit(kind, name or self.name, reason, message, warning))
+        self.act(Emit(kind, name or self.name, reason, message, warning, notify))
 
     def finish(self, phase: str, message: str) -> Plan:
         self.status["phase"] = phase
@@ -185,6 +190,7 @@ class Round:
         for key, status_key in (
             (ANNOTATION_ROLLBACK, "lastRollback"),
             (ANNOTATION_PROMOTE, "lastPromote"),
+            (ANNOTATION_APPROVE, "lastApprove"),
         ):
             value = annotations.get(key)
             if value and value != self.status.get(status_key) and self._recorded(f"{key}={value}"):
@@ -195,7 +201,8 @@ class Round:
         for ck in self.owned:
             status = ck.get("status") or {}
             texts = [status.get("message") or ""]
-            texts += [e.get("reason") or "" for e in status.get("rollout") or []]
+            for record in status.get("rollout") or []:
+                texts += [record.get("reason") or "", record.get("approved") or ""]
             if any(named.search(str(t)) for t in texts):
                 return True
         return False

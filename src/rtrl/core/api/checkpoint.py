@@ -191,6 +191,18 @@ class RolloutRecord(ApiModel):
         None, max_length=64, description="The A/B numbers at the end of the step."
     )
     analyses: Count = Field(0, description="Analyses judged during this step.")
+    awaiting_approval: datetime | None = Field(
+        None,
+        description="Since when the canary waits at this step for an approval gate.",
+    )
+    gate: Literal["step", "promotion"] | None = Field(
+        None, description="The gate it waits at: the next step's, or the promotion's."
+    )
+    approved: str | None = Field(
+        None,
+        max_length=1024,
+        description="What released that gate: rtrl.io/approve=<token> or the confirm webhook.",
+    )
 
 
 class CheckpointStatus(ApiModel):

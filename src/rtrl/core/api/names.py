@@ -7,6 +7,7 @@ from __future__ import annotations
 from .common import API_VERSION, GROUP, VERSION
 
 __all__ = [
+    "ANNOTATION_APPROVE",
     "ANNOTATION_DATA_SINCE",
     "ANNOTATION_PROMOTE",
     "ANNOTATION_ROLLBACK",
@@ -42,6 +43,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "rtrl"}
 ANNOTATION_TRIGGER = f"{GROUP}/trigger"
 ANNOTATION_PROMOTE = f"{GROUP}/promote"
 ANNOTATION_ROLLBACK = f"{GROUP}/rollback"
+ANNOTATION_APPROVE = f"{GROUP}/approve"  # releases a manual approval gate of the canary
 # Written by the operator on a Checkpoint: when its cycle started (the stage's --now).
 ANNOTATION_STARTED = f"{GROUP}/started-at"
 # Written by the operator on a Checkpoint: the data watermark its stage starts after (the

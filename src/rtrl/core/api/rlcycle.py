@@ -463,6 +463,37 @@ class EvalSpec(ApiModel):
         return gates, "default"
 
 
+class Approval(StrEnum):
+    """Who releases an approval gate: a person (``kubectl rtrl approve``) or a confirm
+    webhook (HTTP 200 releases it; any other answer holds it, asked again every interval)."""
+
+    MANUAL = "manual"
+    WEBHOOK = "webhook"
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the RLCycle's namespace. URLs of webhooks carry tokens (Slack's,
+    Teams'), so they are read from a Secret, never written into the RLCycle."""
+
+    name: DnsSubdomain = Field(description="Name of the Secret (same namespace).")
+    key: str = Field(
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        min_length=1,
+        max_length=253,
+        description="Key of the Secret whose value is the URL.",
+    )
+
+
+class ConfirmWebhookSpec(ApiModel):
+    """The confirm webhook of ``approval: webhook`` gates (Flagger's confirm-rollout): POSTed
+    a JSON document naming the gate; HTTP 200 releases it, anything else holds it."""
+
+    url_secret: SecretKeyRef = Field(description="Secret key holding the webhook's URL.")
+    interval: Duration1d = Field(
+        "1m", description="How often a held gate asks the webhook again (at most 1d)."
+    )
+
+
 class RolloutStep(ApiModel):
     """One canary step: the canary's share of traffic and how long it holds at least."""
 
@@ -475,6 +506,13 @@ class RolloutStep(ApiModel):
         ge=0,
         le=MAX_INTERACTIONS,
         description="And until each arm has this many matured interactions.",
+    )
+    approval: Approval | None = Field(
+        None,
+        description="Hold the canary at the step before this one until approved: manual "
+        "(kubectl rtrl approve, annotation rtrl.io/approve) or webhook (rollout."
+        "confirmWebhook answers HTTP 200). The analysis goes on meanwhile; a rollback is "
+        "never held. Not on the first step.",
     )
 
 
@@ -599,6 +637,13 @@ class AssignmentUnit(StrEnum):
 HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
 
 
+FIRST_STEP_APPROVAL = (
+    "steps[0].approval: the canary starts at the first step, there is no step before it "
+    "to hold; gate the second step or the promotion (rollout.approval)"
+)
+WEBHOOK_NEEDS_CONFIRM = "approval webhook needs confirmWebhook (the Secret key of its URL)"
+
+
 def _default_steps() -> list[RolloutStep]:
     return [
         RolloutStep(weight=5, min_duration="30m"),
@@ -632,6 +677,12 @@ class RolloutSpec(ApiModel):
                     "!has(self.router) || self.router != 'gatewayapi' || !has(self.unit) || "
                     "self.unit == 'request' || has(self.bucketHeader)",
                     "router gatewayapi with unit user or session needs bucketHeader",
+                ),
+                cel(
+                    "has(self.confirmWebhook) || !((has(self.approval) && "
+                    "self.approval == 'webhook') || (has(self.steps) && "
+                    "self.steps.exists(s, has(s.approval) && s.approval == 'webhook')))",
+                    WEBHOOK_NEEDS_CONFIRM,
                 ),
             ]
         }
@@ -668,7 +719,10 @@ class RolloutSpec(ApiModel):
         max_length=MAX_ROLLOUT_STEPS,
         description="Canary steps; weights strictly increasing within 1..100.",
         json_schema_extra={
-            CEL_KEY: [cel(_increasing_weights_rule(), "step weights must be strictly increasing")]
+            CEL_KEY: [
+                cel(_increasing_weights_rule(), "step weights must be strictly increasing"),
+                cel("!has(self[0].approval)", FIRST_STEP_APPROVAL),
+            ]
         },
     )
     ready_timeout: Duration7d = Field(
@@ -682,6 +736,14 @@ class RolloutSpec(ApiModel):
     guardrails: GuardrailsSpec = Field(
         default_factory=GuardrailsSpec, description="Behaviour bands that block promotion."
     )
+    approval: Approval | None = Field(
+        None,
+        description="Hold a promotion the analysis decided until approved: manual (kubectl "
+        "rtrl approve) or webhook (confirmWebhook answers HTTP 200). A rollback is never held.",
+    )
+    confirm_webhook: ConfirmWebhookSpec | None = Field(
+        None, description="The confirm webhook of approval: webhook gates."
+    )
 
     @field_validator("steps")
     @classmethod
@@ -693,6 +755,8 @@ class RolloutSpec(ApiModel):
                     f"{steps[i].weight} is not greater than steps[{i - 1}].weight "
                     f"{steps[i - 1].weight}"
                 )
+        if steps and steps[0].approval is not None:
+            raise ValueError(FIRST_STEP_APPROVAL)
         return steps
 
     @model_validator(mode="after")
@@ -708,6 +772,11 @@ class RolloutSpec(ApiModel):
                 "router gatewayapi with unit user or session needs bucketHeader (a header "
                 "holding hash(unit id) mod 100, set at the edge)"
             )
+        webhook = self.approval == Approval.WEBHOOK or any(
+            s.approval == Approval.WEBHOOK for s in self.steps
+        )
+        if webhook and self.confirm_webhook is None:
+            raise ValueError(WEBHOOK_NEEDS_CONFIRM)
         return self
 
 
@@ -834,6 +903,53 @@ class JobPolicySpec(ApiModel):
     )
 
 
+MAX_NOTIFICATIONS = 8
+
+
+class NotificationEvent(StrEnum):
+    """What a notification is about: the RLCycle's phase changes and decisions."""
+
+    CYCLE_STARTED = "CycleStarted"
+    CYCLE_COMPLETED = "CycleCompleted"
+    CYCLE_FAILED = "CycleFailed"
+    EVAL_REJECTED = "EvalRejected"
+    CANARY_STARTED = "CanaryStarted"
+    CANARY_STEP = "CanaryStep"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    APPROVED = "Approved"
+    GUARDRAIL_TRIPPED = "GuardrailTripped"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+
+
+class NotificationFormat(StrEnum):
+    JSON = "json"
+    CLOUDEVENTS = "cloudevents"
+    SLACK = "slack"
+
+
+class NotificationSpec(ApiModel):
+    """One webhook told about the RLCycle's phase changes and decisions."""
+
+    name: DnsLabel = Field(description="Name of this notification (unique in the list).")
+    events: list[NotificationEvent] | None = Field(
+        None,
+        min_length=1,
+        max_length=len(NotificationEvent),
+        description="Events sent; unset: all of them.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    format: NotificationFormat = Field(
+        NotificationFormat.JSON,
+        description="json: rtrl's JSON document; cloudevents: a CloudEvents 1.0 structured "
+        'JSON event (application/cloudevents+json); slack: {"text": ...} for Slack, '
+        "Mattermost, Teams workflows.",
+    )
+    url_secret: SecretKeyRef = Field(
+        description="Secret key holding the webhook's URL (never written into the RLCycle)."
+    )
+
+
 class RLCycleSpec(ApiModel):
     """The desired real-time RL loop for one inference Deployment."""
 
@@ -866,6 +982,25 @@ class RLCycleSpec(ApiModel):
         description="Checkpoints kept; older ones are deleted (not stored "
         "artifacts, never the serving, pinned or candidate one).",
     )
+    notifications: list[NotificationSpec] | None = Field(
+        None,
+        max_length=MAX_NOTIFICATIONS,
+        description="Webhooks told about phase changes and decisions (docs/notifications.md).",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+
+    @field_validator("notifications")
+    @classmethod
+    def _unique_names(cls, items: list[NotificationSpec] | None) -> list[NotificationSpec] | None:
+        seen: set[str] = set()
+        for i, item in enumerate(items or []):
+            if item.name in seen:
+                raise ValueError(f"notifications[{i}].name {item.name!r} is used twice")
+            seen.add(item.name)
+        return items
 
     @model_validator(mode="after")
     def _durations(self) -> Self:
@@ -886,9 +1021,44 @@ class RLCyclePhase(StrEnum):
     CANARY = "Canary"
     PROMOTING = "Promoting"
     ROLLING_BACK = "RollingBack"
+    AWAITING_APPROVAL = "AwaitingApproval"
     SUSPENDED = "Suspended"
     PINNED = "Pinned"
     INVALID = "Invalid"
+
+
+MAX_OUTBOX = 32
+
+
+class AwaitingApproval(ApiModel):
+    """An approval gate the canary waits at."""
+
+    checkpoint: str = Field(max_length=253, description="The canary's Checkpoint.")
+    gate: Literal["step", "promotion"] = Field(
+        description="step: before the next canary step; promotion: before promoting."
+    )
+    weight: int | None = Field(
+        None, ge=1, le=100, description="The next step's weight (gate step)."
+    )
+    mode: Approval = Field(description="manual or webhook.")
+    since: datetime = Field(description="When the gate began to wait.")
+
+
+class OutboxEntry(ApiModel):
+    """A notification decided and not yet delivered to every webhook that wants it."""
+
+    id: str = Field(
+        max_length=64, description="Stable id: the same decision always has the same id."
+    )
+    event: NotificationEvent = Field(description="What happened.")
+    time: datetime = Field(description="When it was decided.")
+    cycle: int = Field(0, ge=0, le=MAX_COUNT, description="The cycle it belongs to.")
+    checkpoint: str | None = Field(None, max_length=253, description="The Checkpoint concerned.")
+    message: str = Field(max_length=1024, description="What happened, in words.")
+    targets: list[DnsLabel] = Field(
+        max_length=MAX_NOTIFICATIONS,
+        description="Names of the notifications still to deliver it to.",
+    )
 
 
 class RLCycleStatus(ApiModel):
@@ -926,6 +1096,18 @@ class RLCycleStatus(ApiModel):
     )
     last_promote: str | None = Field(
         None, max_length=253, description="Value of the rtrl.io/promote annotation last handled."
+    )
+    last_approve: str | None = Field(
+        None, max_length=253, description="Value of the rtrl.io/approve annotation last handled."
+    )
+    awaiting_approval: AwaitingApproval | None = Field(
+        None, description="The approval gate the canary waits at, if any."
+    )
+    outbox: list[OutboxEntry] | None = Field(
+        None,
+        max_length=MAX_OUTBOX,
+        description="Notifications not yet delivered to every webhook (at-least-once; a "
+        "receiver dedupes by id).",
     )
     message: str | None = Field(
         None, max_length=32768, description="What the operator is doing, in words."

@@ -108,6 +108,7 @@ def test_every_duration_of_the_spec_has_a_maximum() -> None:
             "spec.rollout.analysis.maxDuration",
             "spec.rollout.analysis.interval",
             "spec.rollout.analysis.preExposure",
+            "spec.rollout.confirmWebhook.interval",
             "spec.jobs.backoff",
             "spec.jobs.activeDeadline",
         ]
@@ -129,13 +130,17 @@ def test_each_duration_at_its_maximum_passes_and_beyond_it_fails(path: str) -> N
     at_max = _with(where, bound.limit)
     if path.startswith("spec.rollout.steps"):  # the steps' sum must fit maxDuration
         at_max = _with("spec.rollout.analysis.maxDuration", "365d", at_max)
+    base = EXAMPLE
+    if path.startswith("spec.rollout.confirmWebhook"):  # not in the example
+        base = _with("spec.rollout.confirmWebhook.urlSecret", {"name": "hooks", "key": "url"})
+        at_max = _with(where, bound.limit, base)
     assert _problems(at_max) == []
     over = bound.limit.replace("d", "d1ms")
-    assert _problems(_with(where, over)) == [
+    assert _problems(_with(where, over, base)) == [
         f"{where.replace('.0', '[0]')}: duration {over!r} is too long: the maximum is {bound.limit}"
     ]
     # Beyond anything a duration may be: the same message, never an overflow.
-    assert _problems(_with(where, "99999999999d")) == [
+    assert _problems(_with(where, "99999999999d", base)) == [
         f"{where.replace('.0', '[0]')}: duration '99999999999d' is too long: "
         f"the maximum is {bound.limit}"
     ]
