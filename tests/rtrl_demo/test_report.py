@@ -130,3 +130,15 @@ def test_promoted_then_superseded_reads_so_everywhere(
     assert "demo-3 vs demo-2  RolledBack" in text
     assert "clarification_rate +97.5% [+50.0%, +320.0%] tripped" in text
     assert "report: report.html" in text
+
+
+def test_serving_ticks_print_a_line_only_with_verbose_or_when_they_fail(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for verbose, ok, printed in ((False, True, False), (True, True, True), (False, False, True)):
+        progress = console.Progress(quiet=True, verbose=verbose)
+        progress.done("06:00 serve demo-0", "serve", 1.5, ok)
+        progress.done("08:00 stage demo-1-stage-0", "stage", 3.1, True)
+        lines = capsys.readouterr().err.splitlines()
+        assert any("serve demo-0" in x for x in lines) == printed, (verbose, ok, lines)
+        assert any("stage demo-1-stage-0" in x for x in lines)
