@@ -252,7 +252,7 @@ def gates(cycles: list[dict[str, Any]], spec: list[dict[str, Any]]) -> str | Non
             text = (
                 f"{number(g['candidate'], metric)} vs {number(g['parent'], metric)}: "
                 f"{'passed' if g.get('passed') else 'failed'}"
-                + (f" (max regression {number(limit)})" if limit is not None else "")
+                + (f" (max regression {lim:g})" if (lim := finite(limit)) is not None else "")
             )
             ax.text(
                 1.02,
