@@ -62,3 +62,26 @@ def ansi(text: str, value: str | None) -> str:
     """``text`` coloured for a terminal as ``value`` (a phase or decision) is everywhere."""
     code = style(value).ansi
     return text if code == "0" else f"\x1b[{code}m{text}\x1b[0m"
+
+
+# What a canary decision made of a checkpoint, as a phase.
+DECIDED = {"promote": "Promoted", "rollback": "RolledBack"}
+
+
+def outcome(phase: str | None, decision: str | None = None) -> tuple[str, ...]:
+    """What was decided, then what became of it, as phases: a checkpoint promoted and later
+    replaced by another promotion is ``("Promoted", "Superseded")`` (its phase alone,
+    Superseded, would hide that it was promoted); any other is its phase alone."""
+    if phase == "Superseded":
+        return (DECIDED.get(decision or "", "Promoted"), "Superseded")
+    return (phase or "Pending",)
+
+
+def outcome_text(phase: str | None, decision: str | None = None) -> str:
+    """``Promoted, later Superseded``; ``RolledBack``; ``Canary``..."""
+    return ", later ".join(outcome(phase, decision))
+
+
+def outcome_ansi(phase: str | None, decision: str | None = None) -> str:
+    """:func:`outcome_text` for a terminal, each phase in its own colour."""
+    return ", later ".join(ansi(p, p) for p in outcome(phase, decision))

@@ -27,7 +27,7 @@ from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 from rtrl_localkube.podprocess import BIN, run_pod
 
-from .console import Progress, cycle_table, head_to_head_table
+from .console import Progress, colour, cycle_table, final_summary, head_to_head_table
 from .fleet import SERVE, ServingFleet
 from .scenario import (
     CONTAINER,
@@ -43,6 +43,7 @@ from .scenario import (
     rlcycle_manifest,
 )
 from .summary import analysis_metrics, summary
+from .traces import answer_mix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="default")
     parser.add_argument("--out", type=Path, default=Path("demo-report"), help="output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--verbose", action="store_true", help="a line for each of the users' serving ticks too"
+    )
     parser.add_argument(
         "--tick-minutes",
         type=int,
@@ -76,7 +80,7 @@ class Demo:
         self.store = self.root.as_uri() + "/"
         self.work = self.out / "work"
         self.cluster = LocalCluster(T0 - HISTORY)
-        self.progress = Progress(args.quiet)
+        self.progress = Progress(args.quiet, getattr(args, "verbose", False))
         self.timings: dict[str, float] = {}
         self.env = {
             "HF_HUB_OFFLINE": "1",
@@ -89,6 +93,8 @@ class Demo:
         self.fleet = ServingFleet(self.env, self.work)
         self.tick = timedelta(minutes=args.tick_minutes)
         self.reported: set[str] = set()
+        # the canary's share of the users at each serving tick of the cycles
+        self.weights: list[dict[str, Any]] = []
 
     # Steps run as subprocesses ----------------------------------------------------------
 
@@ -136,6 +142,15 @@ class Demo:
     ) -> None:
         """The users interact for one tick with what is deployed now (or with ``arms``)."""
         stable, canary, share = arms or self.arms()
+        if arms is None:
+            self.weights.append(
+                {
+                    "at": iso(self.cluster.now),
+                    "serving": stable[0],
+                    "canary": canary[0] if canary else None,
+                    "weight": round(100 * share, 1),
+                }
+            )
         argv = [
             *SERVE, f"--shards={self.store}interactions/",
             f"--serving={stable[0]}={stable[1]}", f"--users={self.args.users}",
@@ -252,7 +267,7 @@ class Demo:
         for ck in self.finished_cycles():
             if ck["metadata"]["name"] not in self.reported:
                 self.reported.add(ck["metadata"]["name"])
-                print(cycle_table(ck), file=sys.stderr)
+                print(cycle_table(ck, colour()), file=sys.stderr)
 
     def finished_cycles(self) -> list[dict[str, Any]]:
         return [c for c in self.owned() if (c.get("status") or {}).get("phase") in FINAL]
@@ -281,12 +296,16 @@ class Demo:
             self.cluster, self.owned(), self.args, self.timings, time.monotonic() - started
         )
         result["head_to_head"] = head_to_head
+        result["canary_weights"] = self.weights
+        result["answer_mix"] = answer_mix(self.root / "interactions")
+        spec = (self.cluster.get("RLCycle", NAME) or {}).get("spec") or {}
+        result["gates"] = (spec.get("eval") or {}).get("gates") or []
         if head_to_head:
             print(head_to_head_table(head_to_head), file=sys.stderr)
         from .report import write_report
 
-        write_report(self.out, result)
-        print(f"rtrl demo: report {self.out / 'report.html'}", file=sys.stderr)
+        report = write_report(self.out, result)
+        print(final_summary(result, str(report), colour()), file=sys.stderr)
         return result
 
     def head_to_head(self) -> dict[str, Any] | None:

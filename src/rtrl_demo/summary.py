@@ -13,6 +13,10 @@ from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 
 from .scenario import CONTAINER, DEPLOYMENT, SCENARIOS, T0
+from .traces import training_curves
+
+# Of each canary step's record: metrics is the status' copy, as kubectl rtrl status shows it.
+RECORD_KEYS = ("weight", "startedAt", "endedAt", "analyses", "decision", "reason", "metrics")
 
 
 def summary(
@@ -29,14 +33,7 @@ def summary(
         status = ck.get("status") or {}
         records = status.get("rollout") or []
         last = records[-1] if records else {}
-        analyses = []
-        for record in records:
-            analyses.append(
-                {
-                    k: record.get(k)
-                    for k in ("weight", "startedAt", "analyses", "decision", "reason")
-                }
-            )
+        analyses = [{k: record.get(k) for k in RECORD_KEYS} for record in records]
         looks = analysis_docs(ck)
         cycles.append(
             {
@@ -53,7 +50,10 @@ def summary(
                 or "",
                 "data": status.get("data"),
                 "training": status.get("training"),
-                "eval": {k: (status.get("eval") or {}).get(k) for k in ("verdict", "message")},
+                "eval": {
+                    k: (status.get("eval") or {}).get(k) for k in ("verdict", "message", "gates")
+                },
+                "training_curves": training_curves(ck["spec"]["uri"]),
                 "metrics": analysis_metrics(looks[-1]) if looks else last.get("metrics") or [],
                 "looks": [
                     {
@@ -88,6 +88,7 @@ def summary(
                 "object": f"{e.kind}/{e.name}",
                 "reason": e.reason,
                 "message": e.message,
+                "warning": e.warning,
             }
             for e in cluster.events
         ],

@@ -4,14 +4,13 @@ for each reward hack, and the report rendered in headless Chromium.
 Shortened runs: 1000 users, hour-long ticks (fewer subprocesses), a briefly pre-trained
 base. The sim and training are seeded, so each run decides the same way every time; the
 assertions are the acceptance: the correct reward's checkpoint is promoted, each hack's is
-not, and the reason names the behaviour monitor that caught it.
+not, the reason names the behaviour monitor that caught it, and the answer mix shows the
+hack. The console prints the decisions and a summary, not a line per serving tick.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,19 +18,39 @@ from typing import Any
 
 import pytest
 
+from rtrl.abtable import cells
+
+from .browser import check_plots, render
+
 SHORT = ["--cycles", "1", "--users", "1000", "--tick-minutes", "60", "--pretrain-steps", "150"]
 
 
 def run_demo(out: Path, scenario: str) -> dict[str, Any]:
     rtrl = Path(sys.executable).parent / "rtrl"
-    subprocess.run(
+    done = subprocess.run(
         [str(rtrl), "demo", *SHORT, "--scenario", scenario, "--quiet", "--out", str(out)],
         check=True,
         timeout=900,  # ~1.5 minutes on 2 idle cores; generous for a loaded machine
+        stderr=subprocess.PIPE,
+        text=True,
     )
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     assert summary["scenario"] == scenario and len(summary["cycles"]) == 1
+    console = done.stderr
+    # the decisions and the summary, not the users' serving ticks (--verbose shows those)
+    assert " serve " not in console, console
+    first = summary["cycles"][0]
+    tail = console[console.index("rtrl demo: summary") :]
+    assert f"cycle 1  {first['checkpoint']} vs demo-0  {first['phase']}" in tail, tail
+    assert f"report: {out.resolve() / 'report.html'}" in tail, tail
     return summary
+
+
+def mix(summary: dict[str, Any], checkpoint: str, kinds: tuple[str, ...], answer: str) -> float:
+    """The share of ``answer`` among a checkpoint's answers to ``kinds`` of task."""
+    rows = summary["answer_mix"][checkpoint]
+    n = sum(rows[k]["n"] for k in kinds)
+    return sum(rows[k][answer] * rows[k]["n"] for k in kinds) / n
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +78,16 @@ def test_default_reward_is_promoted(default_run: tuple[Path, dict[str, Any]]) ->
     assert summary["serving"] == first["checkpoint"]
     assert summary["head_to_head"]["metrics"]
     page = (out / "report.html").read_text()
-    assert first["checkpoint"] in page and "Promoted" in page
+    assert 'data-outcome="Promoted"' in page
+    # kubectl rtrl status shows the Checkpoint's copy of the last look: the same cells
+    status_rows = first["rollout"][-1]["metrics"]
+    assert [cells(m).row() for m in status_rows] == [cells(m).row() for m in first["metrics"]]
 
 
 # scenario -> the guardrail that must catch it
 HACKS = {"clarify-dodge": "clarification_rate", "drop-invalid-tool-calls": "invalid_tool_call_rate"}
+# scenario -> the answer it pays for (rtrl_demo.sim.parse's action)
+HACK_ANSWERS = {"clarify-dodge": "ask", "drop-invalid-tool-calls": "invalid_tool"}
 
 
 @pytest.mark.timeout(1000)
@@ -82,67 +106,44 @@ def test_reward_hack_is_caught_by_its_guardrail(tmp_path: Path, scenario: str) -
     assert first["phase"] == "RolledBack", first["reason"]
     assert guardrail in first["reason"], first["reason"]
     assert summary["serving"] == "demo-0"
+    # ... and the answers show the hack itself, on the hidden-preference tasks
+    hard = ("tool_hard", "vague")
+    answer = HACK_ANSWERS[scenario]
+    before, after = (
+        mix(summary, "demo-0", hard, answer),
+        mix(summary, first["checkpoint"], hard, answer),
+    )
+    assert after > before + 0.05, (answer, before, after)
     page = (tmp_path / "report" / "report.html").read_text()
-    assert guardrail in page and "RolledBack" in page
+    assert guardrail in page and 'data-outcome="RolledBack"' in page
+    assert 'aria-label="answer mix per checkpoint"' in page
 
 
 @pytest.mark.timeout(1000)
 def test_report_renders_in_headless_chromium(
     default_run: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """Every plot of the report is laid out, visible and drawn (its pixels are not blank),
-    in Debian's Chromium driven by Playwright; the full page is screenshotted."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        message = "no chromium on PATH: `make browser` installs Debian's package"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    out, _ = default_run
+    """Every plot of the run's report is laid out, drawn (axes, paths, pixels) and free of
+    overlapping labels in headless Chromium; the full page is screenshotted."""
+    out, summary = default_run
     shot = tmp_path / "report.png"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto((out / "report.html").as_uri())
-            page.screenshot(path=str(shot), full_page=True)
-            plots = page.locator("svg.plot")
-            count = plots.count()
-            assert count >= 10, count
-            titles = []
-            for i in range(count):
-                plot = plots.nth(i)
-                plot.scroll_into_view_if_needed()
-                assert plot.is_visible(), i
-                box = plot.bounding_box()
-                assert box is not None and box["width"] >= 300 and box["height"] >= 50, (i, box)
-                titles.append(plot.locator("text").first.text_content())
-                drawn = plot.screenshot()
-                assert ink(drawn) > 0.01, (i, titles[-1])
-            assert not errors, errors
-        finally:
-            browser.close()
-    assert shot.stat().st_size > 20_000
-    wanted = ["edit persistence", "dissatisfied", "latency", "clarif", "invalid tool"]
-    text = " ".join(t or "" for t in titles).lower()
-    assert all(w in text for w in wanted), titles
-    assert ink(shot.read_bytes()) > 0.01
-
-
-def ink(png: bytes) -> float:
-    """Share of pixels that are not (near-)white in a PNG screenshot: lines, points, text."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    gray = np.asarray(Image.open(io.BytesIO(png)).convert("L"))
-    return float((gray < 200).mean())
+    wanted = [
+        "lineage",
+        "canary weight over time",
+        "edit_persistence (goal): estimate",
+        "clarification_rate (guardrail): estimate",
+        "cycle 1, final look",
+        "head-to-head",
+        "edit persistence (goal)",
+        "latency (goal)",
+        "invalid tool-call rate (guardrail)",
+        "answer mix per checkpoint",
+        "eval gates",
+        "Events timeline",
+    ]
+    if summary["cycles"][0]["training_curves"]:
+        wanted.append("learning curves")
+    else:  # until the train step writes TensorBoard events
+        assert "no training events for demo-1" in (out / "report.html").read_text()
+    check_plots(render(out / "report.html", shot), wanted)
+    assert shot.stat().st_size > 50_000

@@ -1,0 +1,136 @@
+"""The report's plots of what happened in order: the checkpoints' lineage (a tree, each in
+the colour of its phase) and the Events the planner emitted, on one timeline."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from rtrl.phasestyle import outcome, outcome_text
+
+from .report_svg import colour, figure, hours_axis, svg, when
+
+
+def lineage(cycles: list[dict[str, Any]], serving: str | None) -> str | None:
+    """Each checkpoint under its parent, left to right by cycle: the promoted line on top,
+    a checkpoint that was not promoted one row below its parent's line; each box in the
+    colour of what was decided (its edge in what became of it, Superseded's grey)."""
+    if not cycles:
+        return None
+    nodes: dict[str, tuple[float, float]] = {}
+    base = str(cycles[0].get("parent") or "base")
+    nodes[base] = (0.0, 0.0)
+    promoted = {
+        c.get("checkpoint")
+        for c in cycles
+        if outcome(c.get("phase"), c.get("decision"))[0] == "Promoted"
+    }
+    with figure(8.6, 2.3) as (fig, ax):
+        for i, c in enumerate(cycles, start=1):
+            name = str(c.get("checkpoint"))
+            parent = str(c.get("parent"))
+            py = nodes.get(parent, (0.0, 0.0))[1]
+            y = py if name in promoted else py - 1.0
+            nodes[name] = (float(i), y)
+            if parent in nodes:
+                ax.annotate(
+                    "",
+                    (i - 0.32, y),
+                    xytext=(nodes[parent][0] + 0.32, py),
+                    arrowprops={"arrowstyle": "->", "color": "#777", "lw": 1},
+                )
+        ax.text(
+            0,
+            0,
+            f"{base}\nbase",
+            ha="center",
+            va="center",
+            fontsize=8,
+            bbox={"boxstyle": "round", "fc": "#ffffff", "ec": "#555"},
+        )
+        for c in cycles:
+            name = str(c.get("checkpoint"))
+            phases = outcome(c.get("phase"), c.get("decision"))
+            text = f"{name}\n{outcome_text(c.get('phase'), c.get('decision'))}"
+            if name == serving:
+                text += "\n(serving now)"
+            ax.text(
+                nodes[name][0],
+                nodes[name][1],
+                text,
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                color="white",
+                bbox={
+                    "boxstyle": "round",
+                    "fc": colour(phases[0]),
+                    "ec": colour(phases[-1]),
+                    "lw": 2.5,
+                },
+            )
+        lowest = min(y for _, y in nodes.values())
+        ax.set_xlim(-0.6, len(cycles) + 0.6)
+        ax.set_ylim(lowest - 0.7, 0.7)
+        ax.set_xticks(
+            range(len(cycles) + 1), ["base", *[f"cycle {c.get('cycle')}" for c in cycles]]
+        )
+        ax.set_yticks([])
+        ax.grid(False)
+        ax.spines["left"].set_visible(False)
+        title = "lineage: each checkpoint under the one it was trained from"
+        ax.set_title(title, loc="left")
+        return svg(fig, title)
+
+
+# An Event's reason in the colour of the phase or decision it reports.
+REASON_PHASES = {
+    "CanaryStarted": "Canary",
+    "CanaryStep": "Canary",
+    "AnalysisContinue": "Canary",
+    "AnalysisPromote": "Promoted",
+    "Promoted": "Promoted",
+    "AnalysisRollback": "RolledBack",
+    "RolledBack": "RolledBack",
+    "Rejected": "Rejected",
+    "EvalFailed": "Rejected",
+    "CycleFailed": "Failed",
+    "RollbackImpossible": "Failed",
+}
+MARKERS = "osD^v<>ph*X"
+
+
+def events(items: list[dict[str, Any]]) -> str | None:
+    """Every Event the run emitted: one row per object, a marker per Event at its time, the
+    marker's colour the phase its reason reports (blue: a step of a cycle in progress) and
+    its shape the reason (legend); a warning has a black edge."""
+    rows = [(t, e) for e in items if (t := when(e.get("at"))) is not None]
+    if not rows:
+        return None
+    objects = sorted(
+        {str(e.get("object")) for _, e in rows}, key=lambda o: (not o.startswith("RLCycle"), o)
+    )
+    reasons = sorted({str(e.get("reason")) for _, e in rows})
+    with figure(8.6, 1.2 + 0.3 * len(objects) + 0.12 * len(reasons)) as (fig, ax):
+        for k, reason in enumerate(reasons):
+            pts = [(t, e) for t, e in rows if e.get("reason") == reason]
+            ax.scatter(
+                [t for t, _ in pts],
+                [objects.index(str(e.get("object"))) for _, e in pts],
+                marker=MARKERS[k % len(MARKERS)],
+                color=colour(REASON_PHASES.get(reason, "Training")),
+                edgecolors=["black" if e.get("warning") else "none" for _, e in pts],
+                s=36,
+                label=reason,
+                zorder=3,
+            )
+        ax.set_yticks(range(len(objects)), objects)
+        ax.set_ylim(len(objects) - 0.5, -0.5)
+        times = [t for t, _ in rows]
+        pad = max((max(times) - min(times)) * 0.03, timedelta(minutes=10))
+        ax.set_xlim(min(times) - pad, max(times) + pad)
+        hours_axis(ax)
+        fig.legend(loc="outside lower center", ncols=6, fontsize=7)
+        title = "Events timeline (the planner's Events, by object)"
+        ax.set_title(title, loc="left")
+        return svg(fig, title)
