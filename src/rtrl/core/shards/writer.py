@@ -81,6 +81,7 @@ class _ShardWriter:
         rows_per_file: int,
         compression: str,
         staging: Path,
+        file_prefix: str,
     ) -> None:
         self.local_root = local_root
         self.store = store
@@ -91,6 +92,7 @@ class _ShardWriter:
         self.rows_per_file = rows_per_file
         self.compression = compression
         self.staging = staging
+        self.file_prefix = file_prefix
         self.partitions: dict[str, _OpenPartition] = {}
         self.written: list[str] = []
         self.opened = 0
@@ -162,7 +164,9 @@ class _ShardWriter:
             self._finish_file(state)
 
     def _key(self, state: _OpenPartition) -> str:
-        return join_key(self.prefix, f"{state.directory}/part-{state.part:05d}.parquet")
+        return join_key(
+            self.prefix, f"{state.directory}/{self.file_prefix}-{state.part:05d}.parquet"
+        )
 
     def _file_path(self, state: _OpenPartition) -> Path:
         key = self._key(state)
@@ -233,6 +237,7 @@ def write_shards(
     row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     compression: str = "zstd",
+    file_prefix: str = "part",
 ) -> list[str]:
     """Write interactions as Hive-partitioned Parquet under ``prefix`` of ``root``.
 
@@ -242,6 +247,10 @@ def write_shards(
     schema; columns beyond it are kept. Files within a partition are ``part-00000.parquet``,
     ``part-00001.parquet``... of at most ``rows_per_file`` rows, in input order. Returns the
     keys written (relative to ``root``), sorted.
+
+    A pipeline that writes into the same partitions again (every few minutes, from several
+    workers) passes a ``file_prefix`` unique to that write (``part-<flush id>``): the
+    numbering restarts at 00000 each call, so the same prefix replaces the earlier files.
 
     Raises ``ValueError`` naming every column that is missing or of an unusable type. Row
     values are not validated: this writer is also how tests produce bad shards on purpose.
@@ -253,6 +262,12 @@ def write_shards(
         )
     if row_group_size < 1 or rows_per_file < 1:
         raise ValueError("row_group_size and rows_per_file must be >= 1")
+    if not file_prefix or "/" in file_prefix or file_prefix.startswith(("_", ".")):
+        # readers skip names starting with _ or . (markers, temp files): data would vanish
+        raise ValueError(
+            f"file_prefix {file_prefix!r}: must be non-empty, without '/', and not start "
+            "with '_' or '.'"
+        )
     store: ObjectStore | None = None
     local_root: Path | None = None
     if isinstance(root, ObjectStore):
@@ -276,6 +291,7 @@ def write_shards(
                         rows_per_file=rows_per_file,
                         compression=compression,
                         staging=Path(staging),
+                        file_prefix=file_prefix,
                     )
                 writer.write(raw, partition_by)
             return writer.close() if writer is not None else []

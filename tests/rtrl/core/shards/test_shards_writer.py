@@ -62,6 +62,24 @@ def test_files_split_by_rows_and_named_in_order(tmp_path: Path) -> None:
     assert first["interaction_id"].to_pylist() == data["interaction_id"].to_pylist()[:100]
 
 
+def test_a_second_write_into_the_same_partitions_keeps_the_first(tmp_path: Path) -> None:
+    """A logging pipeline appends every flush: a prefix of its own per write keeps both, the
+    same prefix replaces (names restart at 00000 each call)."""
+    first = _synthetic(50, seed=1, start=START, duration=timedelta(minutes=5))
+    second = _synthetic(50, seed=2, start=START, duration=timedelta(minutes=5))
+    keys = write_shards(first, tmp_path, file_prefix="part-flush1")
+    keys += write_shards(second, tmp_path, file_prefix="part-flush2")
+    assert [k.rsplit("/", 1)[1] for k in sorted(keys)] == [
+        "part-flush1-00000.parquet",
+        "part-flush2-00000.parquet",
+    ]
+    report = validate(tmp_path)
+    assert report.ok and report.rows_total == 100
+    for bad in ("", "_part", ".part", "a/b"):
+        with pytest.raises(ValueError, match="file_prefix"):
+            write_shards(first, tmp_path / "bad", file_prefix=bad)
+
+
 def test_output_is_deterministic(tmp_path: Path) -> None:
     data = _synthetic(120, duration=timedelta(hours=2))
     a = write_shards(data.to_batches(max_chunksize=17), tmp_path / "a", row_group_size=25)
