@@ -40,6 +40,7 @@ CHECKPOINT_STEP = (
     "rtrl.core.shards",
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
+    "rtrl_trainer.progress",
     "rtrl_trainer.runner",
     "rtrl_trainer.spec_file",
     "rtrl_trainer.stagedset",
@@ -107,6 +108,7 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer": room("package metadata"),
     "rtrl_trainer.cli": room(
         "`rtrl-job <step>`: which step's cli module runs",
+        "rtrl_trainer.progress",
         "rtrl_trainer.runner",
         "rtrl_trainer.stage",
         "rtrl_trainer.train",
@@ -116,6 +118,7 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer.runner": room(
         "one runner for every step: errors -> exit codes, the flags all steps share",
         "rtrl.core.store",
+        "rtrl_trainer.progress",
         "rtrl_trainer.spec_file",
     ),
     "rtrl_trainer.spec_file": room("the RLCycle spec file mounted into a step's pod", *CORE[:1]),
@@ -130,6 +133,9 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer.reward": room("rewards from the users' implicit feedback", "rtrl.core.api"),
     "rtrl_trainer.monitors": room("behaviour monitors (reward hacking)", "rtrl_trainer.reward"),
     "rtrl_trainer.read_ahead": room("the next item of a stream, made on a thread meanwhile"),
+    "rtrl_trainer.progress": room(
+        "progress lines of every long step: counts, rate and ETA, as text or JSON"
+    ),
     "rtrl_trainer.checkpoint_io": room(
         "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"
     ),
@@ -137,6 +143,7 @@ ROOMS: dict[str, Room] = {
         "the stage step: select, reward, advantage and write the training set",
         *CORE,
         "rtrl_trainer.monitors",
+        "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
         "rtrl_trainer.read_ahead",
         "rtrl_trainer.reward",
@@ -156,6 +163,7 @@ ROOMS: dict[str, Room] = {
         "the analyze step: the canary's A/B estimates and the sequential decision",
         *CORE,
         "rtrl_trainer.monitors",
+        "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
         "rtrl_trainer.reward",
         "rtrl_trainer.runner",

@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from rtrl_trainer import progress
 from rtrl_trainer.runner import EXIT_USAGE
 
 # step name -> one-line help; the step's package has a ``cli`` module defining
@@ -37,6 +38,12 @@ def build_parser(step: str | None = None) -> argparse.ArgumentParser:
     steps = parser.add_subparsers(dest="step", metavar="STEP")
     for name, help_text in STEPS.items():
         sub = steps.add_parser(name, help=help_text)
+        sub.add_argument(
+            "--log-format",
+            choices=progress.FORMATS,
+            help=f"progress lines as text or one JSON object per line (default: "
+            f"${progress.LOG_FORMAT_ENV}, else text)",
+        )
         if name == step:
             module = importlib.import_module(f"rtrl_trainer.{PACKAGES.get(name, name)}.cli")
             module.add_arguments(sub)
@@ -59,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.step is None:
         parser.print_help()
+        return EXIT_USAGE
+    try:
+        progress.configure(args.log_format)
+    except ValueError as exc:
+        print(f"rtrl-job {args.step}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     code: int = args.run(args)
     return code

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rtrl.core.store import StoreError
+from rtrl_trainer import progress
 from rtrl_trainer.spec_file import ConfigError, time_arg
 
 EXIT_OK = 0
@@ -68,7 +69,7 @@ def run_step(
         return EXIT_FAILED
     if isinstance(result, int):
         return result
-    print(result)
+    progress.result(name, result)
     return EXIT_OK
 
 

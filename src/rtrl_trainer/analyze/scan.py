@@ -17,12 +17,13 @@ import pyarrow.compute as pc
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.rlcycle import AssignmentUnit
-from rtrl.core.shards import REQUIRED_COLUMNS, ValidatingReader
+from rtrl.core.shards import REQUIRED_COLUMNS, ValidatingReader, list_files
 from rtrl.core.shards.layout import parse_partitions
 from rtrl.core.store import open_store
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.analyze.accumulate import Arms, strings
 from rtrl_trainer.analyze.config import AnalyzeConfig
+from rtrl_trainer.progress import Progress
 from rtrl_trainer.quarantine import Quarantined
 from rtrl_trainer.reward import filled
 from rtrl_trainer.spec_file import ConfigError
@@ -96,11 +97,18 @@ def scan(config: AnalyzeConfig) -> Scan:
         else None
     )
     path_checkpoints: dict[str, str | None] = {}
+    # Listed once more for the count (a LIST per thousand files, next to a GET per file).
+    total = sum(1 for _ in list_files(store, partitions=partitions))
+    progress = Progress("analyze", "reading shards", total=total, unit="files")
+    progress.start()
+    rows = 0
     for good in reader:
         batch = good
         file = reader.report.files[-1]
         if file.key not in path_checkpoints:
             path_checkpoints[file.key] = parse_partitions(file.key).get(key)
+        rows += batch.num_rows
+        progress.update(len(reader.report.files), rows=rows)
         expected = path_checkpoints[file.key]
         ckpt = batch.column("checkpoint_id")
         if expected is not None:
@@ -149,6 +157,8 @@ def scan(config: AnalyzeConfig) -> Scan:
             batch, np.where(window, arm, -1), stratum,
             keys=keys, users=users, matured=matured, judged=window & old_enough,
         )  # fmt: skip
+    progress.update(len(reader.report.files))
+    progress.end(rows=rows)
     for file in reader.report.files:
         served_by = parse_partitions(file.key).get(key)
         lost = file.rows_bad + selection.mismatched.get(file.url, 0)

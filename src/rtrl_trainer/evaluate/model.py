@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rtrl_trainer.checkpoint_io import has_tokenizer
+from rtrl_trainer.progress import Progress
 
 
 class ModelError(ValueError):
@@ -73,8 +74,11 @@ class EvalModel:
         return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
-        """One completion per prompt (left-padded batches), without the prompt."""
+    def generate(
+        self, prompts: list[list[int]], decoding: Decoding, progress: Progress | None = None
+    ) -> list[list[int]]:
+        """One completion per prompt (left-padded batches), without the prompt; each batch
+        counted on ``progress``."""
         out: list[list[int]] = []
         room = max(1, self.max_positions - decoding.max_tokens)
         pad = self.eos if self.eos is not None else 0
@@ -101,6 +105,8 @@ class EvalModel:
             for row in generated[:, width:].tolist():
                 end = row.index(self.eos) if self.eos is not None and self.eos in row else len(row)
                 out.append(row[:end])
+            if progress is not None:
+                progress.advance(len(batch))
         return out
 
     @torch.no_grad()

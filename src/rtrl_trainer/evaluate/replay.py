@@ -20,6 +20,7 @@ is loaded whenever this suite runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ import torch
 
 from rtrl_trainer.evaluate.gates import Metric
 from rtrl_trainer.evaluate.model import EvalModel
+from rtrl_trainer.progress import Progress
 
 KEPT = 0.5
 
@@ -73,10 +75,16 @@ def _groups(rows: list[HeldoutRow]) -> tuple[int, ...]:
     return tuple(-1 if r.edit_persisted is None else int(r.edit_persisted >= KEPT) for r in rows)
 
 
-def loglik_values(model: EvalModel, rows: list[HeldoutRow]) -> list[float]:
+def _counted(rows: list[HeldoutRow], progress: Progress | None) -> Iterable[HeldoutRow]:
+    return rows if progress is None else progress.track(rows)
+
+
+def loglik_values(
+    model: EvalModel, rows: list[HeldoutRow], progress: Progress | None = None
+) -> list[float]:
     """Mean per-token log-likelihood of each row's generated completion tokens."""
     values = []
-    for row in rows:
+    for row in _counted(rows, progress):
         logp = model.logits(row.prompt, row.completion)
         token = logp.gather(1, torch.tensor(row.completion)[-len(logp) :, None])[:, 0]
         mask = torch.tensor(row.mask[-len(logp) :])
@@ -84,10 +92,15 @@ def loglik_values(model: EvalModel, rows: list[HeldoutRow]) -> list[float]:
     return values
 
 
-def kl_values(candidate: EvalModel, parent: EvalModel, rows: list[HeldoutRow]) -> list[float]:
+def kl_values(
+    candidate: EvalModel,
+    parent: EvalModel,
+    rows: list[HeldoutRow],
+    progress: Progress | None = None,
+) -> list[float]:
     """Mean per-token KL(candidate || parent) of each row."""
     values = []
-    for row in rows:
+    for row in _counted(rows, progress):
         cand = candidate.logits(row.prompt, row.completion)
         par = parent.logits(row.prompt, row.completion)
         kl = (cand.exp() * (cand - par)).sum(-1)

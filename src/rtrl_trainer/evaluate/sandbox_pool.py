@@ -52,16 +52,27 @@ def pool(size: int, **options: Any) -> Iterator[queue.SimpleQueue[Sandbox]]:
 
 
 def map_in_pool(
-    size: int, items: Sequence[_T], run: Callable[[Sandbox, _T], Result], **options: Any
+    size: int,
+    items: Sequence[_T],
+    run: Callable[[Sandbox, _T], Result],
+    *,
+    done: Callable[[], object] | None = None,
+    **options: Any,
 ) -> list[Result]:
-    """``run(sandbox, item)`` for every item, ``size`` at a time, results in order."""
+    """``run(sandbox, item)`` for every item, ``size`` at a time, results in order;
+    ``done()`` after each item (for a progress count)."""
     from concurrent.futures import ThreadPoolExecutor
 
     size = max(1, min(size, len(items)))
     with pool(size, **options) as boxes:
         if size <= 1:
             box = boxes.get()
-            return [run(box, item) for item in items]
+            results = []
+            for item in items:
+                results.append(run(box, item))
+                if done is not None:
+                    done()
+            return results
 
         def one(item: _T) -> Result:
             box = boxes.get()
@@ -69,6 +80,8 @@ def map_in_pool(
                 return run(box, item)
             finally:
                 boxes.put(box)
+                if done is not None:
+                    done()
 
         with ThreadPoolExecutor(max_workers=size) as executor:
             return list(executor.map(one, items))

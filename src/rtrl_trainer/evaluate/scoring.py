@@ -1,5 +1,7 @@
 """Scoring the suites that generate: the code suites (completions graded in the
-sandbox, fail closed) and the behaviour suite (generation on held-out prompts)."""
+sandbox, fail closed) and the behaviour suite (generation on held-out prompts). Each
+generation and grading pass prints its progress (:mod:`rtrl_trainer.progress`), and each
+suite its result as soon as it is scored (:func:`suite_line`)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,21 @@ from rtrl.core.store.credentials import CREDENTIALS_DIR_ENV
 from rtrl_trainer.evaluate import behaviour, sandbox_types
 from rtrl_trainer.evaluate import suite as tasks
 from rtrl_trainer.evaluate.config import EvaluatorOptions
-from rtrl_trainer.evaluate.gates import Metric
+from rtrl_trainer.evaluate.gates import Metric, value
 from rtrl_trainer.evaluate.model import EvalModel
+from rtrl_trainer.progress import Progress, duration, emit, running
+
+STEP = "eval"
 
 
-def task_completions(model: EvalModel, suite: tasks.Suite, options: EvaluatorOptions) -> list[str]:
+def task_completions(
+    model: EvalModel,
+    suite: tasks.Suite,
+    options: EvaluatorOptions,
+    progress: Progress | None = None,
+) -> list[str]:
     prompts = [model.encode(t.prompt) for t in suite.tasks]
-    generated = model.generate(prompts, options.decoding())
+    generated = model.generate(prompts, options.decoding(), progress)
     return [tasks.extract_body(model.decode(ids)) for ids in generated]
 
 
@@ -40,6 +50,7 @@ def score_code(
     options: EvaluatorOptions,
     *,
     task_list: list[tasks.Task] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[sandbox_types.Result], dict[str, Any]]:
     """Grade completions in the sandbox; fail closed (:class:`tasks.UnsafeSandboxError`) unless
     ``insecure_sandbox``. Also the sandbox's guarantees as eval.json records them."""
@@ -50,6 +61,7 @@ def score_code(
         limits=options.limits(),
         workers=options.task_workers,
         require=not options.insecure_sandbox,
+        progress=progress,
         **sandbox_options(),
     )
     guarantees = results[0].guarantees if results else sandbox_types.NONE_HELD
@@ -64,8 +76,13 @@ def score_code(
 def run_tasks(
     model: EvalModel, suite: tasks.Suite, options: EvaluatorOptions
 ) -> tuple[Metric, list[dict[str, Any]], dict[str, Any]]:
-    completions = task_completions(model, suite, options)
-    results, record = score_code(suite, completions, options)
+    size = len(suite.tasks)
+    with running(
+        STEP, f"{suite.name}, {model.label}: generating", total=size, unit="problems"
+    ) as p:
+        completions = task_completions(model, suite, options, p)
+    with running(STEP, f"{suite.name}, {model.label}: grading", total=size, unit="problems") as p:
+        results, record = score_code(suite, completions, options, progress=p)
     per_task = [
         {
             "task_id": t.task_id,
@@ -87,7 +104,43 @@ def run_tasks(
 def behaviour_metrics(
     model: EvalModel, prompts: list[list[int]], options: EvaluatorOptions
 ) -> list[Metric]:
-    generated = model.generate(prompts, options.decoding())
+    what = f"behaviour, {model.label}: generating"
+    with running(STEP, what, total=len(prompts), unit="prompts") as p:
+        generated = model.generate(prompts, options.decoding(), p)
     return behaviour.metrics(
         [model.decode(ids) for ids in generated], [len(ids) for ids in generated]
     )
+
+
+def suite_line(
+    name: str,
+    candidate: list[Metric],
+    parent: list[Metric],
+    seconds: float,
+    unscored: dict[str, Any] | None,
+) -> None:
+    """A suite's result as soon as it is known (``event: "suite"``): each metric's value
+    for the candidate and the parent; the gates are judged once every suite is in."""
+    if unscored is not None:
+        emit(STEP, "suite", f"{name}: not scored (sandbox guarantee(s) missing)", suite=name)
+        return
+    values = {
+        c.name: {"candidate": value(c), "parent": value(p)}
+        for c, p in zip(candidate, parent, strict=True)
+    }
+    shown = ", ".join(
+        f"{metric} {_fmt(v['candidate'])} (parent {_fmt(v['parent'])})"
+        for metric, v in values.items()
+    )
+    emit(
+        STEP,
+        "suite",
+        f"{name}: {shown}; in {duration(seconds)}",
+        suite=name,
+        seconds=round(seconds, 3),
+        metrics=values,
+    )
+
+
+def _fmt(number: float | None) -> str:
+    return "-" if number is None else f"{number:.4g}"

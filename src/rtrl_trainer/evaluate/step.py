@@ -49,7 +49,14 @@ from rtrl_trainer.evaluate.inputs import (
     write_cache,
 )
 from rtrl_trainer.evaluate.model import EvalModel, ModelError
-from rtrl_trainer.evaluate.scoring import behaviour_metrics, run_tasks, sandbox_options
+from rtrl_trainer.evaluate.scoring import (
+    STEP,
+    behaviour_metrics,
+    run_tasks,
+    sandbox_options,
+    suite_line,
+)
+from rtrl_trainer.progress import duration, note, running
 from rtrl_trainer.spec_file import ConfigError
 
 
@@ -146,12 +153,16 @@ def _replay(
     rows = replay.rows_from_table(table, limit=options.replay_max_rows)
     if not rows:
         raise EvalError(f"--heldout {config.heldout}: no held-out rows with completion tokens")
-    kl = replay.kl_values(candidate, parent, rows)
-    cand = replay.metrics(replay.loglik_values(candidate, rows), rows, kl)
+    size = len(rows)
+    with running(STEP, "replay: KL(candidate || parent)", total=size, unit="rows") as p:
+        kl = replay.kl_values(candidate, parent, rows, p)
+    with running(STEP, "replay, candidate: log-likelihood", total=size, unit="rows") as p:
+        cand = replay.metrics(replay.loglik_values(candidate, rows, p), rows, kl)
     if "replay.loglik" in cached_metrics:
         parent_ll = list(cached_metrics["replay.loglik"].values)
     else:
-        parent_ll = replay.loglik_values(parent, rows)
+        with running(STEP, "replay, parent: log-likelihood", total=size, unit="rows") as p:
+            parent_ll = replay.loglik_values(parent, rows, p)
     base = replay.metrics(parent_ll, rows, [0.0] * len(rows))
     groups = [r.edit_persisted for r in rows]
     detail = {
@@ -220,6 +231,11 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             except InputError as exc:
                 raise EvalError(str(exc)) from None
         timing["download_seconds"] = time.perf_counter() - start
+        note(
+            STEP,
+            f"fetched the candidate and the parent in {duration(timing['download_seconds'])}; "
+            f"suites: {', '.join(str(s) for s in suites)}",
+        )
         key = cache_key(config, parent_fetched.files, heldout_files, code_suites)
         cache_name = f"{CACHE_DIR}/{key}.json"
         stores = cache_stores(config, parent_store)
@@ -240,6 +256,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
         details: dict[str, Any] = {}
         for name in suites:
             start = time.perf_counter()
+            before = len(cand_metrics)
             if name == EvalSuite.REPLAY:
                 assert heldout_table is not None and parent is not None
                 cand, base, details["replay"] = _replay(
@@ -257,6 +274,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 }
                 if str(name) in unscored:
                     details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    suite_line(str(name), [], [], 0.0, unscored[str(name)])
                     continue
                 try:
                     metric, per_task, record = run_tasks(candidate, suite, options)
@@ -269,6 +287,7 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 except tasks.UnsafeSandboxError as exc:  # a server that held less than the probe
                     unscored[str(name)] = {"scored": False, **exc.guarantees.to_dict()}
                     details[str(name)] = {**head, "sandbox": unscored[str(name)], "results": []}
+                    suite_line(str(name), [], [], 0.0, unscored[str(name)])
                     continue
                 cand_metrics.append(metric)
                 parent_metrics.append(parent_metric)
@@ -283,6 +302,13 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
                 cand_metrics += cand
                 parent_metrics += base
             timing[f"{name}_seconds"] = time.perf_counter() - start
+            suite_line(
+                str(name),
+                cand_metrics[before:],
+                parent_metrics[before:],
+                timing[f"{name}_seconds"],
+                None,
+            )
         gates, gates_source = config.spec.effective_gates()
         # A suite not scored has no metric to judge; its absence already fails the verdict.
         judged = [g for g in gates if g.metric.split(".", 1)[0] not in unscored]

@@ -35,6 +35,7 @@ from rtrl_trainer.evaluate.grader import grade, prompt_code
 from rtrl_trainer.evaluate.sandbox import Sandbox
 from rtrl_trainer.evaluate.sandbox_pool import map_in_pool
 from rtrl_trainer.evaluate.sandbox_types import Guarantees, Limits, Result
+from rtrl_trainer.progress import Progress
 
 SUITE_FORMAT = "rtrl-eval-tasks"
 DEFAULT_SUITE = Path(__file__).parent / "eval_tasks" / "v1" / "tasks.jsonl"
@@ -220,13 +221,15 @@ def run_all(
     workers: int = 1,
     require: bool = True,
     secrets: Sequence[str | os.PathLike[str]] = (),
+    progress: Progress | None = None,
     **options: Any,
 ) -> list[Result]:
     """Grade every completion against its task (``tasks``, default the suite's), ``workers``
     sandboxes at a time, results in order. The sandbox servers start once for the call and
     every task is a fresh process forked from one of them; the suite file and ``secrets``
-    are hidden from the tasks. With ``require`` (the default), raise
-    :class:`UnsafeSandboxError` before running anything if a guarantee is missing."""
+    are hidden from the tasks; each graded task is counted on ``progress``. With
+    ``require`` (the default), raise :class:`UnsafeSandboxError` before running anything if
+    a guarantee is missing."""
     chosen = list(tasks if tasks is not None else suite.tasks)
     pairs = list(zip(chosen, completions, strict=True))
     hidden: list[str] = [os.fspath(p) for p in (*suite.secrets, *secrets)]
@@ -239,7 +242,8 @@ def run_all(
 
     if not pairs:
         return []
-    return map_in_pool(max(1, workers), pairs, one, secrets=hidden, **options)
+    done = progress.advance if progress is not None else None
+    return map_in_pool(max(1, workers), pairs, one, done=done, secrets=hidden, **options)
 
 
 def extract_body(completion: str) -> str:

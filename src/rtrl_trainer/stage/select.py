@@ -28,6 +28,7 @@ from rtrl.core.shards.report import FileReport
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS, declared_range
 from rtrl.core.store import ObjectStore
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
+from rtrl_trainer.progress import Progress
 from rtrl_trainer.quarantine import Quarantined
 from rtrl_trainer.read_ahead import read_ahead
 from rtrl_trainer.reward import RunningStats, Strata, filled, rewards
@@ -250,7 +251,13 @@ def select(
     (``config.heldout_fraction``) to ``heldout``. Token ids at or beyond ``vocab_size``
     (the parent's vocabulary), like negative ones, are quarantined by the reader."""
     key = config.data.checkpoint_partition
-    reader = ValidatingReader(store, partitions=shard_partitions(config), vocab_size=vocab_size)
+    partitions = shard_partitions(config)
+    reader = ValidatingReader(store, partitions=partitions, vocab_size=vocab_size)
+    # Listed once more for the count (a LIST per thousand files, next to a GET per file).
+    total = sum(1 for _ in list_files(store, partitions=partitions))
+    progress = Progress("stage", "reading shards", total=total, unit="files")
+    progress.start()
+    files, rows = 0, 0
     strata = Strata(by_org=config.reward.baseline == "org")
     selection = Selection(report=reader.report, strata=strata)
     path_checkpoints: dict[str, str | None] = {}
@@ -267,6 +274,9 @@ def select(
         for file, good in read_ahead(reader.batches_by_file(), "stage-read"):
             if file.key not in path_checkpoints:
                 path_checkpoints[file.key] = parse_partitions(file.key).get(key)
+                files += 1
+            rows += good.num_rows
+            progress.update(files, rows=rows)
             batch = _quarantine_mismatched(good, path_checkpoints[file.key], file, selection)
             batch, packed = _packed_checked(batch, tokens, file, selection)
             keep, on = _select_batch(batch, config, selection)
@@ -286,6 +296,8 @@ def select(
                     if not keep.any():
                         continue
             sink(_reward_batch(batch, packed, keep, on, config, selection, schema))
+    progress.update(len(reader.report.files))
+    progress.end(rows=rows)
     return selection
 
 

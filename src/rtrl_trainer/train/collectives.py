@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from rtrl_trainer import progress
 from rtrl_trainer.runner import EXIT_FAILED
 
 T = TypeVar("T")
@@ -70,7 +71,7 @@ def distributed_env(environ: MutableMapping[str, str]) -> Ranks:
 def say(message: str, *, force: bool = False) -> None:
     """One progress line on stdout, from rank 0 only (unless ``force``)."""
     if force or not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"rtrl-job train: {message}", flush=True)
+        progress.note("train", message)
 
 
 def fail(exc: BaseException) -> int:

@@ -216,7 +216,7 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     common = ["--shards", shards.as_uri() + "/", "--out", out, "--now", NOW_ISO]
     ok = run_cli(*common, "--baseline", "base", "--canary", "cand", "--canary-weight", "50")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("analyze: continue: ")
+    assert ok.stdout.splitlines()[-1].startswith("analyze: continue: ")
     assert json.loads((tmp_path / "out" / "analysis.json").read_text())["decision"] == "continue"
     same = run_cli(*common, "--baseline", "base", "--canary", "base")
     assert same.returncode == 2 and "--canary must differ" in same.stderr

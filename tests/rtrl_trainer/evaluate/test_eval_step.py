@@ -7,6 +7,8 @@ only when it cannot evaluate. The held-out set comes from the real stage step.""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 from datetime import timedelta
@@ -320,6 +322,53 @@ def test_rtrl_job_eval_as_a_subprocess(world: dict[str, Any], tmp_path: Path) ->
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("eval: Passed: ")
+    assert done.stdout.splitlines()[-1].startswith("eval: Passed: ")
     assert json.loads((out / "eval.json").read_text())["passed"] is True
     shutil.rmtree(out)
+    # progress with rate and ETA, and the suite's result line
+    assert re.search(
+        r"^rtrl-job eval: tasks, candidate: grading: 1/2 problems \(50%\), [\d.]+ problems/s, "
+        r"ETA \S+$",
+        done.stdout,
+        re.MULTILINE,
+    ), done.stdout
+    assert re.search(
+        r"^rtrl-job eval: tasks: tasks.pass_at_1 \S+ \(parent \S+\); in \S+$",
+        done.stdout,
+        re.MULTILINE,
+    ), done.stdout
+
+
+def test_each_suite_is_reported_as_soon_as_it_is_done(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    root = world["root"]
+    out = tmp_path / "out"
+    command = [
+        console_script("rtrl-job"), "eval", "--candidate", _uri(root / "models/same"),
+        "--parent", _uri(root / "models/ckpt-1"), "--out", _uri(out),
+        "--heldout", _uri(world["stage"]), "--config", str(world["config"]),
+        "--log-format", "json",
+    ]  # fmt: skip
+    env = {**os.environ, "RTRL_PROGRESS_SECONDS": "0"}
+    docs, committed_at_suite = [], []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            doc = json.loads(line)  # every line is one JSON object
+            docs.append(doc)
+            if doc["event"] == "suite":
+                committed_at_suite.append((out / "eval.json").exists())
+        stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0, stderr[-2000:]
+    suites = [d for d in docs if d["event"] == "suite"]
+    assert [d["suite"] for d in suites] == ["replay", "tasks", "behaviour"]
+    assert committed_at_suite == [False, False, False]  # each line came before the verdict
+    assert suites[0]["metrics"]["replay.kl"]["candidate"] == pytest.approx(0.0, abs=1e-6)
+    assert suites[1]["metrics"]["tasks.pass_at_1"].keys() == {"candidate", "parent"}
+    graded = [d for d in docs if d["event"] == "progress" and d.get("what", "").endswith("grading")]
+    assert graded and all(d["unit"] == "problems" and d["total"] == 4 for d in graded)
+    assert all(d["rate"] > 0 and d["eta_seconds"] >= 0 for d in graded)
+    assert docs[-1]["event"] == "result" and docs[-1]["message"].startswith("eval: Passed: ")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -87,7 +88,17 @@ def test_stage_in_s3_end_to_end(bucket: str, tmp_path: Path) -> None:
         str(config),
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("stage: sufficient: ")
+    lines = done.stdout.splitlines()
+    assert lines[-1].startswith("stage: sufficient: ")
+    # progress: the files to read, then (throttled) files and rows read, rate and ETA
+    assert re.fullmatch(r"rtrl-job stage: reading shards: started, (\d+) files", lines[0])
+    files = int(lines[0].split()[-2])
+    assert re.fullmatch(
+        rf"rtrl-job stage: reading shards: \d+/{files} files \(\d+%\), rows [\d,]+, "
+        r"[\d.,]+ files/s, ETA \S+",
+        lines[1],
+    ), lines[1]
+    assert lines[-2].startswith(f"rtrl-job stage: reading shards: done, {files}/{files} files")
 
     store = open_store(out)
     manifest = store.committed("")
