@@ -139,6 +139,7 @@ def start(settings: Settings) -> None:
     Process.seen.clear()
     Process.listed.clear()
     Process.cache = ObjectCache()
+    NOTIFIER.reset()
     set_object_source(lambda kind: Process.cache.list(kind, None))
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would

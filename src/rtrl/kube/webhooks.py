@@ -184,6 +184,13 @@ class Notifier:
         self._state: dict[Key, dict[str, Delivery]] = {}
         self.woken: Callable[[str, str], None] = lambda namespace, name: None
 
+    def reset(self) -> None:
+        """Forget every delivery (the operator starts again, in tests): what is still in
+        an outbox is sent again."""
+        with self._lock:
+            self._state.clear()
+        _ANSWERS.clear()
+
     def done(self, namespace: str, name: str) -> tuple[frozenset[str], tuple[tuple[str, ...], ...]]:
         """``("<id>/<target>", ...)`` delivered or given up, and ``(id, target, why)`` of
         those given up."""
