@@ -170,7 +170,10 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
     parts.append(
         section(
             "Confidence sequences: every metric at every look",
-            f'<div class="grid wide">{"".join(s for s in sequences if s)}</div>'
+            "<p>Each plot: the relative change of the new checkpoint vs the old (dot) and its 95% "
+            "always-valid interval (bar) at every look of every cycle, in the colour of what was "
+            "decided; dashed: no change; shaded: the guardrail's band (the change it tolerates).</p>"
+            + f'<div class="grid wide">{"".join(s for s in sequences if s)}</div>'
             if any(sequences)
             else note("no canary analysis ran"),
             "sequences",
