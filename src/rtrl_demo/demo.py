@@ -146,6 +146,7 @@ class Demo:
             self.weights.append(
                 {
                     "at": iso(self.cluster.now),
+                    "until": iso(self.cluster.now + self.tick),
                     "serving": stable[0],
                     "canary": canary[0] if canary else None,
                     "weight": round(100 * share, 1),

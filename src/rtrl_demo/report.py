@@ -151,31 +151,9 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}td.reason{font-size:0.
 .empty{color:#8a6d00;background:#fff8e0;padding:4px 8px}tr.warning td{color:#8c1c13}"""
 
 
-def write_report(out: Path, summary: dict[str, Any]) -> Path:
-    cycles = summary.get("cycles") or []
-    h2h = summary.get("head_to_head") or {}
-    parts = []
-    parts.append(
-        section(
-            "Cycles",
-            overview(cycles) + (report_flow.lineage(cycles, summary.get("serving")) or ""),
-            "cycles",
-        )
-    )
-    weights = report_plots.weights(summary.get("canary_weights") or [], cycles)
-    parts.append(
-        section("Canary weight", weights or note("no serving ticks were recorded"), "weights")
-    )
-    sequences = [report_ci.sequence(name, cycles) for name in metric_names(cycles)]
-    parts.append(
-        section(
-            "Confidence sequences: every metric at every look",
-            f'<div class="grid wide">{"".join(s for s in sequences if s)}</div>'
-            if any(sequences)
-            else note("no canary analysis ran"),
-            "sequences",
-        )
-    )
+def ab_section(cycles: list[dict[str, Any]], h2h: dict[str, Any]) -> str:
+    """Each cycle's final look, then the head-to-head: its table and forest plot, every
+    forest plot on one axis."""
     # One axis for every cycle's final look and the head-to-head.
     final = [report_ci.row(m) for c in cycles for m in c.get("metrics") or []]
     span = report_ci.axis(final + [report_ci.row(m) for m in h2h.get("metrics") or []])
@@ -211,7 +189,38 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
         )
     elif h2h.get("error"):
         ab.append(note(f"head-to-head: {h2h['error']}"))
-    parts.append(section("Canary A/B: each cycle's final look", "".join(ab), "ab"))
+    return "".join(ab)
+
+
+def write_report(out: Path, summary: dict[str, Any]) -> Path:
+    cycles = summary.get("cycles") or []
+    h2h = summary.get("head_to_head") or {}
+    parts = []
+    parts.append(
+        section(
+            "Cycles",
+            overview(cycles) + (report_flow.lineage(cycles, summary.get("serving")) or ""),
+            "cycles",
+        )
+    )
+    weights = report_plots.weights(summary.get("canary_weights") or [], cycles)
+    parts.append(
+        section("Canary weight", weights or note("no serving ticks were recorded"), "weights")
+    )
+    sequences = [report_ci.sequence(name, cycles) for name in metric_names(cycles)]
+    parts.append(
+        section(
+            "Confidence sequences: every metric at every look",
+            "<p>Each plot: the relative change of the new checkpoint vs the old (dot) and its 95% "
+            "always-valid interval (bar) at every look of every cycle, in the colour of what was "
+            "decided; dashed: no change; shaded: the guardrail's band (the change it tolerates).</p>"
+            + f'<div class="grid wide">{"".join(s for s in sequences if s)}</div>'
+            if any(sequences)
+            else note("no canary analysis ran"),
+            "sequences",
+        )
+    )
+    parts.append(section("Canary A/B: each cycle's final look", ab_section(cycles, h2h), "ab"))
     arms = "".join(report_plots.arms(cycles, n, t, u) for n, t, u in ARMS) if cycles else ""
     parts.append(section("Both arms of each cycle", f'<div class="grid">{arms}</div>', "arms"))
     order = (

@@ -217,7 +217,7 @@ def sequence(name: str, cycles: list[dict[str, Any]]) -> str | None:
         title = f"{what}: estimate and always-valid interval at each look"
         if bands:
             title += "; shaded: the guardrail's band"
-        ax.set_title(title, loc="left")
+        ax.set_title(what, loc="left")
         fig.legend(loc="outside lower center", ncols=3, fontsize=7)
         return svg(fig, title)
 

@@ -3,6 +3,7 @@ the colour of its phase) and the Events the planner emitted, on one timeline."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
@@ -111,15 +112,25 @@ def events(items: list[dict[str, Any]]) -> str | None:
         {str(e.get("object")) for _, e in rows}, key=lambda o: (not o.startswith("RLCycle"), o)
     )
     reasons = sorted({str(e.get("reason")) for _, e in rows})
-    with figure(8.6, 1.2 + 0.3 * len(objects) + 0.12 * len(reasons)) as (fig, ax):
+    # Events of one object at one moment (a step's Started and its result, when the step
+    # took no simulated time) stack down its row in the order they were emitted.
+    same: dict[tuple[str, Any], list[int]] = defaultdict(list)
+    for i, (t, e) in enumerate(rows):
+        same[(str(e.get("object")), t)].append(i)
+    most = max(len(v) for v in same.values())
+    offset = {
+        i: (k - (len(v) - 1) / 2) * 0.8 / most for v in same.values() for k, i in enumerate(v)
+    }
+    row_inches = max(0.3, 0.11 * most)
+    with figure(8.6, 1.2 + row_inches * len(objects) + 0.12 * len(reasons)) as (fig, ax):
         for k, reason in enumerate(reasons):
-            pts = [(t, e) for t, e in rows if e.get("reason") == reason]
+            pts = [(i, t, e) for i, (t, e) in enumerate(rows) if e.get("reason") == reason]
             ax.scatter(
-                [t for t, _ in pts],
-                [objects.index(str(e.get("object"))) for _, e in pts],
+                [t for _, t, _ in pts],
+                [objects.index(str(e.get("object"))) + offset[i] for i, _, e in pts],
                 marker=MARKERS[k % len(MARKERS)],
                 color=colour(REASON_PHASES.get(reason, "Training")),
-                edgecolors=["black" if e.get("warning") else "none" for _, e in pts],
+                edgecolors=["black" if e.get("warning") else "none" for _, _, e in pts],
                 s=36,
                 label=reason,
                 zorder=3,

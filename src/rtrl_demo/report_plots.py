@@ -51,8 +51,8 @@ def arms(cycles: list[dict[str, Any]], name: str, title: str, unit: str) -> str:
             )
             ax.bar_label(bars, [number(v, name) for v in values], fontsize=7, padding=2)
         ax.set_xticks(list(xs), labels)
-        ax.set_ylim(0, None)
-        ax.margins(y=0.15)
+        tallest = max([_value(c, name, a) or 0.0 for c in cycles for a in ("baseline", "canary")])
+        ax.set_ylim(0, 1.2 * tallest or 1.0)
         ax.set_ylabel(unit)
         plain_scalar(ax.yaxis)
         ax.set_title(title, loc="left")
@@ -104,6 +104,9 @@ def weights(points: list[dict[str, Any]], cycles: list[dict[str, Any]]) -> str |
     with figure(8.6, 2.4) as (fig, ax):
         xs = [t for t, _ in ts]
         ys = [float(p.get("weight") or 0) / 100 for _, p in ts]
+        end_of_last = when(ts[-1][1].get("until"))
+        if end_of_last is not None:  # the last tick lasts until its end too
+            xs, ys = [*xs, end_of_last], [*ys, ys[-1]]
         ax.step(xs, ys, where="post", color="#555", lw=1.2)
         start = None
         for i, (t, p) in enumerate(ts):
@@ -112,7 +115,7 @@ def weights(points: list[dict[str, Any]], cycles: list[dict[str, Any]]) -> str |
                 start = i
             last = i + 1 == len(ts) or ts[i + 1][1].get("canary") != name
             if name and last and start is not None:
-                end = ts[i + 1][0] if i + 1 < len(ts) else t
+                end = ts[i + 1][0] if i + 1 < len(ts) else (when(p.get("until")) or t)
                 col = colour(phase_of.get(name, "Canary"))
                 ax.fill_between([ts[start][0], end], 0, ys[i], step="post", color=col, alpha=0.3)
                 ax.annotate(
@@ -229,7 +232,8 @@ def answer_mix(mix: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> s
             ax.set_title(f"{kind} tasks" if kind != "all" else "all tasks", loc="left", fontsize=9)
         percent_axis(axes[-1].xaxis, signed=False)
         axes[-1].set_xlabel("share of the checkpoint's answers")
-        axes[0].legend(loc="lower left", bbox_to_anchor=(0, 1.15), ncols=5, fontsize=7)
         title = "answer mix per checkpoint"
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=5, fontsize=7)
         return svg(fig, title)

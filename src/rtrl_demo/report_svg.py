@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, ScalarFormatter
+from matplotlib.ticker import Formatter, FuncFormatter, ScalarFormatter
 
 from rtrl.abtable import number
 from rtrl.phasestyle import style
@@ -83,15 +83,33 @@ def plain_scalar(axis: Any) -> None:
     axis.set_major_formatter(fmt)
 
 
-def percent_axis(axis: Any, signed: bool = True) -> None:
-    """Tick labels of a share or relative change: ``+20%``, ``0%``."""
+class Percent(Formatter):
+    """Tick labels of a share or relative change: ``+20%``, ``0%``, every tick of an axis
+    with as many decimals as the finest of them needs (``-2.5%`` and ``-5.0%``)."""
 
-    def fmt(v: float, _: object) -> str:
-        if abs(v) < 1e-12:
+    def __init__(self, signed: bool) -> None:
+        self.signed = signed
+        self.places = 0
+
+    def format_ticks(self, values: Any) -> list[str]:
+        self.places = next(
+            (
+                p
+                for p in range(4)
+                if all(abs(100 * v * 10**p - round(100 * v * 10**p)) < 1e-6 for v in values)
+            ),
+            4,
+        )
+        return [self(v) for v in values]
+
+    def __call__(self, x: float, pos: Any = None) -> str:
+        if abs(x) < 1e-12:
             return "0%"
-        return f"{100 * v:{'+' if signed else ''}.{0 if abs(v) >= 0.1 else 1}f}%"
+        return f"{100 * x:{'+' if self.signed else ''}.{self.places}f}%"
 
-    axis.set_major_formatter(FuncFormatter(fmt))
+
+def percent_axis(axis: Any, signed: bool = True) -> None:
+    axis.set_major_formatter(Percent(signed))
 
 
 def colour(phase: str | None) -> str:

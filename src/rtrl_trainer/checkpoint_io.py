@@ -26,6 +26,10 @@ from rtrl.core.store.base import sha256_file
 
 STATE_PREFIX = "_deepspeed"
 START_LOGPROBS = f"{STATE_PREFIX}/start-logprobs"
+# The run's TensorBoard event files (train/events.py): next to the checkpoint, never in it.
+TENSORBOARD_PREFIX = "tensorboard"
+# What a checkpoint prefix holds besides the checkpoint: never downloaded, never checksummed.
+_NOT_CHECKPOINT = (f"{STATE_PREFIX}/", f"{TENSORBOARD_PREFIX}/")
 _STEP = re.compile(rf"^{STATE_PREFIX}/step-(\d+)/{re.escape(MANIFEST_NAME)}$")
 # DeepSpeed names per-rank files ..._zero_pp_rank_<dp rank>_...; the rest (model states,
 # the whole optimizer without ZeRO) is written by rank 0 and read by every rank.
@@ -64,13 +68,13 @@ def fetch_checkpoint(store: ObjectStore, dest: Path, *, label: str = "parent") -
         entries = {
             name: dict(entry)
             for name, entry in manifest.files.items()
-            if not name.startswith(f"{STATE_PREFIX}/")
+            if not name.startswith(_NOT_CHECKPOINT)
         }
     else:
         entries = {
             info.key: {"size": info.size}
             for info in store.list("")
-            if not info.key.startswith(f"{STATE_PREFIX}/")
+            if not info.key.startswith(_NOT_CHECKPOINT)
             and not info.key.rsplit("/", 1)[-1].startswith((".", "_"))
         }
         if not entries:

@@ -150,7 +150,7 @@ def test_status_series_are_what_the_status_says() -> None:
 
     ck = {"rlcycle": "c", "checkpoint": "c-3"}
     assert sample("rtrl_checkpoint_phase", **ck, phase="Canary") == 1.0
-    assert sample("rtrl_checkpoint_phase", **ck, phase="RolledBack") == 0.0
+    assert sample("rtrl_checkpoint_phase", **ck, phase="RolledBack") is None  # current only
     assert sample("rtrl_checkpoint_cycle", **ck) == 3.0
     assert sample("rtrl_checkpoint_started_timestamp_seconds", **ck) == 1795910400.0
     assert sample("rtrl_checkpoint_completed_timestamp_seconds", **ck) is None

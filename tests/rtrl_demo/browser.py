@@ -15,8 +15,9 @@ import pytest
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 
-# Per plot: its title, size, how many axes and paths its SVG has, and the pairs of its text
-# labels whose boxes overlap by more than a third of the smaller one.
+# Per plot: its title, size, how many axes and paths its SVG has, the pairs of its text
+# labels whose boxes overlap by more than a third of the smaller one, and the labels that
+# run out of the plot (cut off).
 PLOTS_JS = """() => [...document.querySelectorAll('svg.plot')].map(svg => {
   const texts = [...svg.querySelectorAll('text')].filter(t => t.textContent.trim())
     .map(t => ({t: t.textContent.trim(), r: t.getBoundingClientRect()}));
@@ -29,9 +30,12 @@ PLOTS_JS = """() => [...document.querySelectorAll('svg.plot')].map(svg => {
     if (w > 0 && h > 0 && small > 0 && w * h > small / 3) overlaps.push([texts[i].t, texts[j].t]);
   }
   const box = svg.getBoundingClientRect();
+  const cut = texts.filter(({r}) => r.left < box.left - 1 || r.right > box.right + 1
+                                    || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+    .map(({t}) => t);
   return {title: svg.getAttribute('aria-label'), width: box.width, height: box.height,
           axes: svg.querySelectorAll('g[id*="axes_"]').length,
-          paths: svg.querySelectorAll('path').length, overlaps};
+          paths: svg.querySelectorAll('path').length, overlaps, cut};
 })"""
 
 
@@ -86,7 +90,8 @@ def ink(png: bytes) -> tuple[float, float]:
 
 def check_plots(facts: list[dict[str, Any]], wanted: list[str]) -> dict[str, dict[str, Any]]:
     """Each plot visible, of a readable size, with axes, drawn paths and pixels, and no
-    overlapping labels; every title in ``wanted`` (a substring) present. By title."""
+    overlapping or cut-off labels; every title in ``wanted`` (a substring) present. By
+    title."""
     by_title = {str(f["title"]): f for f in facts}
     for f in facts:
         assert f["visible"], f
@@ -94,6 +99,7 @@ def check_plots(facts: list[dict[str, Any]], wanted: list[str]) -> dict[str, dic
         assert f["axes"] >= 1 and f["paths"] >= 5, f
         assert f["ink"] > 0.01 and f["spread"] > 10, f
         assert not f["overlaps"], (f["title"], f["overlaps"])
+        assert not f["cut"], (f["title"], f["cut"])
     for w in wanted:
         assert any(w in t for t in by_title), (w, sorted(by_title))
     return by_title

@@ -113,7 +113,7 @@ def test_reward_hack_is_caught_by_its_guardrail(tmp_path: Path, scenario: str) -
         mix(summary, "demo-0", hard, answer),
         mix(summary, first["checkpoint"], hard, answer),
     )
-    assert after > before + 0.05, (answer, before, after)
+    assert after > 1.1 * before, (answer, before, after)  # beyond the guardrails' 10% band
     page = (tmp_path / "report" / "report.html").read_text()
     assert guardrail in page and 'data-outcome="RolledBack"' in page
     assert 'aria-label="answer mix per checkpoint"' in page

@@ -16,7 +16,6 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..core.api.checkpoint import CheckpointPhase
 from ..core.api.rlcycle import RLCyclePhase
 from ..planning.timeutil import parse_time
 
@@ -89,8 +88,8 @@ TRAINING_NUMBERS = {
 LABELLED: dict[str, tuple[str, list[str]]] = {
     "rtrl_rlcycle_phase": ("Phase of the RLCycle: 1 for the current one, 0 for the others.",
                            ["phase"]),
-    "rtrl_checkpoint_phase": ("Phase of the Checkpoint: 1 for the current one, 0 for the "
-                              "others.", ["phase"]),
+    "rtrl_checkpoint_phase": ("Phase of the Checkpoint: 1, for its current phase only.",
+                              ["phase"]),
     "rtrl_data_quarantined": ("Rows the stage step skipped, by reason.", ["reason"]),
     "rtrl_data_reward": ("Reward of the staged interactions (stat: mean, std, min, max).",
                          ["stat"]),
@@ -197,8 +196,8 @@ def _checkpoint(out: _Families, ck: Mapping[str, Any]) -> None:
         str(meta.get("name") or ""),
     ]
     status = ck.get("status") or {}
-    phases = [p.value for p in CheckpointPhase]
-    out.state_set("rtrl_checkpoint_phase", phases, status.get("phase"), ident)
+    if status.get("phase"):  # the current one only: historyLimit Checkpoints, most of them final
+        out.add("rtrl_checkpoint_phase", [*ident, str(status["phase"])], 1.0)
     if _is_number(spec.get("cycle")):
         out.add("rtrl_checkpoint_cycle", ident, float(spec["cycle"]))
     out.times(CHECKPOINT_TIMES, status, ident)

@@ -8,6 +8,7 @@ configured from the typed config only (deepspeed_config.py).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -37,11 +38,18 @@ def start_distributed(config: TrainConfig, ranks: Ranks) -> torch.device:
     prepare_runtime(cuda)
     import deepspeed
 
+    # stdout is the step's progress lines (each one JSON object under --log-format json):
+    # DeepSpeed's log lines, and the line it prints once its shared-memory op is built,
+    # go to stderr.
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
     if cuda:
         torch.cuda.set_device(ranks.local_rank)
-    deepspeed.init_distributed(
-        dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False
-    )
+    with contextlib.redirect_stdout(sys.stderr):
+        deepspeed.init_distributed(
+            dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False
+        )
     return torch.device("cuda" if cuda else "cpu")
 
 

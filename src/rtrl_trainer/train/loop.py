@@ -7,7 +7,8 @@ The training loop, read top to bottom:
    (engine.py), then resume from the last saved state or compute the start-of-cycle
    log-probs (resume.py);
 2. for each optimizer step: its micro-batches, forward, loss (forward.py, loss.py),
-   backward, step; one log line; DeepSpeed state saved every ``saveEverySteps`` steps;
+   backward, step; its TensorBoard scalars and progress line (events.py); DeepSpeed state
+   saved every ``saveEverySteps`` steps;
 3. publish: rank 0 writes the Hugging Face checkpoint and train.json (publish.py).
 
 Exit codes: 0 done (or already done), 1 training cannot go on (one line on stderr, nothing
@@ -41,6 +42,7 @@ from rtrl_trainer.train.collectives import (
 )
 from rtrl_trainer.train.config import TrainConfig
 from rtrl_trainer.train.engine import build_engine, start_distributed
+from rtrl_trainer.train.events import RunEvents
 from rtrl_trainer.train.examples import DataError, Example
 from rtrl_trainer.train.forward import (
     GRAD_NORM,
@@ -49,7 +51,6 @@ from rtrl_trainer.train.forward import (
     STATS_SIZE,
     grad_norm,
     micro_batch_loss,
-    step_line,
     unsharded_grad_norm,
 )
 from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, summarize
@@ -134,6 +135,9 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         kl_coef=config.training.kl_coef,
     )
     saves = config.trainer.save_every_steps
+    watch = RunEvents(
+        out_store, scratch, ranks=ranks, start_step=start_step, total_steps=schedule.total_steps
+    )
 
     for step in range(start_step + 1, schedule.total_steps + 1):
         # Batch: this rank's micro-batches of the step (the same count on every rank).
@@ -162,7 +166,7 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         progress.history.append(metrics)
         progress.loop_seconds += seconds
         progress.input_tokens += float(stats[INPUT_TOKENS])
-        say(step_line(metrics, schedule.total_steps))
+        watch.record(metrics, learning_rate=engine.get_lr()[0])
         # Checkpoint: the DeepSpeed state, for a restarted pod to resume from.
         if saves and step % saves == 0 and step < schedule.total_steps:
             save_state(
@@ -176,10 +180,12 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
                 started=started,
             )
             say(f"saved state at step {step} to {out_store.url(cio.step_prefix(step))}/")
+            watch.upload()
         if os.environ.get(TEST_EXIT_ENV) == str(step):
             exit_now(137)
 
     # Publish.
+    watch.close()
     publish_checkpoint(
         engine,
         out_store,

@@ -58,9 +58,14 @@ def test_a_tampered_file_is_named(tmp_path: Path) -> None:
 def test_a_parent_without_manifest_is_checksummed_on_first_use(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "parent")
     _parent(store, tmp_path, commit=False)
+    # A run's own files next to a checkpoint are not part of it: never fetched or listed.
+    store.put_bytes("tensorboard/events.out.tfevents.1.host", b"events")
+    store.put_bytes("_deepspeed/step-1/mp_rank_00_model_states.pt", b"state")
     first = cio.fetch_checkpoint(store, tmp_path / "scratch")
     assert first.manifest == "first-use"
     assert "checksummed" in first.notes[0]
+    assert set(first.files) == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert not (tmp_path / "scratch" / "tensorboard").exists()
     manifest = store.committed("")
     assert manifest is not None
     assert {n: e["sha256"] for n, e in manifest.files.items()} == first.files

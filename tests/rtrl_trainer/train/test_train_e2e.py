@@ -4,7 +4,8 @@ the staged set in S3 (moto over HTTP).
 
 One uninterrupted run (module fixture) is the reference several tests read: what it
 published, that the model reloads and computes exactly the engine's logits, that it
-learned from the feedback, and that a killed-and-resumed run ends bit for bit where it did.
+learned from the feedback, that its TensorBoard events hold its history, and that a
+killed-and-resumed run ends bit for bit where it did, its events without a repeated step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ import torch
 from rtrl.core.api.checkpoint import TrainingSummary
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.base import sha256_file
+from rtrl_trainer.train.events import LEARNING_RATE, TAGS, TOKENS_PER_SECOND
 from tests.conftest import REPO, console_script
 from tests.rtrl_trainer.trainset import (
     P,
@@ -165,7 +168,8 @@ def reference(world: World) -> str:
         world, "--parent", world.parent, "--data", world.data, "--out", out, *LEARNING
     )
     _ok(result)
-    assert "step 4/4" in result.stdout
+    # one line per step at most (every RTRL_PROGRESS_SECONDS) with rate and ETA; the last
+    assert "step 4/4" in result.stdout and "tok/s, ETA " in result.stdout
     return out
 
 
@@ -230,6 +234,8 @@ def test_resume_after_a_kill_ends_with_the_same_weights(world: World, reference:
     assert store.committed("") is None  # nothing published
     assert store.committed("_deepspeed/step-2") is not None
     assert store.committed("_deepspeed/step-1") is None  # superseded state is deleted
+    # A run's TensorBoard events are in the store while it runs, not only once it is done.
+    assert _event_steps(out, world.tmp / "ckpt-b-killed") == {tag: [1, 2] for tag in CONTRACT_TAGS}
 
     resumed = rtrl_job(world, *args)
     _ok(resumed)
@@ -245,6 +251,110 @@ def test_resume_after_a_kill_ends_with_the_same_weights(world: World, reference:
         {**h, "seconds": doc["history"][i]["seconds"]}
         for i, h in enumerate(_train_json(world, reference)["history"])
     ]
+    _assert_events_match_history(out, doc["history"], world.tmp / "ckpt-b-events")
+
+
+# --- TensorBoard events ---------------------------------------------------------------------
+
+# The tags the demo report reads back: a contract (rtrl_trainer/train/events.py).
+CONTRACT_TAGS = (*TAGS.values(), TOKENS_PER_SECOND, LEARNING_RATE)
+
+
+def _sync_events(out: str, dest: Path) -> Path:
+    """``<out>/tensorboard/`` copied to ``dest``, as `aws s3 sync` would for TensorBoard."""
+    store = open_store(out)
+    keys = [o.key for o in store.list("tensorboard/")]
+    assert keys, f"no event files under {out}tensorboard/"
+    for key in keys:
+        store.get_file(key, dest / key.rsplit("/", 1)[-1])
+    return dest
+
+
+def _raw_events(directory: Path) -> list[tuple[str, int, float]]:
+    """(tag, step, value) of every scalar of every event file, as written (TensorBoard's
+    EventAccumulator would hide a repeated step by purging the older one)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    out = []
+    for path in sorted(directory.iterdir()):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                number = (
+                    value.simple_value
+                    if value.HasField("simple_value")
+                    else float(tensor_util.make_ndarray(value.tensor))
+                )
+                out.append((value.tag, event.step, number))
+    return out
+
+
+def _event_steps(out: str, dest: Path) -> dict[str, list[int]]:
+    steps: dict[str, list[int]] = {}
+    for tag, step, _ in _raw_events(_sync_events(out, dest)):
+        steps.setdefault(tag, []).append(step)
+    return {tag: sorted(s) for tag, s in steps.items()}
+
+
+def _assert_events_match_history(out: str, history: list[dict[str, Any]], dest: Path) -> None:
+    """Every contract tag holds exactly one value per optimizer step, and the values are
+    train.json's history (read as TensorBoard reads them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    directory = _sync_events(out, dest)
+    counts = Counter((tag, step) for tag, step, _ in _raw_events(directory))
+    assert [k for k, n in counts.items() if n > 1] == []  # no step written twice
+    board = EventAccumulator(str(directory))
+    board.Reload()
+    assert set(CONTRACT_TAGS) <= set(board.Tags()["scalars"])
+    steps = [h["step"] for h in history]
+    for key, tag in TAGS.items():
+        events = board.Scalars(tag)
+        assert [e.step for e in events] == steps, tag
+        expected = [h[key] for h in history]
+        assert [e.value for e in events] == pytest.approx(expected, rel=1e-6), tag
+    rates = [e.value for e in board.Scalars(TOKENS_PER_SECOND)]
+    assert rates == pytest.approx([h["tokens"] / h["seconds"] for h in history], rel=1e-6)
+    assert [e.value for e in board.Scalars(LEARNING_RATE)] == pytest.approx([3e-3] * len(steps))
+
+
+def test_the_events_hold_the_history_and_the_lines_show_rate_and_eta(
+    world: World, reference: str
+) -> None:
+    _assert_events_match_history(
+        reference, _train_json(world, reference)["history"], world.tmp / "ckpt-a-events"
+    )
+    # The checkpoint is what the manifest lists: the events are next to it, not in it.
+    manifest = open_store(reference).committed("")
+    assert manifest is not None and not [n for n in manifest.files if "tensorboard" in n]
+
+
+def test_a_resume_rewinds_the_events_to_the_saved_state(world: World) -> None:
+    # Saved at step 2, killed after step 3 whose events were uploaded: the resumed run
+    # repeats step 3, and the store must not hold it twice.
+    out = world.uri("runs/c1/ckpt-rewind")
+    args = [
+        "--parent", world.parent, "--data", world.data, "--out", out, *LEARNING,
+        "--save-every-steps", "2", "--log-format", "json",
+    ]  # fmt: skip
+    every_step = {"RTRL_TENSORBOARD_SECONDS": "0", "RTRL_PROGRESS_SECONDS": "0"}
+    killed = rtrl_job(world, *args, env={**every_step, "RTRL_TEST_EXIT_AFTER_STEP": "3"})
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    assert _event_steps(out, world.tmp / "rewind-killed") == {
+        tag: [1, 2, 3] for tag in CONTRACT_TAGS
+    }
+    resumed = rtrl_job(world, *args, env=every_step)
+    _ok(resumed)
+    # --log-format json: every line of stdout is one JSON object
+    lines = [json.loads(line) for line in resumed.stdout.splitlines()]
+    steps = [d for d in lines if d["event"] == "progress" and d["what"] == "training"]
+    assert [d["done"] for d in steps] == [3, 4]
+    assert steps[0]["eta_seconds"] > 0 and steps[0]["rate"] > 0 and steps[0]["total"] == 4
+    assert "tok/s" in steps[0]["message"]
+    assert any(d["event"] == "note" and "resumed" in d["message"] for d in lines)
+    _assert_events_match_history(
+        out, _train_json(world, out)["history"], world.tmp / "rewind-events"
+    )
 
 
 def _reinforce_grad_norm(model: Any, rows: Sequence[Row]) -> float:
