@@ -25,10 +25,15 @@ Tests script what a pod does with :meth:`Kubelet.script` (an fnmatch pattern on 
 name, or its pod name) and an outcome of :mod:`rtrl_localkube.outcomes`. ``never_ready`` lists
 patterns of pod (or Deployment) names whose containers run but never pass readiness.
 
+Pods behind a headless Service find their peers by name, from the Service's EndpointSlices,
+and each Job's ``MASTER_PORT`` is a free port of its own (``podnet.py``). :meth:`Kubelet.kill`
+signals a pod's processes, as the OOM killer or a crash would.
+
 Not done, on purpose: readiness and liveness probes (a running container is ready), init
-containers, resource limits, port conflicts between pods (all pods share the host's network
-namespace), and ``runAsUser`` unless a test sets ``runner.identities`` (processes run as the
-kubelet's user; with it, as the securityContext's user and capabilities: pods.py).
+containers, resource limits, port conflicts between pods other than the rendezvous port (all
+pods share the host's network namespace), and ``runAsUser`` unless a test sets
+``runner.identities`` (processes run as the kubelet's user; with it, as the
+securityContext's user and capabilities: pods.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import fnmatch
 import http.client
 import ipaddress
 import itertools
+import os
+import signal
 import threading
 import time
 import traceback
@@ -53,6 +60,7 @@ from . import node as node_api
 from .kinds import now_rfc3339
 from .outcomes import Outcome, Run
 from .podlife import MAX_GRACE_SECONDS, PodLife, Worker
+from .podnet import PodNetwork
 from .processes import check_stopped
 
 NODE = "rtrl-node"
@@ -60,12 +68,6 @@ NODE = "rtrl-node"
 # loopback addresses in EndpointSlices. Nothing listens on them (every pod shares the host's
 # network namespace and is reached as 127.0.0.1, see src/rtrl_localkube/pods.py).
 POD_CIDR = ipaddress.ip_network("10.244.0.0/16")
-
-
-def _quantity_count(value: Any) -> float:
-    """An extended-resource quantity as a number ("8", 8, "500m")."""
-    text = str(value)
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 class Kubelet:
@@ -95,12 +97,14 @@ class Kubelet:
         self.pods_seen: list[str] = []
         self.jobs_seen: list[str] = []
         self.errors: list[str] = []
+        self.network = PodNetwork(controlplane)
         self.runner = PodRunner(
             read=self._read,
             work_dir=work_dir,
             extra_env=dict(extra_env or {}),
             token=self._token,
             node_name=node,
+            network=self.network,
         )
         self._scripts: list[tuple[str, Outcome]] = []
         self._workers: dict[str, Worker] = {}
@@ -138,6 +142,18 @@ class Kubelet:
         """The output of the pods of a Job (or of one pod), each under a header."""
         return self.runner.logs(job_or_pod, namespace)
 
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the process groups of pod ``pod``'s running containers; the pod's
+        ``restartPolicy`` and its controller decide what follows."""
+        with self._lock:
+            workers = [w for w in self._workers.values() if w.pod["metadata"]["name"] == pod]
+        groups = [proc.pid for w in workers for proc in w.processes if proc.poll() is None]
+        if not groups:
+            raise LookupError(f"pod {pod} runs no process on {self.node}")
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Until every pod seen so far has finished or been deleted."""
         deadline = time.monotonic() + timeout
@@ -154,6 +170,7 @@ class Kubelet:
     def start(self) -> Kubelet:
         self.runner.work_dir.mkdir(parents=True, exist_ok=True)
         self._register_node()
+        self.network.start()
         for target, name in ((self._heartbeat, "kubelet-lease"), (self._watch_pods, "kubelet")):
             thread = threading.Thread(target=self._guard(target), name=name, daemon=True)
             thread.start()
@@ -172,6 +189,7 @@ class Kubelet:
                 worker.thread.join(15)
         for thread in self._threads:
             thread.join(10)
+        self.network.stop()
         alive = [w.pod["metadata"]["name"] for w in workers if w.thread and w.thread.is_alive()]
         check_stopped("the kubelet", "pods", alive, self.errors, stuck=bool(alive))
 
@@ -295,19 +313,8 @@ class Kubelet:
                                             "podIP": worker.pod["status"]["podIP"]}}  # fmt: skip
 
     def _schedule(self, pod: dict[str, Any]) -> None:
-        meta, spec = pod["metadata"], pod["spec"]
-        problem = None
-        wanted = spec.get("nodeSelector") or {}
-        if any(self.labels.get(k) != v for k, v in wanted.items()):
-            problem = "1 node(s) didn't match Pod's node affinity/selector"
-        for container in spec.get("containers") or []:
-            requests = {
-                **((container.get("resources") or {}).get("limits") or {}),
-                **((container.get("resources") or {}).get("requests") or {}),
-            }
-            extended = [k for k, v in requests.items() if "/" in k and _quantity_count(v) > 0]
-            if extended:
-                problem = f"1 Insufficient {extended[0]}"
+        meta = pod["metadata"]
+        problem = node_api.unschedulable(pod, self.labels)
         if problem is not None:
             self._patch_status(
                 pod,
@@ -360,6 +367,7 @@ class Kubelet:
             if not worker.cancel.is_set():
                 PodLife(self, worker).run()
         finally:
+            self.network.release(worker.pod)
             if worker.cancel.is_set():
                 self._confirm_deletion(worker)
             worker.done.set()

@@ -1,5 +1,5 @@
-"""The kubelet stand-in's Node: registered Ready with this machine's CPUs and memory, and its
-Lease renewed, so the node lifecycle controller keeps it."""
+"""The kubelet stand-in's Node: registered Ready with this machine's CPUs and memory, its
+Lease renewed, so the node lifecycle controller keeps it, and whether a pod fits it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import datetime
 import os
 import threading
 import urllib.error
+from typing import Any
 
 from rtrl_localkube.controlplane import ControlPlane
 
@@ -15,6 +16,31 @@ from .kinds import now_rfc3339
 
 LEASE_SECONDS = 40
 RENEW_SECONDS = 10.0
+
+
+def unschedulable(pod: dict[str, Any], labels: dict[str, str]) -> str | None:
+    """Why ``pod`` cannot run on a node with ``labels`` and no extended resources (GPUs), in
+    the scheduler's words; None where it can."""
+    spec = pod["spec"]
+    problem = None
+    wanted = spec.get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in wanted.items()):
+        problem = "1 node(s) didn't match Pod's node affinity/selector"
+    for container in spec.get("containers") or []:
+        requests = {
+            **((container.get("resources") or {}).get("limits") or {}),
+            **((container.get("resources") or {}).get("requests") or {}),
+        }
+        extended = [k for k, v in requests.items() if "/" in k and _quantity_count(v) > 0]
+        if extended:
+            problem = f"1 Insufficient {extended[0]}"
+    return problem
+
+
+def _quantity_count(value: Any) -> float:
+    """An extended-resource quantity as a number ("8", 8, "500m")."""
+    text = str(value)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 def register(cp: ControlPlane, node: str, labels: dict[str, str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import subprocess
 import threading
 import urllib.error
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ class Worker:
     done: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     grace: float = MAX_GRACE_SECONDS
+    # the containers' processes, as started (Kubelet.kill signals them)
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
 class Node(Protocol):
@@ -172,8 +175,10 @@ class PodLife:
     def run_container(self, container: dict[str, Any]) -> Termination | None:
         outcome = self.kubelet._outcome(self.pod)
 
-        def running(_proc: Any = None) -> None:
+        def running(proc: subprocess.Popen[bytes] | None = None) -> None:
             with self.lock:
+                if proc is not None:
+                    self.worker.processes.append(proc)
                 self.states[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
             self.report("Running")
 

@@ -54,6 +54,8 @@ def rewrite(value: str, mounts: list[tuple[str, str]], job: str) -> str:
         alternatives = "|".join(re.escape(path) for path, _ in mounts)
         pattern = rf"(^|=)({alternatives})(?=/|$|\s|,|:)"
         value = re.sub(pattern, lambda m: m.group(1) + local_of[m.group(2)], value)
+    if not job:  # not a Job's pod (or one whose names resolve): no hostname of it to rewrite
+        return value
     return re.sub(
         rf"\b{re.escape(job)}-\d+\.[A-Za-z0-9-]+(\.[A-Za-z0-9.-]*)?\b", "127.0.0.1", value
     )

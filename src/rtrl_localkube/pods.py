@@ -64,6 +64,7 @@ from rtrl_localkube.podprocess import expand_vars
 from rtrl_localkube.podprocess import rewrite as rewrite_for_local
 from rtrl_localkube.processes import KILL_GRACE_SECONDS, die_with_parent, kill_group
 
+from .podnet import PodNetwork
 from .podprocess import BIN, tail
 from .podvolumes import PodSources, SetupError
 
@@ -117,7 +118,18 @@ def job_of(pod: Mapping[str, Any]) -> str:
 
 @dataclass
 class PodRunner(PodSources):
-    """Runs containers of pods read through ``read``; one per kubelet or Job runner."""
+    """Runs containers of pods read through ``read``; one per kubelet or Job runner. With a
+    ``network`` (the kubelet's), pods behind a headless Service find their peers by name and
+    each Job gets a rendezvous port of its own (``podnet.py``)."""
+
+    network: PodNetwork | None = None
+
+    def _hostnames_job(self, pod: Mapping[str, Any]) -> str:
+        """The Job whose pod hostnames are rewritten to loopback in args and env: none where
+        the names resolve (``podnet.py``)."""
+        if self.network is not None and self.network.resolved(pod):
+            return ""
+        return job_of(pod)
 
     def environment(
         self,
@@ -130,7 +142,7 @@ class PodRunner(PodSources):
         env |= self.extra_env
         env |= dict(base or {})
         namespace = pod["metadata"]["namespace"]
-        job = job_of(pod)
+        job = self._hostnames_job(pod)
         for source in container.get("envFrom") or []:
             kind = "Secret" if "secretRef" in source else "ConfigMap"
             ref = source.get("secretRef") or source.get("configMapRef") or {}
@@ -164,7 +176,7 @@ class PodRunner(PodSources):
                     raise SetupError(f"env {name}: {exc}") from None
             else:
                 raise SetupError(f"env {name}: valueFrom {sorted(source)} is not supported")
-        return env
+        return env if self.network is None else self.network.env(pod, env)
 
     def argv(
         self,
@@ -176,7 +188,7 @@ class PodRunner(PodSources):
         command = list(container.get("command") or [])
         if not command:
             raise SetupError("no command: image entrypoints are not known here, set `command`")
-        job = job_of(pod)
+        job = self._hostnames_job(pod)
         words = [*command, *(container.get("args") or [])]
         argv = [rewrite_for_local(expand_vars(str(w), env), mounts, job) for w in words]
         if "/" not in argv[0] and (BIN / argv[0]).exists():
@@ -288,6 +300,8 @@ class PodRunner(PodSources):
             except SetupError as exc:
                 log_path.write_text(f"{exc}\n")
                 return Termination(128, "ContainerCannotRun", str(exc))
+        if self.network is not None:
+            argv = self.network.wrap(pod, argv, pod_dir)  # outermost: mounting needs root
         with log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()

@@ -99,24 +99,74 @@ def test_a_failing_pod_fails_the_job_with_its_termination_message(
     assert "the parent checkpoint is corrupt" in terminated["message"]
 
 
+# Each pod resolves its peers' names (waiting up to 30 s: a name exists once the Service's
+# EndpointSlice lists its pod) and a name no pod has, then stays until its peer is likely
+# done resolving it (a finished pod leaves the EndpointSlice, as on a cluster).
+RESOLVE = """
+import os, socket, time
+def resolve(name, wait):
+    end = time.time() + wait
+    while True:
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            if time.time() > end:
+                return None
+            time.sleep(0.2)
+me, ns = os.environ['JOB_COMPLETION_INDEX'], os.environ['NS']
+peers = [resolve(f'idx-{i}.idx-svc', 30) for i in (0, 1)]
+fqdn = resolve(f'idx-{1 - int(me)}.idx-svc.{ns}.svc.cluster.local', 0)
+print('index', me, os.environ['MASTER'], os.environ['MASTER_PORT'], peers, fqdn,
+      resolve('idx-7.idx-svc', 0), flush=True)
+time.sleep(5)
+"""
+
+
 def test_an_indexed_job_gets_completion_indexes_and_hostnames(kube: KubeAPI, node: Kubelet) -> None:
     selector = {"batch.kubernetes.io/job-name": "idx"}
     kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "idx-svc"},
                  "spec": {"clusterIP": "None", "selector": selector}})  # fmt: skip
-    body = job(
-        "idx",
-        "import os; print('index', os.environ['JOB_COMPLETION_INDEX'], os.environ['MASTER'])",
-        completionMode="Indexed",
-        completions=2,
-        parallelism=2,
-        container={"env": [{"name": "MASTER", "value": "idx-0.idx-svc"}]},
-        pod={"subdomain": "idx-svc"},
-    )
+    env = [
+        {"name": "MASTER", "value": "idx-0.idx-svc"},
+        {"name": "MASTER_PORT", "value": "29500"},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    body = job("idx", RESOLVE, completionMode="Indexed", completions=2, parallelism=2,
+               container={"env": env}, pod={"subdomain": "idx-svc"})  # fmt: skip
     kube.create(body)
-    kube.wait_for(lambda: condition(kube.get("batch/v1", "Job", "idx"), "Complete"), timeout=60)
+    kube.wait_for(
+        lambda: condition(kube.get("batch/v1", "Job", "idx"), "Complete"),
+        timeout=90,
+        message=lambda: node.logs("idx", kube.namespace),
+    )
     logs = node.logs("idx", kube.namespace)
-    assert "index 0 127.0.0.1" in logs and "index 1 127.0.0.1" in logs
     assert kube.get("batch/v1", "Job", "idx")["status"]["completedIndexes"] == "0,1"
+    lines = sorted(line.split() for line in logs.splitlines() if line.startswith("index "))
+    assert [words[1] for words in lines] == ["0", "1"], logs
+    ports = {words[3] for words in lines}
+    if node.network.resolves:
+        # Names are resolved, not rewritten: the env keeps the name, and both peers resolve
+        # (to loopback: every pod shares this machine's network); a name no pod has does not.
+        for words in lines:
+            assert words[2] == "idx-0.idx-svc", logs
+            assert " ".join(words[4:]) == "['127.0.0.1', '127.0.0.1'] 127.0.0.1 None", logs
+    else:  # no mount namespaces (not root): the names are rewritten in args and env
+        assert all(words[2] == "127.0.0.1" for words in lines), logs
+    # One rendezvous port for the Job, of its own (two trainings must not share 29500).
+    assert len(ports) == 1 and ports != {"29500"}, logs
+
+
+def test_a_killed_pod_fails_its_job_with_exit_137(kube: KubeAPI, node: Kubelet) -> None:
+    kube.create(job("victim", "import time; print('up', flush=True); time.sleep(600)"))
+    kube.wait_for(lambda: "up" in node.logs("victim", kube.namespace), timeout=60)
+    (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "victim"})
+    node.kill(pod["metadata"]["name"])
+    failed = kube.wait_for(
+        lambda: condition(kube.get("batch/v1", "Job", "victim"), "Failed"), timeout=60
+    )
+    assert failed["reason"] == "BackoffLimitExceeded"
+    (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "victim"})
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
 
 
 def test_scripted_failure_and_deletion_stop_pods(kube: KubeAPI, node: Kubelet) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rtrl_trainer.train.batches import Schedule
-from rtrl_trainer.train.collectives import Ranks, TrainAbortError
+from rtrl_trainer.train.collectives import Ranks, TrainAbortError, say
 from rtrl_trainer.train.config import TrainConfig
 from rtrl_trainer.train.deepspeed_config import deepspeed_config
 
@@ -50,6 +50,11 @@ def start_distributed(config: TrainConfig, ranks: Ranks) -> torch.device:
         deepspeed.init_distributed(
             dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False
         )
+    if ranks.world_size > 1:
+        # Every rank says where it met the others: a pod's log shows the rendezvous it made
+        # (the master's name as the pod resolved it, e.g. <job>-0.<service>:29500).
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        say(f"rank {ranks.rank} of {ranks.world_size} joined the group at {where}", force=True)
     return torch.device("cuda" if cuda else "cpu")
 
 
