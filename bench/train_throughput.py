@@ -1,5 +1,6 @@
 """Train-step throughput: rtrl's DeepSpeed training loop against a plain PyTorch loop that
-computes the same loss on the same model and the same batches, side by side in one run.
+computes the same loss on the same model and the same batches, side by side in one run, with
+rows padded into micro-batches and packed into sequences.
 
 The train step's overhead over the simplest correct loop is what every cycle pays, so it is
 measured rather than assumed. Both sides train a copy of the same parent (loaded the way the
@@ -13,14 +14,21 @@ accumulation, clipping and AdamW settings:
       driven by rtrl_trainer.train.loop.train_step, the very loop ``rtrl-job train`` runs,
       without the store round-trips around it.
 
-The start-of-cycle log-probs are computed once by the trainer's own pre-pass and shared.
-Steps alternate between (a) and (b) one by one, so drift in machine speed hits both alike;
-the median of the per-step ratios is reported next to the ratio of totals. Goal on CPU:
-(b) within 1.15x of (a), i.e. ratio (b)/(a) in tokens/s >= 0.87.
+Rows have varied lengths (a quarter to all of ``seq`` tokens), as real interactions do.
+Unpacked, a micro-batch is ``micro_batch`` rows padded to the longest; packed
+(``packSequences``), rows are packed back to back into sequences of up to
+``micro_batch x seq`` tokens (``microBatchTokens``), the same budget per forward pass. Every
+loop trains on the same rows in every step. The start-of-cycle log-probs are computed once
+by the trainer's own pre-pass and shared. Steps alternate between the loops one by one, so
+drift in machine speed hits all alike; the median of the per-step ratios is reported next to
+the ratio of totals.
 
-With ``--model llama-1b`` (a ~1.2B-parameter Llama-shaped model, seq 2048, bf16, on a GPU)
-it also reports MFU: (6 * params + 12 * layers * d_model * seq) FLOPs per token over the
-GPU's dense bf16 peak (989 TFLOP/s, and 790 TFLOP/s as a sustained reference).
+Tokens/s counts real (unpadded) tokens. Model FLOPs come from the model's config, per row
+of n tokens: 6 x params x n + 12 x layers x d_model x n^2 (weights, and attention over the
+row's own tokens, forward and backward), so padding is never counted as useful work. MFU
+is model FLOP/s over the device's dense bf16 peak (``--peak-tflops``; 989 TFLOP/s on an
+H100/H200, none on a CPU, where only FLOP/s is reported). Goals: on CPU (b) within 1.15x of
+(a) (ratio >= 0.87); on an H200 with ``--model llama-1b``, (b) >= 40% MFU and >= 0.9x (a).
 
     .venv/bin/python bench/train_throughput.py [--model gpt2-4x256] [--steps 10] [--json]
 """
@@ -44,16 +52,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from rtrl_trainer.train.batches import Schedule, step_micro_batches, step_tokens
+from rtrl_trainer.train.batches import (
+    Schedule,
+    most_micro_batches,
+    row_lengths,
+    step_micro_batches,
+    step_tokens,
+)
 from rtrl_trainer.train.collectives import distributed_env
 from rtrl_trainer.train.config import build_config
-from rtrl_trainer.train.engine import build_engine, load_policy, prepare_runtime
+from rtrl_trainer.train.engine import build_engine, load_policy, policy_config, prepare_runtime
 from rtrl_trainer.train.examples import Example
 from rtrl_trainer.train.forward import micro_batch_loss, start_logprobs
 from rtrl_trainer.train.loop import train_step
 from rtrl_trainer.train.loss import STAT_NAMES, LossSettings
 
-PEAKS = {"989": 989e12, "790": 790e12}
+# Dense bf16 peak of the GPUs the goal is stated for, TFLOP/s (H100 and H200 SXM alike).
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 
 
 @dataclass(frozen=True)
@@ -121,20 +136,22 @@ def build_model(shape: Shape) -> Any:
 
 
 def synthetic_examples(shape: Shape, rows: int) -> list[Example]:
-    """Rows of ``shape.seq`` tokens, half prompt and half completion, with logged log-probs
-    near the policy's (so importance weights vary a little, as in real data)."""
+    """Rows of a quarter to all of ``shape.seq`` tokens, half prompt and half completion,
+    with logged log-probs near the policy's (so importance weights vary a little, as in
+    real data)."""
     rng = np.random.default_rng(0)
-    half = shape.seq // 2
     out = []
     for i in range(rows):
-        ids = rng.integers(3, shape.vocab, shape.seq)
+        length = int(rng.integers(shape.seq // 4, shape.seq + 1))
+        half = length // 2
+        ids = rng.integers(3, shape.vocab, length)
         out.append(
             Example(
                 input_ids=ids.astype(np.int64),
                 completion_start=half,
-                logprobs=np.full(shape.seq - half, -math.log(shape.vocab), np.float32)
-                + rng.normal(0, 0.05, shape.seq - half).astype(np.float32),
-                mask=rng.random(shape.seq - half) > 0.05,
+                logprobs=np.full(length - half, -math.log(shape.vocab), np.float32)
+                + rng.normal(0, 0.05, length - half).astype(np.float32),
+                mask=rng.random(length - half) > 0.05,
                 advantage=float(rng.normal()),
                 sample_weight=1.0,
                 source=f"synthetic row {i}",
@@ -143,12 +160,36 @@ def synthetic_examples(shape: Shape, rows: int) -> list[Example]:
     return out
 
 
+def row_flops(hf_config: Any, params: int, length: int) -> float:
+    """Model FLOPs of training on one row of ``length`` tokens, from the model's config
+    (see the module docstring)."""
+    layers = int(hf_config.num_hidden_layers)
+    width = int(hf_config.hidden_size)
+    return 6.0 * params * length + 12.0 * layers * width * length * length
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any]:
+def default_peak(device: torch.device) -> float | None:
+    """The device's dense bf16 peak in TFLOP/s where known (see PEAK_TFLOPS)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
+
+
+def run(
+    shape: Shape,
+    steps: int,
+    warmup: int,
+    zero_stage: int,
+    *,
+    packings: list[bool],
+    peak_tflops: float | None,
+) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ranks = distributed_env(os.environ)
     prepare_runtime(device.type == "cuda")
@@ -159,8 +200,10 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         auto_mpi_discovery=False,
         verbose=False,
     )
+    if peak_tflops is None:
+        peak_tflops = default_peak(device)
     total = warmup + steps
-    schedule = Schedule(
+    unpacked = Schedule(
         world_size=1,
         micro_batch_size=shape.micro_batch,
         steps_per_epoch=total,
@@ -170,76 +213,64 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         seed=0,
     )
     examples = synthetic_examples(shape, total * shape.accumulation * shape.micro_batch)
-    config = build_config(
-        parent="file:///bench/parent/",
-        data="file:///bench/data/",
-        out="file:///bench/out/",
-        training_overrides={
-            "precision": shape.precision,
-            "zeroStage": zero_stage,
-            "microBatchSize": shape.micro_batch,
-            "maxSequenceLength": shape.seq,
-            "learningRate": 1e-5,
-            "gpusPerNode": 1 if device.type == "cuda" else 0,
-        },
+    lengths = row_lengths(examples)
+    norms = step_tokens(examples, unpacked, rank=0)
+    # Packed: the same rows in each step (the same split of the shuffled rows), in
+    # sequences of the same token budget per forward pass.
+    budget = shape.micro_batch * shape.seq
+    packed = dataclasses.replace(unpacked, micro_batch_tokens=budget, packed=shape.seq)
+    packed = dataclasses.replace(
+        packed, gradient_accumulation_steps=most_micro_batches(lengths, packed, rank=0)
     )
-    settings = LossSettings(
-        clip_ratio=config.training.clip_ratio,
-        is_truncation=config.training.is_truncation,
-        kl_coef=config.training.kl_coef,
-    )
-    norms = step_tokens(examples, schedule, rank=0)
+    schedules = {False: unpacked, True: packed}
+    loops: dict[str, Callable[[int], int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         parent = Path(tmp) / "parent"
         model = build_model(shape)
         params = sum(p.numel() for p in model.parameters())
+        hf_config = model.config
         model.save_pretrained(parent)
         del model
-        engine, _, keep = build_engine(parent, shape.vocab, config, schedule, ranks)
-        plain, _ = load_policy(parent)
-    plain.to(device).train()
-    optimizer = torch.optim.AdamW(
-        plain.parameters(), lr=config.training.learning_rate, betas=(0.9, 0.999), eps=1e-8,
-        weight_decay=0.0,
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    start_lp = start_logprobs(
-        engine, examples=examples, schedule=schedule, rank=0, device=device, keep_logits=keep
-    )
-    _sync(device)
-    prepass = time.perf_counter() - t0
-
-    def plain_step(step: int) -> int:
-        tokens = 0
-        for rows in step_micro_batches(len(examples), schedule, step=step, rank=0):
-            with torch.autocast(device.type, torch.bfloat16, enabled=shape.precision == "bf16"):
-                loss, _, n = micro_batch_loss(
-                    plain, examples, start_lp, rows, normalizer=norms[step - 1],
-                    settings=settings, device=device, keep_logits=keep,
+        start_lp: list[np.ndarray] | None = None
+        for pack in packings:
+            schedule = schedules[pack]
+            config = build_config(
+                parent="file:///bench/parent/",
+                data="file:///bench/data/",
+                out="file:///bench/out/",
+                training_overrides={
+                    "precision": shape.precision,
+                    "zeroStage": zero_stage,
+                    "microBatchSize": shape.micro_batch,
+                    "maxSequenceLength": shape.seq,
+                    "learningRate": 1e-5,
+                    "gpusPerNode": 1 if device.type == "cuda" else 0,
+                    **({"microBatchTokens": budget, "packSequences": True} if pack else {}),
+                },
+            )
+            engine, _, keep, _ = build_engine(parent, shape.vocab, config, schedule, ranks)
+            plain = load_policy(parent, policy_config(parent)[0]).to(device).train()
+            if start_lp is None:
+                t0 = time.perf_counter()
+                start_lp = start_logprobs(
+                    engine, examples=examples, schedule=schedule, rank=0, device=device,
+                    keep_logits=keep,
                 )  # fmt: skip
-            loss.backward()  # type: ignore[no-untyped-call]
-            tokens += n
-        torch.nn.utils.clip_grad_norm_(plain.parameters(), config.training.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return tokens
-
-    def rtrl_step(step: int) -> int:
-        stats = train_step(
-            engine, examples, start_lp,
-            step_micro_batches(len(examples), schedule, step=step, rank=0),
-            normalizer=norms[step - 1], settings=settings, world_size=1, device=device,
-            keep_logits=keep, step=step,
-        )  # fmt: skip
-        return int(stats[len(STAT_NAMES)])
-
-    loops: dict[str, Callable[[int], int]] = {"plain": plain_step, "rtrl": rtrl_step}
+                _sync(device)
+                prepass = time.perf_counter() - t0
+            suffix = " packed" if pack else ""
+            data = LoopData(examples, start_lp, norms, config, shape, device, keep)
+            loops[f"plain{suffix}"] = _plain_loop(plain, schedule, data)
+            loops[f"rtrl{suffix}"] = _rtrl_loop(engine, schedule, data)
     for step in range(1, warmup + 1):
         for loop in loops.values():
             loop(step)
-    # (seconds, tokens) of each measured step, the two loops taking turns step by step.
-    measured: dict[str, list[tuple[float, int]]] = {"plain": [], "rtrl": []}
+    # (seconds, tokens, model FLOPs) of each measured step, the loops taking turns.
+    measured: dict[str, list[tuple[float, int]]] = {name: [] for name in loops}
+    flops: list[float] = []
     for step in range(warmup + 1, total + 1):
+        rows = [i for b in step_micro_batches(lengths, unpacked, step=step, rank=0) for i in b]
+        flops.append(sum(row_flops(hf_config, params, lengths[i]) for i in rows))
         for name, loop in loops.items():
             _sync(device)
             t0 = time.perf_counter()
@@ -255,61 +286,162 @@ def run(shape: Shape, steps: int, warmup: int, zero_stage: int) -> dict[str, Any
         "seq": shape.seq,
         "micro_batch": shape.micro_batch,
         "accumulation": shape.accumulation,
+        "packed_accumulation": packed.gradient_accumulation_steps,
+        "micro_batch_tokens": budget,
         "steps": steps,
         "threads": torch.get_num_threads(),
         "prepass_seconds": prepass,
+        "peak_tflops": peak_tflops,
+        "loops": {},
     }
-    flops_per_token = 6 * params + 12 * shape.layers * shape.d_model * shape.seq
     for name, runs in measured.items():
-        rate = sum(t for _, t in runs) / sum(s for s, _ in runs)
-        result[f"{name}_tokens_per_second"] = rate
-        if device.type == "cuda":
-            for label, peak in PEAKS.items():
-                result[f"{name}_mfu_{label}"] = rate * flops_per_token / peak
-    result["ratio"] = result["rtrl_tokens_per_second"] / result["plain_tokens_per_second"]
-    # Per step pair, (a)'s time over (b)'s: robust to bursts of load from other processes.
-    pairs = [a[0] / b[0] for a, b in zip(measured["plain"], measured["rtrl"], strict=True)]
-    result["median_step_ratio"] = float(np.median(pairs))
+        seconds = sum(t for t, _ in runs)
+        entry = {
+            "tokens_per_second": sum(n for _, n in runs) / seconds,
+            "model_tflops": sum(flops) / seconds / 1e12,
+        }
+        if peak_tflops:
+            entry["mfu"] = entry["model_tflops"] / peak_tflops
+        result["loops"][name] = entry
+    ratios = {}
+    for suffix in (" packed" if p else "" for p in packings):
+        plain_runs, rtrl_runs = measured[f"plain{suffix}"], measured[f"rtrl{suffix}"]
+        ratios[f"rtrl/plain{suffix}"] = {
+            "ratio": result["loops"][f"rtrl{suffix}"]["tokens_per_second"]
+            / result["loops"][f"plain{suffix}"]["tokens_per_second"],
+            # Per step pair, (a)'s time over (b)'s: robust to bursts of load from others.
+            "median_step_ratio": float(
+                np.median([a[0] / b[0] for a, b in zip(plain_runs, rtrl_runs, strict=True)])
+            ),
+        }
+    if len(packings) == 2:
+        for side in ("plain", "rtrl"):
+            ratios[f"{side} packed/unpacked"] = {
+                "ratio": result["loops"][f"{side} packed"]["tokens_per_second"]
+                / result["loops"][side]["tokens_per_second"]
+            }
+    result["ratios"] = ratios
     return result
+
+
+@dataclass(frozen=True)
+class LoopData:
+    """What every loop of one run shares: the rows, the start-of-cycle log-probs, each
+    step's token count, the config and the device."""
+
+    examples: list[Example]
+    start_lp: list[np.ndarray]
+    norms: list[int]
+    config: Any
+    shape: Shape
+    device: torch.device
+    keep_logits: bool
+
+
+def _plain_loop(plain: Any, schedule: Schedule, d: LoopData) -> Callable[[int], int]:
+    optimizer = torch.optim.AdamW(
+        plain.parameters(), lr=d.config.training.learning_rate, betas=(0.9, 0.999), eps=1e-8,
+        weight_decay=0.0,
+    )  # fmt: skip
+    settings = _settings(d.config)
+    lengths = row_lengths(d.examples)
+    bf16 = d.shape.precision == "bf16"
+
+    def step_fn(step: int) -> int:
+        tokens = 0
+        for rows in step_micro_batches(lengths, schedule, step=step, rank=0):
+            with torch.autocast(d.device.type, torch.bfloat16, enabled=bf16):
+                loss, _, n = micro_batch_loss(
+                    plain, d.examples, d.start_lp, rows, normalizer=d.norms[step - 1],
+                    settings=settings, device=d.device, keep_logits=d.keep_logits,
+                    packed=schedule.packed,
+                )  # fmt: skip
+            loss.backward()  # type: ignore[no-untyped-call]
+            tokens += n
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), d.config.training.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return tokens
+
+    return step_fn
+
+
+def _rtrl_loop(engine: Any, schedule: Schedule, d: LoopData) -> Callable[[int], int]:
+    settings = _settings(d.config)
+    lengths = row_lengths(d.examples)
+
+    def step_fn(step: int) -> int:
+        stats = train_step(
+            engine, d.examples, d.start_lp,
+            step_micro_batches(lengths, schedule, step=step, rank=0),
+            normalizer=d.norms[step - 1], settings=settings, world_size=1, device=d.device,
+            keep_logits=d.keep_logits, step=step, packed=schedule.packed,
+        )  # fmt: skip
+        return int(stats[len(STAT_NAMES)])
+
+    return step_fn
+
+
+def _settings(config: Any) -> LossSettings:
+    return LossSettings(
+        clip_ratio=config.training.clip_ratio,
+        is_truncation=config.training.is_truncation,
+        kl_coef=config.training.kl_coef,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(SHAPES), default="gpt2-4x256")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per side")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per loop")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--precision", choices=["fp32", "bf16"], help="default: the model's")
+    parser.add_argument(
+        "--packing", choices=["both", "off", "on"], default="both", help="unpacked, packed, both"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, help="the device's dense peak for MFU (default: H100/H200)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     shape = SHAPES[args.model]
     if args.precision:
         shape = dataclasses.replace(shape, precision=args.precision)
+    packings = {"both": [False, True], "off": [False], "on": [True]}[args.packing]
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        # DeepSpeed prints build notes on stdout; with --json stdout is one document.
+        result = run(
+            shape,
+            args.steps,
+            args.warmup,
+            args.zero_stage,
+            packings=packings,
+            peak_tflops=args.peak_tflops,
+        )
     if args.json:
-        # DeepSpeed prints build notes on stdout; keep stdout one JSON document.
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run(shape, args.steps, args.warmup, args.zero_stage)
         print(json.dumps(result, indent=2))
         return
-    result = run(shape, args.steps, args.warmup, args.zero_stage)
     print(
         f"{result['model']} ({result['params'] / 1e6:.1f}M params) on {result['device']}, "
-        f"{result['precision']}, seq {result['seq']}, micro-batch {result['micro_batch']} x "
-        f"{result['accumulation']}, {result['threads']} threads, {result['steps']} steps each"
+        f"{result['precision']}, ZeRO-{result['zero_stage']}, rows of {result['seq'] // 4}-"
+        f"{result['seq']} tokens; unpacked {result['micro_batch']} rows x "
+        f"{result['accumulation']}, packed {result['micro_batch_tokens']} tokens x "
+        f"{result['packed_accumulation']}; {result['threads']} threads, {result['steps']} "
+        "steps each"
     )
-    print(f"  (a) plain PyTorch        {result['plain_tokens_per_second']:>12,.0f} tokens/s")
-    print(
-        f"  (b) rtrl (ZeRO-{result['zero_stage']})        "
-        f"{result['rtrl_tokens_per_second']:>12,.0f} tokens/s"
-    )
-    print(f"  ratio (b)/(a)            {result['ratio']:>12.3f}   (goal >= {1 / 1.15:.3f})")
-    print(f"  median per-step ratio    {result['median_step_ratio']:>12.3f}")
-    for label in PEAKS:
-        if f"rtrl_mfu_{label}" in result:
-            print(
-                f"  MFU vs {label} TFLOP/s       (a) {result[f'plain_mfu_{label}']:.1%}  "
-                f"(b) {result[f'rtrl_mfu_{label}']:.1%}"
-            )
+    for name, entry in result["loops"].items():
+        mfu = f"  MFU {entry['mfu']:.1%}" if "mfu" in entry else ""
+        print(
+            f"  {name:<14} {entry['tokens_per_second']:>12,.0f} tokens/s  "
+            f"{entry['model_tflops']:>9.3f} model TFLOP/s{mfu}"
+        )
+    for name, entry in result["ratios"].items():
+        median = entry.get("median_step_ratio")
+        print(
+            f"  {name:<24} {entry['ratio']:.3f}"
+            + (f"  (median per step {median:.3f})" if median is not None else "")
+        )
 
 
 if __name__ == "__main__":

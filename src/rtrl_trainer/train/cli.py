@@ -47,13 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
     group = parser.add_argument_group("overrides of spec.training (the RLCycle API's fields)")
     _add_flags(group, "training", TrainingSpec, TRAINING_FLAGS)
-    group.add_argument(
-        TRAINING_SWITCHES["activationCheckpointing"],
-        action=argparse.BooleanOptionalAction,
-        dest="training_activationCheckpointing",
-        default=None,
-        help=_help(TrainingSpec, "activationCheckpointing"),
-    )
+    for switch, name in TRAINING_SWITCHES.items():
+        group.add_argument(
+            name,
+            action=argparse.BooleanOptionalAction,
+            dest=f"training_{switch}",
+            default=None,
+            help=_help(TrainingSpec, switch),
+        )
     run_group = parser.add_argument_group("this run")
     _add_flags(run_group, "trainer", TrainerOptions, TRAINER_FLAGS)
     run_group.add_argument(

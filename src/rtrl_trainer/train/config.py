@@ -88,6 +88,7 @@ TRAINING_FLAGS = _flags(
         "learningRate",
         "batchTokens",
         "microBatchSize",
+        "microBatchTokens",
         "maxSequenceLength",
         "epochs",
         "clipRatio",
@@ -99,7 +100,7 @@ TRAINING_FLAGS = _flags(
 )
 TRAINER_FLAGS = _flags(TrainerOptions, ("saveEverySteps", "maxSteps", "scratchDir"))
 # Boolean fields: field -> flag (a switch, no value).
-TRAINING_SWITCHES = {"activationCheckpointing": flag("activationCheckpointing")}
+TRAINING_SWITCHES = {name: flag(name) for name in ("activationCheckpointing", "packSequences")}
 TRAINER_SWITCHES = {"keepDeepspeedState": flag("keepDeepspeedState")}
 # TrainingSpec fields that change what is computed; a resumed run must agree on all of them.
 LEARNING_FIELDS = (
@@ -108,6 +109,8 @@ LEARNING_FIELDS = (
     "learning_rate",
     "batch_tokens",
     "micro_batch_size",
+    "micro_batch_tokens",
+    "pack_sequences",
     "max_sequence_length",
     "epochs",
     "clip_ratio",

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rtrl_trainer.train.batches import Schedule, collate, epoch_micro_batches
+from rtrl_trainer.train.batches import Schedule, collate, epoch_micro_batches, row_lengths
 from rtrl_trainer.train.examples import Example
 from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, policy_loss
 
@@ -32,7 +32,9 @@ STATS_SIZE = len(STAT_NAMES) + 3
 def token_logprobs(model: Callable[..., Any], mb: Any, keep_logits: bool) -> torch.Tensor:
     """Log-prob of each target token of the micro-batch's loss grid, (B, K) float32."""
     length = int(mb.input_ids.shape[1])
-    kwargs = {"logits_to_keep": length - mb.first} if keep_logits else {}
+    kwargs: dict[str, Any] = {"logits_to_keep": length - mb.first} if keep_logits else {}
+    if mb.position_ids is not None:
+        kwargs["position_ids"] = mb.position_ids
     logits = model(input_ids=mb.input_ids, use_cache=False, **kwargs).logits
     if not keep_logits:
         logits = logits[:, mb.first :]
@@ -56,13 +58,34 @@ def start_logprobs(
     update. Micro-batches as in epoch 0, so the first step sees exactly these numbers;
     filler micro-batches run too (ZeRO-3 gathers weights in collectives)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(examples)
-    for rows in epoch_micro_batches(len(examples), schedule, epoch=0, rank=rank):
-        mb = collate(examples, rows, device=device)
+    for rows in epoch_micro_batches(row_lengths(examples), schedule, epoch=0, rank=rank):
+        mb = collate(examples, rows, device=device, packed=schedule.packed)
         logp = token_logprobs(model, mb, keep_logits)
         if mb.rows:
             for row, values in zip(mb.rows, mb.gather(logp), strict=True):
                 out[row] = values
     return out
+
+
+@torch.no_grad()
+def packing_keeps_rows_apart(
+    model: Callable[..., Any], vocab_size: int, device: torch.device
+) -> bool:
+    """Whether ``model`` keeps packed rows apart (batches.collate, packed): the second of two
+    rows packed with restarting position ids must score as it does alone, far closer than
+    with positions running on. A model whose attention ignores the restarts fails; trained
+    packed, each row would learn from the rows before it. Every rank runs it (ZeRO-3)."""
+    ids = torch.tensor([(7 * i + 3) % vocab_size for i in range(16)], device=device)[None]
+    restart = torch.arange(8, device=device).repeat(2)[None]
+
+    def second_row(**kwargs: Any) -> torch.Tensor:
+        logits = model(input_ids=ids, use_cache=False, **kwargs).logits[:, 8:].float()
+        return torch.log_softmax(logits, dim=-1)
+
+    alone = torch.log_softmax(model(input_ids=ids[:, 8:], use_cache=False).logits.float(), -1)
+    apart = float((second_row(position_ids=restart) - alone).abs().max())
+    leaked = float((second_row() - alone).abs().max())
+    return apart <= 0.1 * leaked
 
 
 def micro_batch_loss(
@@ -75,10 +98,11 @@ def micro_batch_loss(
     settings: LossSettings,
     device: torch.device,
     keep_logits: bool,
+    packed: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(loss, summed stats, input tokens) of one micro-batch: shared by the trainer and the
     benchmark's plain-PyTorch baseline."""
-    mb = collate(examples, rows, device=device)
+    mb = collate(examples, rows, device=device, packed=packed)
     logp = token_logprobs(model, mb, keep_logits)
     # Filler micro-batches have no rows; their loss is zero whatever "old" holds.
     old = mb.scatter([start_lp[i] for i in mb.rows]) if mb.rows else mb.logp_serve

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from rtrl.core.store import StoreError, open_store
 from rtrl_trainer import checkpoint_io as cio
 from rtrl_trainer.runner import EXIT_FAILED, EXIT_OK
-from rtrl_trainer.train.batches import step_micro_batches
+from rtrl_trainer.train.batches import row_lengths, step_micro_batches
 from rtrl_trainer.train.collectives import (
     Ranks,
     TrainAbortError,
@@ -112,9 +112,9 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         f"ZeRO-{config.training.zero_stage}: {sum(c[0] for c in data.counts)} rows, "
         f"{sum(c[1] for c in data.counts)} loss tokens; {schedule.total_steps} step(s) of "
         f"{schedule.gradient_accumulation_steps} micro-batch(es) of up to "
-        f"{schedule.micro_batch_size} row(s) per rank"
+        f"{schedule.micro_batch_words()} per rank"
     )
-    engine, dropout, keep_logits = build_engine(
+    engine, dropout, keep_logits, load_memory = build_engine(
         inputs.parent.directory, inputs.vocab_size, config, schedule, ranks
     )
     fingerprint = run_fingerprint(config, inputs, ranks.world_size)
@@ -142,7 +142,7 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
     for step in range(start_step + 1, schedule.total_steps + 1):
         # Batch: this rank's micro-batches of the step (the same count on every rank).
         t0 = time.time()
-        batches = step_micro_batches(len(examples), schedule, step=step, rank=ranks.rank)
+        batches = step_micro_batches(row_lengths(examples), schedule, step=step, rank=ranks.rank)
         # Forward, loss, backward, step.
         stats = train_step(
             engine,
@@ -155,6 +155,7 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
             device=device,
             keep_logits=keep_logits,
             step=step,
+            packed=schedule.packed,
         )
         # Log.
         seconds = time.time() - t0
@@ -199,6 +200,7 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         dropout=dropout,
         start_step=start_step,
         started=started,
+        load_memory=load_memory,
     )
     if ranks.local_rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -216,6 +218,7 @@ def train_step(
     device: torch.device,
     keep_logits: bool,
     step: int,
+    packed: int | None = None,
 ) -> torch.Tensor:
     """One optimizer step over ``batches`` (this rank's micro-batches); the stats summed
     over all ranks (STAT_NAMES, input tokens, non-finite count)."""
@@ -230,6 +233,7 @@ def train_step(
             settings=settings,
             device=device,
             keep_logits=keep_logits,
+            packed=packed,
         )
         stats[: len(STAT_NAMES)] += micro_stats
         stats[INPUT_TOKENS] += input_tokens

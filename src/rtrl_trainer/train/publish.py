@@ -21,8 +21,9 @@ import torch
 from rtrl.core.api.checkpoint import TrainingSummary
 from rtrl.core.store import ObjectStore, StoreError
 from rtrl_trainer import checkpoint_io as cio
-from rtrl_trainer.train.collectives import Ranks, agree, say
+from rtrl_trainer.train.collectives import Ranks, agree, gather, say
 from rtrl_trainer.train.config import TrainConfig, describe
+from rtrl_trainer.train.hostmem import process_peak_bytes
 from rtrl_trainer.train.state import Data, Inputs, Progress
 
 if TYPE_CHECKING:
@@ -45,10 +46,12 @@ def publish_checkpoint(
     dropout: dict[str, float],
     start_step: int,
     started: float,
+    load_memory: dict[str, Any],
 ) -> None:
     """Publish from rank 0 (ZeRO-3: the weights gathered from every rank first), delete
     the DeepSpeed state unless asked to keep it, and agree on the outcome."""
     probe = probe_logits(engine, inputs.vocab_size, device)
+    memory = host_memory(gather({**load_memory, "process_peak": process_peak_bytes()}))
     zero3 = config.training.zero_stage == 3
     # ZeRO-3: every rank holds a shard; gathered layer by layer onto rank 0 (a collective).
     state_dict = engine._zero3_consolidated_16bit_state_dict() if zero3 else None
@@ -64,6 +67,7 @@ def publish_checkpoint(
             start_step=start_step,
             probe=probe,
             wall_seconds=progress.earlier_wall_seconds + time.time() - started,
+            host_memory=memory,
         )
         try:
             publish(
@@ -107,6 +111,14 @@ def probe_logits(engine: DeepSpeedEngine, vocab_size: int, device: torch.device)
     }
 
 
+def host_memory(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """train.json's ``run.host_memory``: every rank's report (engine.memory_report, and
+    the process's peak at publishing) and the most of each figure over the ranks."""
+    keys = ("load_peak", "load_growth", "initialize_peak", "initialize_growth", "process_peak")
+    most = {f"max_{key}": max(r[key] for r in per_rank) for key in keys}
+    return {**most, "per_rank": per_rank}
+
+
 def train_document(
     config: TrainConfig,
     inputs: Inputs,
@@ -118,6 +130,7 @@ def train_document(
     start_step: int,
     probe: dict[str, Any],
     wall_seconds: float,
+    host_memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """train.json: the summary the operator puts on the Checkpoint (TrainingSummary) and
     the details behind it."""
@@ -175,6 +188,7 @@ def train_document(
                 progress.input_tokens / progress.loop_seconds if progress.loop_seconds else None
             ),
             "loop_seconds": progress.loop_seconds,
+            "host_memory": host_memory,
         },
         "history": history,
         "probe": probe,

@@ -23,7 +23,13 @@ from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
 from rtrl_trainer import checkpoint_io as cio
 from rtrl_trainer.stagedset import RESULT_NAME, TRAIN_DIR
-from rtrl_trainer.train.batches import Schedule, make_schedule, step_tokens
+from rtrl_trainer.train.batches import (
+    Schedule,
+    make_schedule,
+    most_micro_batches,
+    row_lengths,
+    step_tokens,
+)
 from rtrl_trainer.train.collectives import Ranks, TrainAbortError, agree, broadcast, gather, say
 from rtrl_trainer.train.config import TrainConfig
 from rtrl_trainer.train.examples import (
@@ -227,6 +233,17 @@ def load_data(config: TrainConfig, inputs: Inputs, ranks: Ranks, device: torch.d
         )
     except DataError as exc:
         raise TrainAbortError(f"staged training set {config.data}: {exc}") from None
+    training = config.training
+    budget = training.micro_batch_tokens or (
+        training.max_sequence_length if training.pack_sequences else None
+    )
+    if budget is not None:
+        # Micro-batches by tokens: how many a step needs depends on every rank's row
+        # lengths; the most over all ranks is the accumulation every rank runs.
+        width = min(budget, training.max_sequence_length) if training.pack_sequences else None
+        schedule = replace(schedule, micro_batch_tokens=budget, packed=width)
+        most = max(gather(most_micro_batches(row_lengths(examples), schedule, rank=ranks.rank)))
+        schedule = replace(schedule, gradient_accumulation_steps=most)
     normalizers = torch.tensor(step_tokens(examples, schedule, rank=ranks.rank), device=device)
     dist.all_reduce(normalizers)
     step_norms = [max(1, int(n)) for n in normalizers.tolist()]

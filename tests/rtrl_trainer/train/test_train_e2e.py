@@ -357,6 +357,24 @@ def test_a_resume_rewinds_the_events_to_the_saved_state(world: World) -> None:
     )
 
 
+def test_packed_micro_batches_train_as_the_unpacked_ones(world: World, reference: str) -> None:
+    # The same rows in every step, packed into sequences of up to 64 tokens instead of 4
+    # padded rows: the same losses and gradient norms, step after step.
+    out = world.uri("runs/c1/ckpt-packed")
+    args = ["--parent", world.parent, "--data", world.data, "--out", out, *LEARNING]
+    result = rtrl_job(world, *args, "--pack-sequences", "--micro-batch-tokens", "64")
+    _ok(result)
+    assert "micro-batch(es) of up to 64 tokens packed in rows of up to 64 per rank" in result.stdout
+    packed, unpacked = _train_json(world, out), _train_json(world, reference)
+    assert packed["config"]["training"]["pack_sequences"] is True
+    for a, b in zip(packed["history"], unpacked["history"], strict=True):
+        assert a["tokens"] == b["tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+    # The same real tokens went through the model (padding is never counted).
+    assert packed["run"]["input_tokens"] == unpacked["run"]["input_tokens"]
+
+
 def _reinforce_grad_norm(model: Any, rows: Sequence[Row]) -> float:
     """The gradient norm of -sum(A * log pi) / N over all rows: what the first step of a
     one-step epoch must compute when the logged log-probs are the parent's own."""

@@ -306,6 +306,20 @@ class TrainingSpec(ApiModel):
     micro_batch_size: int = Field(
         1, ge=1, le=1024, description="Sequences per GPU per forward pass."
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=16,
+        le=16_777_216,
+        description="Token budget per GPU per forward pass: a step's rows are grouped, longest "
+        "first, so that rows x the longest (or, packed, the rows' lengths summed) stay within it; "
+        "replaces microBatchSize. A longer row is a forward pass of its own.",
+    )
+    pack_sequences: bool = Field(
+        False,
+        description="Pack rows back to back into one sequence per forward pass, position ids "
+        "restarting per row so each row attends only to itself (the loss is the unpacked one, "
+        "with no padding), up to microBatchTokens tokens (default maxSequenceLength).",
+    )
     max_sequence_length: int = Field(
         8192, ge=16, le=1_048_576, description="Longer interactions are truncated."
     )
