@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -472,3 +474,50 @@ def test_rollback_during_a_step_says_the_cycle_is_cancelled(
     assert "the running cycle (phase Training) is cancelled" in err
     code, _, err = run(capsys, "rollback", NAME, "--to", "composer-0")
     assert code == 0 and "it is cancelled and its Jobs stopped, and composer-0 serves" in err
+
+
+# --- status --watch, list, wait (their runs against the real control plane: e2e) -------------
+def test_watch_without_a_terminal_appends_a_frame_per_change(world: KubeAPI) -> None:
+    """Piped, each frame is printed once, plain (no escapes), and again only when something
+    shown changed; Ctrl-C (SIGINT) ends it with 0."""
+    env = {**os.environ, "KUBECONFIG": os.fspath(world.kubeconfig)}
+    env.pop("NO_COLOR", None)
+    exe = console_script("kubectl-rtrl")
+    watching = subprocess.Popen([exe, "get", NAME, "--watch"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        time.sleep(3)  # a few looks at nothing changing
+        set_status(world, "RLCycle", NAME, {"phase": "Promoting", "canaryWeight": 100})
+        time.sleep(2.5)
+    finally:
+        watching.send_signal(signal.SIGINT)
+        out, err = watching.communicate(timeout=30)
+    assert watching.returncode == 0, err
+    frames = out.split("kubectl rtrl status composer -n default --watch (Ctrl-C to stop)")[1:]
+    assert len(frames) == 2, out
+    assert "Phase:          Canary (" in frames[0] and "Canary weight:  25%" in frames[0]
+    assert "Phase:          Promoting (" in frames[1] and "Canary weight:  100%" in frames[1]
+    assert "\x1b" not in out
+    assert "└── composer-2" in frames[1] and "Events: none" in frames[1]
+
+
+def test_list_and_wait_usage(world: KubeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["composer", "Canary"]
+    code, _, err = run(capsys, "list", "-n", "empty")
+    assert (code, err) == (0, "No RLCycles found in empty namespace.\n")
+    assert run(capsys, "wait", NAME)[0] == 2  # --for is required
+    assert run(capsys, "wait", NAME, "--for=Done")[0] == 2
+    assert run(capsys, "wait", NAME, "--for=Canary", "--timeout=soon")[0] == 2
+    assert run(capsys, "status", NAME, "--watch", "-o", "json")[0] == 1
+    # the canary is running: reached at once; an RLCycle phase it is not in: timed out
+    code, _, err = run(capsys, "wait", NAME, "--for=Canary", "--timeout=0s")
+    assert (code, err) == (0, "rlcycle.rtrl.io/composer: composer-2 reached Canary (is Canary)\n")
+    code, _, err = run(capsys, "wait", NAME, "--for=idle", "--timeout=0s")
+    assert (code, err) == (1, "error: timed out after 0s waiting for Idle "
+                              "(rlcycle.rtrl.io/composer is Canary)\n")  # fmt: skip
+    # a cycle that has ended is not waited for: the next one is
+    set_status(world, "Checkpoint", "composer-2", {"phase": "Rejected", "message": "gate"})
+    code, _, err = run(capsys, "wait", NAME, "--for=Promoted", "--timeout=0s")
+    assert (code, err) == (1, "error: timed out after 0s waiting for Promoted "
+                              "(no new cycle of rlcycle.rtrl.io/composer started)\n")  # fmt: skip

@@ -128,7 +128,7 @@ def test_the_same_intervals_in_kubectl_the_console_and_the_report(tmp_path: Path
     # kubectl rtrl status
     out = render_status(world.rlcycle, ck, "Candidate", world.now)
     lines = out.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("METRIC"))
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["METRIC", "BASELINE"])
     kubectl = lines[head : head + 1 + len(ROWS)]
     assert_aligned(kubectl, expected_table(KUBECTL_HEADERS))
     assert all(line.startswith("      ") for line in kubectl)

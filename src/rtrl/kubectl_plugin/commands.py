@@ -21,9 +21,8 @@ from ..core.api.names import (
     ANNOTATION_ROLLBACK,
     ANNOTATION_TRIGGER,
     PRE_CANARY_PHASES,
-    RUNNING_PHASES,
 )
-from . import render
+from . import live, render, view
 from .session import RESOURCE, PluginError, Session, annotate
 
 DOCS = "docs/kubectl.md"
@@ -77,7 +76,7 @@ def spec_edit_note(rlc: dict[str, Any], field: str) -> None:
 
 def follow(args: argparse.Namespace) -> str:
     ns = f" -n {args.session.namespace}"
-    return f"follow it with: kubectl rtrl status {args.name}{ns}"
+    return f"follow it with: kubectl rtrl status {args.name}{ns} --watch"
 
 
 def print_objects(items: list[dict[str, Any]], output: str) -> None:
@@ -93,18 +92,16 @@ def print_objects(items: list[dict[str, Any]], output: str) -> None:
 # --- the verbs ----------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     session: Session = args.session
-    rlc = session.rlcycle(args.name)
-    st = render.status(rlc)
-    candidate = session.checkpoint(str(st["candidate"])) if st.get("candidate") else None
-    role = "Candidate"
-    if candidate is None or render.status(candidate).get("phase") not in RUNNING_PHASES:
-        owned = [c for c in session.checkpoints_of(args.name) if render.spec(c).get("rlCycle")]
-        candidate = candidate or (owned[0] if owned else None)
-        role = "Last cycle"
+    if args.watch:
+        if args.output != "text":
+            raise PluginError("--watch shows the text view: leave out -o")
+        return live.watch(session, args.name)
+    snap = live.snapshot(session, args.name)
     if args.output != "text":
-        print_objects([rlc, *([candidate] if candidate else [])], args.output)
+        ck = snap.checkpoint
+        print_objects([snap.rlcycle, *([ck] if ck else [])], args.output)
         return 0
-    print(render.render_status(rlc, candidate, role, datetime.now(UTC)), end="")
+    print(view.frame(snap, datetime.now(UTC), live.painter(sys.stdout)), end="")
     return 0
 
 
@@ -281,7 +278,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 VERBS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "status": (cmd_status, "summary: serving, candidate, canary weight, decisions and numbers"),
+    "status": (
+        cmd_status,
+        "the RLCycle, its cycle's objects, canary, A/B numbers, gates and Events "
+        "(--watch follows it live)",
+    ),
     "history": (cmd_history, "the RLCycle's Checkpoints, newest first"),
     "trigger": (cmd_trigger, "start a cycle now (annotation rtrl.io/trigger)"),
     "promote": (cmd_promote, "promote the running canary (annotation rtrl.io/promote)"),

@@ -7,7 +7,9 @@ import argparse
 import sys
 from typing import NoReturn
 
+from ..core.api.common import parse_duration
 from .commands import DOCS, VERBS
+from .live import cmd_list, cmd_wait, phase_name
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(parser, top=True)
     verbs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (func, help_text) in VERBS.items():
-        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        aliases = ["get"] if name == "status" else []
+        sub = verbs.add_parser(name, help=help_text, description=help_text, aliases=aliases)
         sub.add_argument("name", metavar="RLCYCLE", help="name of the RLCycle")
         add_cluster_options(sub, top=False)
         sub.set_defaults(func=func)
@@ -73,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                 default="text",
                 help="text (default), or the raw objects as a json/yaml List",
             )
+        if name == "status":
+            sub.add_argument(
+                "-w",
+                "--watch",
+                action="store_true",
+                help="follow it: redraw on a terminal, else print each change; Ctrl-C stops",
+            )
         if name == "rollback":
             sub.add_argument(
                 "--to",
@@ -81,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "resume":
             sub.add_argument("--unpin", action="store_true", help="also remove spec.pin")
+    add_list_and_wait(verbs)
     verbs.add_parser(
         "validate",
         help="validate RLCycle/Checkpoint manifests offline (as `rtrl validate`)",
@@ -88,3 +99,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs.add_parser("version", help="print the plugin version")
     return parser
+
+
+def seconds(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_list_and_wait(verbs: argparse._SubParsersAction[Parser]) -> None:
+    text = "one line per RLCycle: phase, serving, candidate, canary weight, cycle, next run"
+    sub = verbs.add_parser("list", help=text, description=text)
+    sub.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the RLCycles of every namespace"
+    )
+    add_cluster_options(sub, top=False)
+    sub.set_defaults(func=cmd_list)
+    text = (
+        "wait until the running (or next) cycle reaches a phase; exit 0 when it does, 3 when "
+        "the cycle ended otherwise, 1 on timeout"
+    )
+    sub = verbs.add_parser("wait", help=text, description=text)
+    sub.add_argument("name", metavar="RLCYCLE", help="name of the RLCycle")
+    sub.add_argument(
+        "--for",
+        dest="for_phase",
+        required=True,
+        type=phase_name,
+        metavar="PHASE",
+        help="a Checkpoint phase (Promoted, RolledBack, Rejected, Canary, ...) of the cycle's "
+        "candidate, or an RLCycle phase (Idle, Promoting, Suspended, ...)",
+    )
+    sub.add_argument(
+        "--timeout",
+        type=seconds,
+        default=30.0,
+        metavar="DURATION",
+        help="how long to wait, e.g. 30s, 10m, 1h (default 30s; 0s: look once)",
+    )
+    add_cluster_options(sub, top=False)
+    sub.set_defaults(func=cmd_wait)

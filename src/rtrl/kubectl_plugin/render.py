@@ -8,11 +8,12 @@ aligned tables with upper-case headers; ``-`` marks what is not known yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from rtrl.abtable import KUBECTL_HEADERS, ab_table
+from rtrl.abtable import number as metric_number
 from rtrl.core.api.names import GROUP
 from rtrl.planning.timeutil import parse_time
 
@@ -24,6 +25,13 @@ HEALTHY = {
     "InvalidSpec": "False",
 }
 REASON_WIDTH = 60
+# How a phase or decision is coloured: ``(text, value) -> text``; :func:`plain` leaves it be,
+# a terminal's is ``rtrl.phasestyle.ansi`` (the commands choose).
+Paint = Callable[[str, str | None], str]
+
+
+def plain(text: str, value: str | None = None) -> str:
+    return text
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -97,14 +105,27 @@ def number(value: object) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4g}"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "") -> list[str]:
-    """Columns padded to their widest cell, two spaces apart (as ``kubectl get``)."""
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    indent: str = "",
+    *,
+    paint: Paint = plain,
+    styled: Sequence[int] = (),
+) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart (as ``kubectl get``). The cells
+    of the ``styled`` columns are painted as their value after padding, so colour codes
+    never shift a column."""
     cells = [list(headers), *[list(r) for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return [
-        (indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
-        for row in cells
-    ]
+    out = []
+    for n, row in enumerate(cells):
+        padded = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        padded[-1] = row[-1]  # no trailing blanks (a painted one would survive rstrip)
+        for i in styled if n else ():
+            padded[i] = paint(padded[i], row[i])
+        out.append((indent + "  ".join(padded)).rstrip())
+    return out
 
 
 def fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> list[str]:
@@ -132,6 +153,41 @@ def eval_summary(ck: dict[str, Any]) -> str:
     return out + (f"; failed: {', '.join(failed)})" if failed else ")")
 
 
+def gate_lines(ck: dict[str, Any], paint: Paint = plain) -> list[str]:
+    """The eval gates: each metric's candidate and parent value, their difference with its
+    bootstrap interval, and whether the gate passed."""
+    gates = (status(ck).get("eval") or {}).get("gates") or []
+    if not gates:
+        return []
+    rows = []
+    for g in gates:
+        name = str(g.get("metric"))
+        candidate, parent = g.get("candidate"), g.get("parent")
+        change = (
+            candidate - parent
+            if isinstance(candidate, int | float) and isinstance(parent, int | float)
+            else None
+        )
+        low = metric_number(g.get("ciLow"), name, signed=True)
+        high = metric_number(g.get("ciHigh"), name, signed=True)
+        rows.append(
+            [
+                name,
+                metric_number(candidate, name),
+                metric_number(parent, name),
+                metric_number(change, name, signed=True),
+                f"[{low}, {high}]",
+                "yes" if g.get("passed") else "no",
+            ]
+        )
+    headers = ["METRIC", "CANDIDATE", "PARENT", "DIFFERENCE", "CI (difference)", "PASSED"]
+
+    def failed_red(cell: str, value: str | None) -> str:
+        return paint(cell, "Failed" if value == "no" else None)
+
+    return ["  Eval gates:", *table(headers, rows, "    ", paint=failed_red, styled=[5])]
+
+
 def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     records = status(ck).get("rollout") or []
     decided = [r for r in records if r.get("decision")]
@@ -141,7 +197,7 @@ def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     return str(last["decision"]), one_line(last.get("reason"))
 
 
-def rollout_lines(ck: dict[str, Any], now: datetime) -> list[str]:
+def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> list[str]:
     records = status(ck).get("rollout") or []
     if not records:
         return ["  Rollout:    not started"]
@@ -161,12 +217,13 @@ def rollout_lines(ck: dict[str, Any], now: datetime) -> list[str]:
             ]
         )
     headers = ["STEP", "WEIGHT", "STARTED", "ENDED", "ANALYSES", "DECISION", "BASELINE N"]
-    out = ["  Rollout:", *table([*headers, "CANARY N"], rows, indent="    ")]
+    out = ["  Rollout:", *table([*headers, "CANARY N"], rows, "    ", paint=paint, styled=[5])]
     for i, r in enumerate(records, 1):
         if not r.get("reason") and not r.get("metrics"):
             continue
         out.append("")
-        out.append(f"    Step {i} ({r.get('weight', 0)}%): {text(r.get('decision'))}")
+        decision = text(r.get("decision"))
+        out.append(f"    Step {i} ({r.get('weight', 0)}%): {paint(decision, decision)}")
         if r.get("reason"):
             out.append(f"      Reason: {one_line(r.get('reason'))}")
         metrics = r.get("metrics") or []
@@ -175,9 +232,12 @@ def rollout_lines(ck: dict[str, Any], now: datetime) -> list[str]:
     return out
 
 
-def checkpoint_lines(ck: dict[str, Any], role: str, now: datetime) -> list[str]:
+def checkpoint_lines(
+    ck: dict[str, Any], role: str, now: datetime, paint: Paint = plain
+) -> list[str]:
     st = status(ck)
-    phase = text(st.get("phase") or "Pending")
+    raw = str(st.get("phase") or "Pending")
+    phase = paint(raw, raw)
     if st.get("reason") or st.get("message"):
         detail = one_line(f"{st.get('reason') or ''}: {st.get('message') or ''}".strip(": "))
         phase = f"{phase} ({detail})"
@@ -205,16 +265,20 @@ def checkpoint_lines(ck: dict[str, Any], role: str, now: datetime) -> list[str]:
         )
         pairs.append(("Training", f"{training.get('steps', 0)} steps{extra}"))
     pairs.append(("Eval", eval_summary(ck)))
-    return [f"{role} {meta(ck).get('name')}:", *fields(pairs, indent="  "), *rollout_lines(ck, now)]
+    return [
+        f"{role} {meta(ck).get('name')}:",
+        *fields(pairs, indent="  "),
+        *gate_lines(ck, paint),
+        *rollout_lines(ck, now, paint),
+    ]
 
 
-# --- the two views -----------------------------------------------------------------------
-def render_status(
-    rlc: dict[str, Any], checkpoint: dict[str, Any] | None, role: str, now: datetime
-) -> str:
-    """``kubectl rtrl status``: the RLCycle, then its candidate (or last) Checkpoint."""
+# --- the views ---------------------------------------------------------------------------
+def rlcycle_lines(rlc: dict[str, Any], now: datetime, paint: Paint = plain) -> list[str]:
+    """The RLCycle's block: phase, cycle, what serves, the canary, requests, conditions."""
     st, sp, md = status(rlc), spec(rlc), meta(rlc)
-    phase = text(st.get("phase") or "Pending")
+    raw = str(st.get("phase") or "Pending")
+    phase = paint(raw, raw)
     if st.get("message"):
         phase = f"{phase} ({one_line(st.get('message'))})"
     stale = (
@@ -256,6 +320,15 @@ def render_status(
         lines.append(f"    ! {condition_line(c)}")
     for c in usual:
         lines.append(f"    {condition_line(c)}")
+    return lines
+
+
+def render_status(
+    rlc: dict[str, Any], checkpoint: dict[str, Any] | None, role: str, now: datetime
+) -> str:
+    """The RLCycle, then its candidate (or last) Checkpoint (``kubectl rtrl status`` adds
+    the tree of its objects and the Events: :mod:`.view`)."""
+    lines = rlcycle_lines(rlc, now)
     if checkpoint is not None:
         lines += ["", *checkpoint_lines(checkpoint, role, now)]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from ..core.api.names import GROUP, LABEL_RLCYCLE
+from ..core.api.names import GROUP, LABEL_ARM, LABEL_CHECKPOINT, LABEL_RLCYCLE
 from ..kube.client import KubeClient, KubeError, path
 from . import render
 
@@ -61,6 +61,33 @@ class Session:
             or (render.meta(c).get("labels") or {}).get(LABEL_RLCYCLE) == rlcycle
         ]
         return render.newest_first(mine)
+
+    def rlcycles(self, all_namespaces: bool) -> list[dict[str, Any]]:
+        answer = self.client.request(
+            "GET", path("RLCycle", None if all_namespaces else self.namespace)
+        )
+        return list((answer or {}).get("items") or [])
+
+    def children(self, checkpoint: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The Checkpoint's Jobs and its canary Deployment(s), by the labels the operator
+        puts on them (``rtrl.io/checkpoint``; the canary also ``rtrl.io/arm=canary``)."""
+        jobs = self.client.list("Job", self.namespace, {LABEL_CHECKPOINT: checkpoint})
+        canary = {LABEL_CHECKPOINT: checkpoint, LABEL_ARM: "canary"}
+        return jobs, self.client.list("Deployment", self.namespace, canary)
+
+    def events_of(self, kind: str, name: str) -> list[dict[str, Any]]:
+        """The Events about one object (core/v1, as the operator posts them). The field
+        selector keeps the answer small; the filter here is what is relied on."""
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        answer = self.client.request(
+            "GET", path("Event", self.namespace), query={"fieldSelector": selector}
+        )
+        return [
+            e
+            for e in (answer or {}).get("items") or []
+            if (e.get("involvedObject") or {}).get("kind") == kind
+            and (e.get("involvedObject") or {}).get("name") == name
+        ]
 
     def patch_rlcycle(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of the RLCycle, field manager ``kubectl-rtrl``."""
