@@ -147,7 +147,8 @@ class RunEvents:
 def trim(store: ObjectStore, keep_through: int, scratch: Path) -> None:
     """Rewrite the event files under ``tensorboard/`` without the scalars of steps after
     ``keep_through``; delete those left with none (see the module docstring)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     shutil.rmtree(scratch, ignore_errors=True)
@@ -157,14 +158,18 @@ def trim(store: ObjectStore, keep_through: int, scratch: Path) -> None:
             continue
         path = scratch / info.key.rsplit("/", 1)[-1]
         store.get_file(info.key, path)
-        events = list(EventFileLoader(str(path)).Load())
-        kept = [e for e in events if not e.HasField("summary") or e.step <= keep_through]
-        if not any(e.HasField("summary") for e in kept):
+        # The records' own bytes: EventFileLoader would hand back scalars migrated to
+        # tensors, which TensorBoard's EventAccumulator no longer lists as scalars.
+        records = [(r, Event.FromString(r)) for r in RawEventFileLoader(str(path)).Load()]
+        kept = [r for r, e in records if not e.HasField("summary") or e.step <= keep_through]
+        if len(kept) == len(records):
+            continue
+        if not any(Event.FromString(r).HasField("summary") for r in kept):
             store.delete(info.key)
-        elif len(kept) < len(events):
-            with path.open("wb") as sink:
-                writer = RecordWriter(sink)
-                for event in kept:
-                    writer.write(event.SerializeToString())
-            store.put_file(info.key, path)
+            continue
+        with path.open("wb") as sink:
+            writer = RecordWriter(sink)
+            for record in kept:
+                writer.write(record)
+        store.put_file(info.key, path)
     shutil.rmtree(scratch, ignore_errors=True)

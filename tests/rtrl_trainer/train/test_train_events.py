@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rtrl.core.store import open_store
 from rtrl_trainer.train.events import trim
 
@@ -42,6 +44,16 @@ def test_trim_keeps_the_steps_up_to_the_resumed_one(tmp_path: Path) -> None:
 
     trim(store, 3, tmp_path / "scratch")
     assert _steps(root) == {first.name: [1, 2, 3], "notes.txt": []}
+    # rewritten as written: TensorBoard still reads them as scalars, with their values
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(root / "tensorboard"))
+    board.Reload()
+    assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [
+        (1, pytest.approx(0.1)),
+        (2, pytest.approx(0.2)),
+        (3, pytest.approx(0.3)),
+    ]
 
     trim(store, 3, tmp_path / "scratch")  # idempotent
     assert _steps(root) == {first.name: [1, 2, 3], "notes.txt": []}
