@@ -107,7 +107,8 @@ class PodLife:
             "podIP": self.pod["status"]["podIP"],
             "podIPs": [{"ip": self.pod["status"]["podIP"]}],
             "startTime": self.started,
-            "qosClass": "BestEffort",
+            # no qosClass: the server set it at creation and refuses a change (a pod
+            # with requests is Burstable), which would drop this whole status write
             "conditions": [
                 condition("PodScheduled", True),
                 condition("Initialized", True),
