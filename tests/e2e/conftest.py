@@ -33,20 +33,31 @@ RELEASE_NAMESPACE = "rtrl-system"
 # The chart's image is not published anywhere this machine can reach: its pod waits in
 # ErrImagePull, and the operator runs as a local process instead (``rtrl_operator``).
 OPERATOR_IMAGE = "*rtrl-operator*"
+# What the kubelet adds to every pod's environment: DeepSpeed on CPU, no model hub.
+KUBELET_ENV = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 @pytest.fixture(scope="session")
-def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def controlplane_binaries() -> Path:
+    """The built control plane's binaries; skips (fails under CI) without them."""
     binaries = binaries_dir()
     if binaries is None:
         message = "the test control plane is not built: run `make controlplane` or `make test`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    with ControlPlane(tmp_path_factory.mktemp("controlplane"), binaries) as cp:
+    return binaries
+
+
+@pytest.fixture(scope="session")
+def controlplane(
+    controlplane_binaries: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    with ControlPlane(tmp_path_factory.mktemp("controlplane"), controlplane_binaries) as cp:
         admin = Cli(cp.admin_kubeconfig)
         # The Gateway API's standard channel, so the server validates the operator's routes.
-        admin.kubectl("apply", "--server-side", "-f", os.fspath(binaries / "gateway-api"))
+        gateway_api = os.fspath(controlplane_binaries / "gateway-api")
+        admin.kubectl("apply", "--server-side", "-f", gateway_api)
         admin.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         yield cp
 
@@ -55,7 +66,6 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
 def kubelet(
     controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Kubelet]:
-    env = {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     # Pods that run as their securityContext's user (runner.identities) must reach their
     # dirs: the kubelet's work dir is traversable by others, unlike pytest's tmp dirs.
     work_dir = tmp_path_factory.mktemp("kubelet")
@@ -67,7 +77,7 @@ def kubelet(
     with Kubelet(
         controlplane,
         work_dir,
-        extra_env=env,
+        extra_env=KUBELET_ENV,
         unavailable_images=(OPERATOR_IMAGE,),
     ) as node:
         yield node

@@ -11,34 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rtrl.planning.timeutil import parse_time
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.cycle_world import NAME, RTRL
 from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.tools import Cli, OperatorProcess
-from tests.e2e.world import serve_arms, set_up
+from tests.e2e.world import canary_counted_from, checkpoint, phase, serve_arms, set_up
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def checkpoint(kube: KubeAPI, name: str) -> dict[str, Any]:
-    return kube.get(RTRL, "Checkpoint", name) or {}
-
-
-def phase(kube: KubeAPI, name: str) -> str | None:
-    return (checkpoint(kube, name).get("status") or {}).get("phase")
-
-
-def canary_counted_from(kube: KubeAPI, name: str) -> Any:
-    """When the canary's current step began to count: the analysis judges only interactions
-    from the time the canary is ready at the step's weight (``readyAt``), not from when the
-    step started, so the arms' users are written after it."""
-    records = (checkpoint(kube, name).get("status") or {}).get("rollout") or []
-    return parse_time(records[-1].get("readyAt")) if records else None
 
 
 def analyses(kube: KubeAPI, name: str) -> int:
@@ -82,7 +64,9 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     reaches("composer-1", "Canary")
     kube.wait_for(lambda: analyses(kube, "composer-1") >= 2, timeout=120, message=why)
     since = kube.wait_for(lambda: canary_counted_from(kube, "composer-1"), timeout=30)
-    serve_arms(root, "composer-0", "composer-1", since=since, canary_edit_persistence=0.8)
+    serve_arms(
+        root / "interactions", "composer-0", "composer-1", since=since, canary_edit_persistence=0.8
+    )
     reaches("composer-1", "Promoted", timeout=120)
     # The judged analyses' Jobs (and their pods) do not pile up: the last one is kept.
     jobs = kube.list("batch/v1", "Job", labels={"rtrl.io/checkpoint": "composer-1"})
@@ -101,7 +85,9 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     admin.kubectl("rtrl", "trigger", NAME, "-n", ns)
     reaches("composer-2", "Canary")
     since = kube.wait_for(lambda: canary_counted_from(kube, "composer-2"), timeout=30)
-    serve_arms(root, "composer-1", "composer-2", since=since, canary_edit_persistence=0.2)
+    serve_arms(
+        root / "interactions", "composer-1", "composer-2", since=since, canary_edit_persistence=0.2
+    )
     reaches("composer-2", "RolledBack", timeout=120)
     assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
     # The data watermark: composer-2 staged only what became ready after composer-1's

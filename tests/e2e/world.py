@@ -10,7 +10,6 @@ the old ones (the way a logging pipeline appends them).
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,43 +21,39 @@ import pyarrow.compute as pc
 
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.shards.schema import TIMESTAMP
-from rtrl.core.store import open_store
+from rtrl.core.store import ObjectStore, open_store
+from rtrl.planning.timeutil import parse_time
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.cycle_world import base_checkpoint, deployment, rlcycle
+from rtrl_localkube.cycle_world import RTRL, base_checkpoint, deployment, rlcycle
 from tests.rtrl_trainer.trainset import VOCAB, save_parent, tiny_gpt2
 
 
-def add_interactions(root: Path, batches: Any) -> None:
-    """Write ``batches`` as shard files with fresh names into the shard root ``root``."""
-    scratch = root.parent / f"incoming-{uuid.uuid4().hex[:8]}"
-    keys = write_shards(batches, scratch)
-    for key in keys:
-        target = root / key
-        target = target.with_name(f"part-{uuid.uuid4().hex[:12]}.parquet")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(scratch / key, target)
-    shutil.rmtree(scratch)
+def add_interactions(shards: Path | ObjectStore, batches: Any) -> None:
+    """Write ``batches`` as shard files of a prefix of their own into the shard root
+    ``shards``, next to what is there: the way a logging pipeline appends them."""
+    write_shards(batches, shards, file_prefix=f"part-{uuid.uuid4().hex[:12]}")
 
 
-def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[str, Any]:
-    """The base model, 240 matured interactions it served, the Deployment, the base
-    Checkpoint and the RLCycle (created last); returns the RLCycle as created."""
-    interactions = root / "interactions"
-    add_interactions(
-        interactions,
-        synthetic_interactions(
-            240, seed=3, checkpoint_id="composer-0", tokens=12, prompt_tokens=(4, 12),
-            vocab_size=VOCAB, start=datetime.now(UTC) - timedelta(hours=4),
-            duration=timedelta(hours=2),
-        ),
+def served(n: int = 240) -> Any:
+    """``n`` interactions the base model served 4 to 2 hours ago, their feedback in."""
+    return synthetic_interactions(
+        n, seed=3, checkpoint_id="composer-0", tokens=12, prompt_tokens=(4, 12),
+        vocab_size=VOCAB, start=datetime.now(UTC) - timedelta(hours=4),
+        duration=timedelta(hours=2),
     )  # fmt: skip
-    save_parent(open_store(root.as_uri() + "/"), "models/base", tiny_gpt2(seed=1), tmp,
-                tokenizer_size=250)  # fmt: skip
-    kube.create(deployment(root))
-    kube.create(base_checkpoint(root))
-    spec = rlcycle(root)["spec"]
+
+
+def save_base_model(store: ObjectStore, prefix: str, tmp: Path, *, commit: bool = True) -> None:
+    """The tiny model every cycle here trains from, under ``prefix`` of ``store``."""
+    save_parent(store, prefix, tiny_gpt2(seed=1), tmp, tokenizer_size=250, commit=commit)
+
+
+def small(spec: dict[str, Any], shards: str) -> dict[str, Any]:
+    """An RLCycle spec made small enough for one CPU: a few hundred interactions from
+    ``shards``, matured at once, a tiny model, the replay suite only, two canary steps of
+    seconds. ``spec`` is changed in place and returned."""
     spec["data"].update(
-        shards=interactions.as_uri() + "/", maturity="1s", window="24h", minInteractions=50,
+        shards=shards, maturity="1s", window="24h", minInteractions=50,
         minTokens=100, maxBadFraction=0.05,
     )  # fmt: skip
     spec["training"].update(
@@ -69,12 +64,24 @@ def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[st
     spec["rollout"]["steps"] = [{"weight": 25, "minDuration": "2s"},
                                 {"weight": 50, "minDuration": "2s"}]  # fmt: skip
     spec["rollout"]["analysis"].update(interval="2s")
+    return spec
+
+
+def set_up(kube: KubeAPI, root: Path, tmp: Path, **spec_changes: Any) -> dict[str, Any]:
+    """The base model, 240 matured interactions it served, the Deployment, the base
+    Checkpoint and the RLCycle (created last); returns the RLCycle as created."""
+    interactions = root / "interactions"
+    add_interactions(interactions, served())
+    save_base_model(open_store(root.as_uri() + "/"), "models/base", tmp)
+    kube.create(deployment(root))
+    kube.create(base_checkpoint(root))
+    spec = small(rlcycle(root)["spec"], interactions.as_uri() + "/")
     spec.update(spec_changes)
     return kube.create(rlcycle(root, **spec))
 
 
 def serve_arms(
-    root: Path,
+    shards: Path | ObjectStore,
     baseline: str,
     canary: str,
     *,
@@ -115,4 +122,20 @@ def serve_arms(
                 "edit_persisted",
                 pa.array(persisted, pa.float64()),
             )
-        add_interactions(root / "interactions", batch.to_batches())
+        add_interactions(shards, batch.to_batches())
+
+
+def checkpoint(kube: KubeAPI, name: str) -> dict[str, Any]:
+    return kube.get(RTRL, "Checkpoint", name) or {}
+
+
+def phase(kube: KubeAPI, name: str) -> str | None:
+    return (checkpoint(kube, name).get("status") or {}).get("phase")
+
+
+def canary_counted_from(kube: KubeAPI, name: str) -> Any:
+    """When the canary's current step began to count: the analysis judges only interactions
+    from the time the canary is ready at the step's weight (``readyAt``), not from when the
+    step started, so the arms' users are written after it."""
+    records = (checkpoint(kube, name).get("status") or {}).get("rollout") or []
+    return parse_time(records[-1].get("readyAt")) if records else None
