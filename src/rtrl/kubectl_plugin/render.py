@@ -15,6 +15,7 @@ from typing import Any
 from rtrl.abtable import KUBECTL_HEADERS, ab_table
 from rtrl.abtable import number as metric_number
 from rtrl.core.api.names import GROUP
+from rtrl.phasestyle import outcome
 from rtrl.planning.timeutil import parse_time
 
 # A condition's healthy state: these are listed as one line; anything else stands out.
@@ -236,8 +237,11 @@ def checkpoint_lines(
     ck: dict[str, Any], role: str, now: datetime, paint: Paint = plain
 ) -> list[str]:
     st = status(ck)
+    # as the report and the demo's console word it: "Promoted, later Superseded"
+    decision = last_decision(ck)[0]
     raw = str(st.get("phase") or "Pending")
-    phase = paint(raw, raw)
+    decided = outcome(raw, decision) if decision != "-" else (raw,)
+    phase = ", later ".join(paint(p, p) for p in decided)
     if st.get("reason") or st.get("message"):
         detail = one_line(f"{st.get('reason') or ''}: {st.get('message') or ''}".strip(": "))
         phase = f"{phase} ({detail})"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rtrl.kubectl_plugin import live
-from rtrl.kubectl_plugin.render import plain, table
+from rtrl.kubectl_plugin.render import checkpoint_lines, plain, table
 from rtrl.kubectl_plugin.view import Snapshot, event_lines, frame, list_lines, tree_lines
 from rtrl.phasestyle import ansi
 
@@ -219,3 +219,18 @@ def test_when_wait_counts_a_phase_as_reached(
     target: str, phase: str, seen: set[str], rlc_phase: str, verdict: bool | None
 ) -> None:
     assert live.reached(target, phase, seen, rlc_phase) is verdict
+
+
+def test_a_superseded_checkpoint_reads_as_the_report_words_it() -> None:
+    """Promoted by its canary, replaced by a later promotion: "Promoted, later Superseded",
+    each word in its own colour, as the demo's report and console say (rtrl.phasestyle)."""
+    promoted = [{"weight": 50, "startedAt": at(hours=9), "analyses": 3, "decision": "promote"}]
+    old = obj("Checkpoint", "composer-1", at(days=1), {"phase": "Superseded", "rollout": promoted},
+              spec={"cycle": 1, "parent": "composer-0", "rlCycle": "composer"})  # fmt: skip
+    base = obj("Checkpoint", "composer-0", at(days=2), {"phase": "Superseded"})
+    lines = checkpoint_lines(old, "last", NOW)
+    assert any("Promoted, later Superseded" in line for line in lines), lines
+    coloured = "\n".join(checkpoint_lines(old, "last", NOW, ansi))
+    assert f"{ansi('Promoted', 'Promoted')}, later {ansi('Superseded', 'Superseded')}" in coloured
+    # registered by hand, never decided by a canary: its phase alone
+    assert not any("Promoted" in line for line in checkpoint_lines(base, "last", NOW))
