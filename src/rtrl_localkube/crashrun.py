@@ -75,7 +75,8 @@ class CrashSweep:
     violations: list[Violation] = field(default_factory=list)
     _armed: bool = False
     _killed: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Re-entrant: a write's kill decides and kills under one hold (see _after_write).
+    _lock: threading.RLock = field(default_factory=threading.RLock)
     _checked_at: float = -1.0
     _restart_when: Callable[[], Any] | None = None
 
@@ -127,12 +128,16 @@ class CrashSweep:
         # the round it belongs to is planned again) is killed after once in a row, not for
         # ever: the next run may pass it and the sweep goes on.
         again = bool(self.kills) and _same(self.kills[-1], write)
+        # Decided and done under one hold of the lock: settle() disarms under it, so a kill
+        # is either over (and seen there) or never fires. (Done in two holds, a test that
+        # saw this write's effect could disarm between them, find the operator alive and
+        # then wait for rounds from a process killed just after.)
         with self._lock:
             fire = self._armed and not again
             self._armed = self._armed and not fire
-        if fire:
-            self.kills.append(write)
-            self.kill()
+            if fire:
+                self.kills.append(write)
+                self.kill()
 
     def stop(self) -> None:
         self.sweeping = False
@@ -237,9 +242,11 @@ class CrashSweep:
         take one more round to agree, e.g. ``Ready`` naming the newly serving Checkpoint),
         and every invariant hold. ``rounds=False``: no RLCycle is left to have rounds; two
         resync periods with no write at all instead."""
-        self.sweeping = False
-        self._armed = False
-        if self._killed.is_set() or self.child is None or self.child.poll() is not None:
+        with self._lock:  # a write's kill in progress finishes first (see _after_write)
+            self.sweeping = False
+            self._armed = False
+            gone = self._killed.is_set() or self.child is None or self.child.poll() is not None
+        if gone:
             self._check_safety()
             self.start()
         writes = len(self.proxy.writes)
