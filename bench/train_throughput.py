@@ -63,9 +63,9 @@ from rtrl_trainer.train.collectives import distributed_env
 from rtrl_trainer.train.config import build_config
 from rtrl_trainer.train.engine import build_engine, load_policy, policy_config, prepare_runtime
 from rtrl_trainer.train.examples import Example
-from rtrl_trainer.train.forward import micro_batch_loss, start_logprobs
+from rtrl_trainer.train.forward import INPUT_TOKENS, micro_batch_loss, start_logprobs
 from rtrl_trainer.train.loop import train_step
-from rtrl_trainer.train.loss import STAT_NAMES, LossSettings
+from rtrl_trainer.train.loss import LossSettings
 
 # Dense bf16 peak of the GPUs the goal is stated for, TFLOP/s (H100 and H200 SXM alike).
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
@@ -377,7 +377,7 @@ def _rtrl_loop(engine: Any, schedule: Schedule, d: LoopData) -> Callable[[int], 
             normalizer=d.norms[step - 1], settings=settings, world_size=1, device=d.device,
             keep_logits=d.keep_logits, step=step, packed=schedule.packed,
         )  # fmt: skip
-        return int(stats[len(STAT_NAMES)])
+        return int(stats[INPUT_TOKENS])
 
     return step_fn
 

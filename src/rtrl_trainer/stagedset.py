@@ -151,6 +151,8 @@ def train_schema(tokens: str = WIDE_TOKEN_IDS) -> pa.Schema:
     return pa.schema(
         [
             *set_fields(CARRIED_COLUMNS, tokens),
+            # The combined reward, the value the row's advantage is computed from; the
+            # trainer reads it (when present) only to log each step's mean reward.
             pa.field("reward", pa.float32()),
             # 1.0 for every row: the trainer importance-weights per token from the logged
             # log-probs (off-policy rows included); this column is where a per-row weight

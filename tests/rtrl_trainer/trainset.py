@@ -110,15 +110,19 @@ def write_trainset(
     *,
     sufficient: bool = True,
     commit: bool = True,
+    rewards: bool = True,
 ) -> None:
     """A staged set under ``prefix``: one ``train/rank-*.parquet`` per entry of ``files``
-    and ``stage.json``, committed (manifest last) unless ``commit`` is false."""
+    and ``stage.json``, committed (manifest last) unless ``commit`` is false; without the
+    ``reward`` column (as a set written by hand may be) when ``rewards`` is false."""
     work = tmp / f"trainset-{uuid.uuid4().hex[:8]}"
     (work / "train").mkdir(parents=True)
     paths: dict[str, Path] = {}
     for index, rows in enumerate(files):
         name = f"train/rank-{index:05d}-of-{len(files):05d}.parquet"
         table = pa.Table.from_pylist([r.record() for r in rows], schema=TRAINSET_SCHEMA)
+        if not rewards:
+            table = table.drop_columns(["reward"])
         pq.write_table(table, work / name)
         paths[name] = work / name
     stage = {

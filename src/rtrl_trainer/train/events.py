@@ -34,13 +34,15 @@ from rtrl_trainer.train.forward import step_line
 
 UPLOAD_ENV = "RTRL_TENSORBOARD_SECONDS"
 DEFAULT_UPLOAD_SECONDS = 30.0
-# history key -> tag; the demo report reads these tags back: they are a contract.
+# history key -> tag; the demo report reads these tags back: they are a contract. A key
+# a step's history lacks has no scalar: mean_reward where the staged set has no rewards.
 TAGS = {
     "loss": "train/loss",
     "kl": "train/kl",
     "clip_fraction": "train/clip_fraction",
     "truncation_fraction": "train/truncation_fraction",
     "mean_advantage": "train/mean_advantage",
+    "mean_reward": "train/reward",
     "grad_norm": "train/grad_norm",
     "tokens": "train/tokens",
 }

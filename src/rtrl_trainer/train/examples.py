@@ -27,6 +27,7 @@ weights) mean the set was not written by the stage step and stop the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,9 @@ from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, advantage_name, pa
 LIST_COLUMNS = tuple(PACKED_COLUMNS)
 SCALAR_COLUMNS = (ADVANTAGE, "sample_weight")
 REQUIRED_COLUMNS = ("interaction_id", *LIST_COLUMNS, *SCALAR_COLUMNS)
+# The row's combined reward, as the stage step computed it (the value its advantage comes
+# from): read when the rank file has it, for the step's mean_reward, never trained on.
+REWARD = "reward"
 # Skipped rows named in train.json (the counts cover all of them).
 MAX_SKIPPED_EXAMPLES = 5
 # The limit on skipped rows of a set whose stage.json does not say (one written by hand).
@@ -60,7 +64,8 @@ class DataError(ValueError):
 class Example:
     """One row, ready for the model. ``input_ids`` is prompt + completion after
     truncation; the completion starts at ``completion_start``; ``logprobs`` and ``mask``
-    are per completion token (as kept)."""
+    are per completion token (as kept); ``reward`` is the row's combined reward, None when
+    the set has none for it."""
 
     input_ids: NDArray[np.int64]
     completion_start: int
@@ -69,6 +74,7 @@ class Example:
     advantage: float
     sample_weight: float
     source: str
+    reward: float | None = None
 
     @property
     def completion_length(self) -> int:
@@ -205,7 +211,8 @@ def read_rank(
 
 def _read_table(name: str, path: Path) -> pa.Table:
     """The rank file's rows with their advantages: from its advantage file (as the stage
-    step writes them), or from its own ``advantage`` column (a set written by hand)."""
+    step writes them), or from its own ``advantage`` column (a set written by hand); and
+    its ``reward`` column when it has one."""
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
@@ -218,7 +225,7 @@ def _read_table(name: str, path: Path) -> pa.Table:
     if missing:
         nor = f" (and no {advantage_name(name)})" if ADVANTAGE in missing else ""
         raise DataError(f"{name}: missing column(s) {', '.join(missing)}{nor}")
-    columns = [c for c in REQUIRED_COLUMNS if c in schema.names]
+    columns = [c for c in (*REQUIRED_COLUMNS, REWARD) if c in schema.names]
     try:
         table = pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as exc:
@@ -315,6 +322,7 @@ def _examples(
     negative = np.flatnonzero(scalars["sample_weight"] < 0)
     if len(negative):
         raise DataError(f"{where(int(negative[0]))}: sample_weight is negative")
+    rewards = _rewards(table)
 
     p_off, p_ids = lists["prompt_ids"]
     c_ids = lists["completion_ids"][1]
@@ -357,6 +365,20 @@ def _examples(
                 advantage=float(scalars["advantage"][row]),
                 sample_weight=float(scalars["sample_weight"][row]),
                 source=f"{name} row {row}",
+                reward=rewards[row],
             )
         )
     return out, truncated, skipped
+
+
+def _rewards(table: pa.Table) -> list[float | None]:
+    """Each row's reward; None for all rows when the file has no numeric ``reward``
+    column (a set written without one), and for a row whose reward is null or not finite.
+    Rewards are only watched, so none of this stops a run."""
+    if REWARD not in table.column_names:
+        return [None] * table.num_rows
+    array = table.column(REWARD).combine_chunks()
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
+        return [None] * table.num_rows
+    values = array.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
+    return [v if math.isfinite(v) else None for v in values.tolist()]

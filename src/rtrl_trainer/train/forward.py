@@ -17,16 +17,16 @@ import torch.distributed as dist
 
 from rtrl_trainer.train.batches import Schedule, collate, epoch_micro_batches, row_lengths
 from rtrl_trainer.train.examples import Example
-from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, policy_loss
+from rtrl_trainer.train.loss import STEP_STAT_NAMES, LossSettings, policy_loss, row_stats
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
-# A step's stats vector: the loss stats (STAT_NAMES), then these entries.
-INPUT_TOKENS = len(STAT_NAMES)
-NONFINITE = len(STAT_NAMES) + 1
-GRAD_NORM = len(STAT_NAMES) + 2  # only where DeepSpeed does not report it (ZeRO-0 fp32)
-STATS_SIZE = len(STAT_NAMES) + 3
+# A step's stats vector: the loss and row stats (STEP_STAT_NAMES), then these entries.
+INPUT_TOKENS = len(STEP_STAT_NAMES)
+NONFINITE = len(STEP_STAT_NAMES) + 1
+GRAD_NORM = len(STEP_STAT_NAMES) + 2  # only where DeepSpeed does not report it (ZeRO-0 fp32)
+STATS_SIZE = len(STEP_STAT_NAMES) + 3
 
 
 def token_logprobs(model: Callable[..., Any], mb: Any, keep_logits: bool) -> torch.Tensor:
@@ -100,9 +100,13 @@ def micro_batch_loss(
     keep_logits: bool,
     packed: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(loss, summed stats, input tokens) of one micro-batch: shared by the trainer and the
+    """(loss, summed stats in STEP_STAT_NAMES order: the loss's over tokens, then its rows'
+    with their rewards, input tokens) of one micro-batch: shared by the trainer and the
     benchmark's plain-PyTorch baseline."""
     mb = collate(examples, rows, device=device, packed=packed)
+    # To the device with collate's copies, before the forward is queued (a copy from the
+    # host waits for the stream).
+    rewards = row_stats([examples[i].reward for i in mb.rows], device=device)
     logp = token_logprobs(model, mb, keep_logits)
     # Filler micro-batches have no rows; their loss is zero whatever "old" holds.
     old = mb.scatter([start_lp[i] for i in mb.rows]) if mb.rows else mb.logp_serve
@@ -117,7 +121,7 @@ def micro_batch_loss(
         logp_ref=old,
         sample_weight=mb.sample_weight,
     )
-    return result.loss, result.stats, mb.input_tokens
+    return result.loss, torch.cat([result.stats, rewards]), mb.input_tokens
 
 
 def unsharded_grad_norm(engine: DeepSpeedEngine) -> float:
@@ -144,9 +148,10 @@ def step_line(m: dict[str, Any], total: int) -> str:
         return f"step {m['step']}/{total}: no tokens"
     norm = m["grad_norm"]
     rate = m["tokens"] / m["seconds"] if m["seconds"] > 0 else 0.0
+    reward = f"reward {m['mean_reward']:+.3f}  " if "mean_reward" in m else ""
     return (
         f"step {m['step']}/{total}  loss {m['loss']:+.5f}  kl {m['kl']:.2e}  "
         f"clip {m['clip_fraction']:.3f}  trunc {m['truncation_fraction']:.3f}  "
-        f"adv {m['mean_advantage']:+.3f}  |g| {'-' if norm is None else f'{norm:.3g}'}  "
+        f"adv {m['mean_advantage']:+.3f}  {reward}|g| {'-' if norm is None else f'{norm:.3g}'}  "
         f"tokens {int(m['tokens'])}  {rate:,.0f} tok/s"
     )

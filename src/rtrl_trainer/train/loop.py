@@ -53,7 +53,7 @@ from rtrl_trainer.train.forward import (
     micro_batch_loss,
     unsharded_grad_norm,
 )
-from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, summarize
+from rtrl_trainer.train.loss import STEP_STAT_NAMES, LossSettings, summarize
 from rtrl_trainer.train.publish import delete_leftover_state, publish_checkpoint
 from rtrl_trainer.train.resume import run_fingerprint, save_state, start_or_resume
 from rtrl_trainer.train.state import load_data, scratch_dir, share_inputs
@@ -162,7 +162,7 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         norm = grad_norm(engine, stats)
         if norm is not None and not math.isfinite(norm):
             raise TrainAbortError(f"non-finite gradient norm at step {step}; nothing published")
-        metrics: dict[str, Any] = dict(summarize(stats[: len(STAT_NAMES)]))
+        metrics: dict[str, Any] = dict(summarize(stats[: len(STEP_STAT_NAMES)]))
         metrics.update(step=step, grad_norm=norm, seconds=seconds)
         progress.history.append(metrics)
         progress.loop_seconds += seconds
@@ -221,7 +221,7 @@ def train_step(
     packed: int | None = None,
 ) -> torch.Tensor:
     """One optimizer step over ``batches`` (this rank's micro-batches); the stats summed
-    over all ranks (STAT_NAMES, input tokens, non-finite count)."""
+    over all ranks (STEP_STAT_NAMES, input tokens, non-finite count)."""
     stats = torch.zeros(STATS_SIZE, dtype=torch.float64, device=device)
     for index, rows in enumerate(batches):
         loss, micro_stats, input_tokens = micro_batch_loss(
@@ -235,7 +235,7 @@ def train_step(
             keep_logits=keep_logits,
             packed=packed,
         )
-        stats[: len(STAT_NAMES)] += micro_stats
+        stats[: len(STEP_STAT_NAMES)] += micro_stats
         stats[INPUT_TOKENS] += input_tokens
         stats[NONFINITE] += (~torch.isfinite(loss.detach())).double()
         # The loss is already a mean over the global batch's tokens; DeepSpeed would also

@@ -23,6 +23,7 @@ tokens are split over micro-batches and ranks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,10 @@ STAT_NAMES = (
     "is_weight",
     "ratio",
 )
+# After STAT_NAMES in a step's stats (STEP_STAT_NAMES): sums over the micro-batch's rows,
+# each row once whatever its tokens (:func:`row_stats`), combined by addition the same way.
+ROW_STAT_NAMES = ("rows", "rewarded_rows", "reward")
+STEP_STAT_NAMES = (*STAT_NAMES, *ROW_STAT_NAMES)
 # exp() of a log-ratio beyond this overflows float32 long before it means anything; the
 # k3 term is clamped there (KL stays >= 0 and exact for any realistic policy move).
 _KL_LOG_RATIO_LIMIT = 20.0
@@ -143,14 +148,30 @@ def _per_token(values: Tensor, like: Tensor) -> Tensor:
     return values
 
 
+def row_stats(rewards: Sequence[float | None], device: torch.device | None = None) -> Tensor:
+    """A micro-batch's row sums (float64, ROW_STAT_NAMES order) from its rows' rewards
+    (None: a row without one): rows, rows with a reward, and the sum of those rewards."""
+    known = [r for r in rewards if r is not None]
+    return torch.tensor(
+        [len(rewards), len(known), math.fsum(known)], dtype=torch.float64, device=device
+    )
+
+
 def summarize(stats: Tensor) -> dict[str, float]:
-    """Means from summed stats: loss (already a token mean), kl, clip_fraction,
-    truncation_fraction, mean_advantage, mean_is_weight, mean_ratio, and tokens."""
+    """Means from summed stats (:class:`PolicyLoss` ``stats``, or a step's in
+    STEP_STAT_NAMES order): loss (already a token mean), kl, clip_fraction,
+    truncation_fraction, mean_advantage, mean_is_weight, mean_ratio, and tokens; and, from
+    a step's row sums, mean_reward: the mean combined reward of the step's rows, each row
+    counted once however many tokens it has (mean_advantage, by contrast, weighs each row by
+    its tokens), present only when every row had a reward."""
     values = [float(v) for v in stats.detach().cpu().tolist()]
-    sums = dict(zip(STAT_NAMES, values, strict=True))
+    names = STEP_STAT_NAMES if len(values) == len(STEP_STAT_NAMES) else STAT_NAMES
+    sums = dict(zip(names, values, strict=True))
     tokens = sums["tokens"]
     if tokens <= 0:
         return {"tokens": 0.0}
+    rows = sums.get("rows", 0.0)
+    rewarded = rows > 0 and sums["rewarded_rows"] == rows
     return {
         "tokens": tokens,
         "loss": sums["loss"] / tokens,
@@ -160,4 +181,5 @@ def summarize(stats: Tensor) -> dict[str, float]:
         "mean_advantage": sums["advantage"] / tokens,
         "mean_is_weight": sums["is_weight"] / tokens,
         "mean_ratio": sums["ratio"] / tokens,
+        **({"mean_reward": sums["reward"] / rows} if rewarded else {}),
     }

@@ -10,6 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
 from rtrl.core.shards import synthetic_interactions, write_shards
 from rtrl.core.store import open_store
@@ -61,6 +63,56 @@ def test_train_consumes_what_stage_commits(tmp_path: Path) -> None:
     result = json.loads(published.get_bytes("train.json"))
     assert result["summary"]["tokens"] > 0
     assert result["summary"]["steps"] == 2
+
+
+def test_the_train_step_logs_the_mean_reward_the_stage_computed(tmp_path: Path) -> None:
+    """``train/reward`` (and ``mean_reward`` in train.json's history and the step line) is
+    the mean combined reward of the step's rows as the stage computed it: each row once, so
+    with one step over the whole set, the mean of the rank files' rewards."""
+    root = tmp_path / "store"
+    shards = root / "interactions"
+    write_shards(
+        synthetic_interactions(
+            24, seed=7, checkpoint_id="ckpt-1", tokens=8, prompt_tokens=(4, 8),
+            vocab_size=VOCAB, duration=timedelta(minutes=30),
+        ),
+        shards,
+    )  # fmt: skip
+    store = open_store(root.as_uri() + "/")
+    save_parent(store, "models/ckpt-1", tiny_gpt2(), tmp_path)
+    stage_out = root / "cycles" / "2" / "stage"
+    assert main([
+        "stage", "--shards", shards.as_uri() + "/", "--checkpoint", "ckpt-1",
+        "--out", stage_out.as_uri() + "/", "--now", "2026-01-06T00:00:00Z",
+        "--min-interactions", "8", "--heldout-fraction", "0", "--ranks", "2",
+    ]) == 0  # fmt: skip
+    rewards = [
+        r
+        for name in sorted((stage_out / "train").glob("rank-*-of-00002.parquet"))
+        for r in pq.read_table(name, columns=["reward"]).column("reward").to_pylist()
+    ]
+    assert len(set(rewards)) > 1  # a mean that could come out wrong
+
+    train_out = root / "models" / "ckpt-2"
+    trained = _job(
+        "train", "--parent", (root / "models" / "ckpt-1").as_uri() + "/",
+        "--data", stage_out.as_uri() + "/", "--out", train_out.as_uri() + "/",
+        "--precision", "fp32", "--batch-tokens", "4096", "--micro-batch-size", "8",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = json.loads((train_out / "train.json").read_text())
+    assert result["data"]["rows"] == len(rewards)  # every staged row, in one step
+    (step,) = result["history"]
+    expected = sum(rewards) / len(rewards)
+    assert step["mean_reward"] == pytest.approx(expected, rel=1e-9)
+    assert f"reward {expected:+.3f}" in trained.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(train_out / "tensorboard"))
+    board.Reload()
+    assert [(e.step, e.value) for e in board.Scalars("train/reward")] == [
+        (1, pytest.approx(expected, rel=1e-6))
+    ]
 
 
 def test_a_row_an_older_stage_let_through_is_skipped_not_fatal(tmp_path: Path) -> None:

@@ -241,6 +241,35 @@ def test_advantages_come_from_the_rank_files_advantage_file(tmp_path: Path) -> N
         _read([(name, path)])
 
 
+def test_rewards_ride_along_from_the_rank_file_when_it_has_them(tmp_path: Path) -> None:
+    """Each row's combined reward (the rank file's ``reward`` column, the value the stage
+    computed the advantage from) goes with it, for the step's ``mean_reward``; a file
+    without the column, or a null reward, leaves the row without one (never invented)."""
+    rewards = [0.5, -1.0, 2.0]
+    rows = [
+        Row(prompt=[i, 1], completion=[2, 3], advantage=0.0, reward=r)
+        for i, r in enumerate(rewards)
+    ]
+    table = pa.Table.from_pylist([r.record() for r in rows], schema=TRAINSET_SCHEMA)
+    name = "train/rank-00000-of-00001.parquet"
+    path = tmp_path / name
+    path.parent.mkdir(parents=True)
+    # As the stage writes a set: the advantages in the advantage file.
+    pq.write_table(table.drop_columns(["advantage"]), path)
+    side = tmp_path / "train/rank-00000-of-00001.advantage.parquet"
+    pq.write_table(pa.table({"advantage": pa.array([0.5, -1.0, 2.0], pa.float32())}), side)
+    assert [e.reward for e in _read([(name, path)])] == rewards
+    # A rank file with its own advantage column (a set written by hand) reads it too.
+    pq.write_table(table, path)
+    assert [e.reward for e in _read([(name, path)])] == rewards
+    pq.write_table(table.drop_columns(["reward"]), path)
+    assert [e.reward for e in _read([(name, path)])] == [None, None, None]
+    index = table.schema.get_field_index("reward")
+    nulls = pa.array([0.5, None, float("nan")], pa.float32())
+    pq.write_table(table.set_column(index, table.schema.field(index), nulls), path)
+    assert [e.reward for e in _read([(name, path)])] == [0.5, None, None]
+
+
 def test_truncation_keeps_the_completion_and_the_end_of_the_prompt(tmp_path: Path) -> None:
     rows = [
         Row(prompt=list(range(10, 20)), completion=[1, 2, 3], advantage=1),

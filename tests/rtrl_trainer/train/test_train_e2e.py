@@ -357,6 +357,26 @@ def test_a_resume_rewinds_the_events_to_the_saved_state(world: World) -> None:
     )
 
 
+def test_a_set_without_rewards_trains_and_logs_no_reward(world: World) -> None:
+    # Written by hand (or by another tool) without the reward column: the run trains as
+    # ever, and no reward appears anywhere rather than an invented one.
+    write_trainset(
+        world.store, "runs/no-reward/stage", [world.rows[:8]], world.tmp / "no-reward",
+        rewards=False,
+    )  # fmt: skip
+    out = world.uri("runs/no-reward/ckpt")
+    result = rtrl_job(
+        world, "--parent", world.parent, "--data", world.uri("runs/no-reward/stage"),
+        "--out", out, "--precision", "fp32", "--max-steps", "1",
+    )  # fmt: skip
+    _ok(result)
+    assert "step 1/1" in result.stdout and " reward " not in result.stdout
+    (step,) = _train_json(world, out)["history"]
+    assert step["tokens"] > 0 and "mean_reward" not in step
+    tags = {tag for tag, _, _ in _raw_events(_sync_events(out, world.tmp / "no-reward-events"))}
+    assert TAGS["loss"] in tags and TAGS["mean_reward"] not in tags
+
+
 def test_packed_micro_batches_train_as_the_unpacked_ones(world: World, reference: str) -> None:
     # The same rows in every step, packed into sequences of up to 64 tokens instead of 4
     # padded rows: the same losses and gradient norms, step after step.

@@ -10,7 +10,13 @@ import math
 import pytest
 import torch
 
-from rtrl_trainer.train.loss import STAT_NAMES, LossSettings, policy_loss, summarize
+from rtrl_trainer.train.loss import (
+    STAT_NAMES,
+    LossSettings,
+    policy_loss,
+    row_stats,
+    summarize,
+)
 
 SETTINGS = LossSettings(clip_ratio=0.2, is_truncation=2.0, kl_coef=0.1)
 
@@ -51,6 +57,29 @@ def test_hand_computed_loss_and_stats() -> None:
     assert means["clip_fraction"] == pytest.approx(1 / 3)
     assert means["truncation_fraction"] == pytest.approx(1 / 3)
     assert means["loss"] == pytest.approx(out.loss.item(), abs=1e-6)
+
+
+def test_mean_reward_is_a_mean_over_rows_not_tokens() -> None:
+    # Two rows whose advantage is their reward: +1 over three tokens, -1 over one. Tokens
+    # weigh the advantage (+0.5); each row counts once in the reward (0).
+    zero = torch.zeros(2, 3)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    out = policy_loss(
+        zero, zero, zero, torch.tensor([1.0, -1.0]), mask, settings=SETTINGS, normalizer=4
+    )
+    step = torch.cat([out.stats, row_stats([1.0, -1.0])])
+    means = summarize(step)
+    assert means["mean_advantage"] == pytest.approx(0.5)
+    assert means["mean_reward"] == pytest.approx(0.0)
+    # Micro-batches and ranks add up: the same rows split in two give the same mean.
+    split = torch.cat([out.stats, row_stats([1.0])]) + torch.cat(
+        [torch.zeros_like(out.stats), row_stats([-1.0])]
+    )
+    assert summarize(split)["mean_reward"] == pytest.approx(0.0)
+    # A row without a reward: none for the step, not a mean over the others.
+    assert "mean_reward" not in summarize(torch.cat([out.stats, row_stats([1.0, None])]))
+    assert "mean_reward" not in summarize(torch.cat([out.stats, row_stats([None, None])]))
+    assert "mean_reward" not in summarize(out.stats)  # the loss's own stats: no rows
 
 
 def test_first_step_gradient_is_reinforce_with_the_advantage() -> None:

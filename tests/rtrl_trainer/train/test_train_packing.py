@@ -27,7 +27,7 @@ from rtrl_trainer.train.batches import (
 from rtrl_trainer.train.engine import set_training_mode
 from rtrl_trainer.train.examples import Example
 from rtrl_trainer.train.forward import micro_batch_loss, packing_keeps_rows_apart, token_logprobs
-from rtrl_trainer.train.loss import LossSettings
+from rtrl_trainer.train.loss import STEP_STAT_NAMES, LossSettings
 from tests.rtrl_trainer.trainset import VOCAB, tiny_gpt2
 
 SETTINGS = LossSettings(clip_ratio=0.2, is_truncation=2.0, kl_coef=0.05)
@@ -71,6 +71,7 @@ def _examples(n: int, seed: int = 0) -> list[Example]:
                 advantage=float(rng.normal()),
                 sample_weight=float(rng.uniform(0.5, 1.5)),
                 source=f"row {i}",
+                reward=i / 4,
             )
         )
     return out
@@ -95,7 +96,7 @@ def _loss_and_grads(
 ) -> tuple[float, torch.Tensor, list[torch.Tensor]]:  # fmt: skip
     model.zero_grad(set_to_none=True)
     normalizer = sum(examples[i].tokens for b in batches for i in b)
-    total, stats = 0.0, torch.zeros(8, dtype=torch.float64)
+    total, stats = 0.0, torch.zeros(len(STEP_STAT_NAMES), dtype=torch.float64)
     for rows in batches:
         loss, micro_stats, _ = micro_batch_loss(
             model, examples, start, rows, normalizer=normalizer, settings=SETTINGS,
@@ -121,6 +122,10 @@ def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(buil
     assert loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)
     torch.testing.assert_close(stats_a, stats_b, rtol=1e-5, atol=1e-6)
     assert stats_a[3] > 0 and stats_a[2] > 0  # some tokens clipped; KL away from zero
+    rows = dict(zip(STEP_STAT_NAMES, stats_b.tolist(), strict=True))
+    # each row once, however its tokens fall on lines
+    assert (rows["rows"], rows["rewarded_rows"]) == (9, 9)
+    assert rows["reward"] == pytest.approx(sum(i / 4 for i in range(9)))
     assert len(grads_a) == len(grads_b)
     for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
