@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from matplotlib.ticker import MaxNLocator
+
 from rtrl.abtable import number
 from rtrl.phasestyle import outcome, outcome_text
 
@@ -142,7 +144,7 @@ def curves(cycles: list[dict[str, Any]]) -> str | None:
     have = [c for c in cycles if c.get("training_curves")]
     if not have:
         return None
-    with figure(8.6, 4.6, nrows=2, ncols=4) as (fig, grid):
+    with figure(8.6, 6.6, nrows=3, ncols=3) as (fig, grid):
         panels = list(grid.flat)
         styles = ("-", "--", ":", "-.")
         for i, tag in enumerate(TRAIN_TAGS):
@@ -160,6 +162,7 @@ def curves(cycles: list[dict[str, Any]]) -> str | None:
                     )
             ax.set_title(tag.removeprefix("train/"), loc="left", fontsize=9)
             ax.set_xlabel("step", fontsize=8)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
             plain_scalar(ax.yaxis)
             if tag in (
                 "train/clip_fraction",
@@ -170,7 +173,7 @@ def curves(cycles: list[dict[str, Any]]) -> str | None:
         legend = panels[-1]
         legend.axis("off")
         handles, labels = panels[0].get_legend_handles_labels()
-        for ax in panels[1:-1]:  # a checkpoint with no loss but other tags
+        for ax in panels[1:-1]:  # a checkpoint with no reward but other tags
             for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 if lab not in labels:
                     handles.append(h)

@@ -17,6 +17,7 @@ from . import sim
 
 # The training scalars the report draws, in the order it draws them.
 TRAIN_TAGS = (
+    "train/reward",
     "train/loss",
     "train/kl",
     "train/clip_fraction",
