@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,24 +64,23 @@ def controlplane(
 
 
 @pytest.fixture(scope="session")
-def kubelet(
-    controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Kubelet]:
+def kubelet(controlplane: ControlPlane) -> Iterator[Kubelet]:
     # Pods that run as their securityContext's user (runner.identities) must reach their
-    # dirs: the kubelet's work dir is traversable by others, unlike pytest's tmp dirs.
-    work_dir = tmp_path_factory.mktemp("kubelet")
+    # dirs: the kubelet's work dir is traversable by others, so it is not under pytest's
+    # base dir, /tmp/pytest-of-<user>, which every pytest session that starts (another
+    # run on the same machine) sets back to 0700.
+    work_dir = Path(tempfile.mkdtemp(prefix="rtrl-kubelet-"))
     work_dir.chmod(0o711)
-    for parent in work_dir.parents:
-        if parent == Path(tempfile.gettempdir()):
-            break
-        parent.chmod(parent.stat().st_mode | 0o111)
-    with Kubelet(
-        controlplane,
-        work_dir,
-        extra_env=KUBELET_ENV,
-        unavailable_images=(OPERATOR_IMAGE,),
-    ) as node:
-        yield node
+    try:
+        with Kubelet(
+            controlplane,
+            work_dir,
+            extra_env=KUBELET_ENV,
+            unavailable_images=(OPERATOR_IMAGE,),
+        ) as node:
+            yield node
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 @pytest.fixture

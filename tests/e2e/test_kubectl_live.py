@@ -89,15 +89,18 @@ class Terminal:
             time.sleep(0.3)
 
     def exit_status(self, timeout: float = 20) -> str:
-        """The command's exit status once it ended ("" if it died of a signal). tmux marks
-        the pane dead when its terminal closes, and has the status once it reaped the
-        process: a moment later."""
+        """The command's exit status once it ended ("signal N" if a signal ended it).
+        tmux marks the pane dead when its terminal closes, and has the status once it
+        reaped the process: a moment later."""
         deadline = time.monotonic() + timeout
         while True:
-            shown = self.tmux("display", "-p", "-t", "rtrl", "#{pane_dead} #{pane_dead_status}")
-            dead, _, code = shown.strip().partition(" ")
-            if (dead == "1" and code) or time.monotonic() > deadline:
-                return code if dead == "1" else "running"
+            shown = self.tmux("display", "-p", "-t", "rtrl",
+                              "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}")  # fmt: skip
+            dead, code, signal = [*shown.split(), "", "", ""][:3]
+            if dead == "1" and (code or signal):
+                return code or f"signal {signal}"
+            if time.monotonic() > deadline:
+                return "dead, no status" if dead == "1" else "running"
             time.sleep(0.2)
 
     def close(self) -> None:

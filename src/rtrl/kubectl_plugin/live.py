@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,13 +52,36 @@ def painter(stream: TextIO) -> Paint:
     return ansi if stream.isatty() and not os.environ.get("NO_COLOR") else plain
 
 
+class StopFlag:
+    """Set by Ctrl-C. A plain attribute rather than a ``threading.Event``: a signal handler
+    runs in the main thread between two bytecodes, possibly while that thread holds the
+    Event's lock inside ``wait()``, and ``Event.set()`` would then wait for that lock for
+    ever."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def is_set(self) -> bool:
+        return self.requested
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less: the flag is looked at every tenth of a second."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
+
+
 @contextmanager
-def interruptible() -> Iterator[threading.Event]:
-    """Ctrl-C sets the event instead of raising KeyboardInterrupt wherever the loop is (in
+def interruptible() -> Iterator[StopFlag]:
+    """Ctrl-C sets the flag instead of raising KeyboardInterrupt wherever the loop is (in
     the middle of a TLS read, it left the process hanging at exit): the loop ends at its
     next pause, the request under way finished."""
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = StopFlag()
+
+    def request(*_: object) -> None:
+        stop.requested = True
+
+    previous = signal.signal(signal.SIGINT, request)
     try:
         yield stop
     finally:
