@@ -67,8 +67,15 @@ class Terminal:
         config.write_text("set -g default-size 160x100\nset -g remain-on-exit on\n")
         self.base = ["tmux", "-S", os.fspath(socket), "-f", os.fspath(config)]
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        # The command's exit status goes to a file: tmux's own (#{pane_dead_status}) was
+        # sometimes still missing 20 s after the pane's terminal closed. The shell catches
+        # SIGINT with a trap (reset to the default in the command it starts), so Ctrl-C
+        # reaches the command as in a login shell and the shell lives to write the status.
+        self.status_file = socket.with_suffix(".status")
+        script = (f"trap true INT; env -i {exports} {command}; "
+                  f"echo $? > {shlex.quote(os.fspath(self.status_file))}")  # fmt: skip
         self.tmux("new-session", "-d", "-s", "rtrl", "-x", "160", "-y", "100",
-                  f"env -i {exports} {command}")  # fmt: skip
+                  f"sh -c {shlex.quote(script)}")  # fmt: skip
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=30)
@@ -89,19 +96,14 @@ class Terminal:
             time.sleep(0.3)
 
     def exit_status(self, timeout: float = 20) -> str:
-        """The command's exit status once it ended ("signal N" if a signal ended it).
-        tmux marks the pane dead when its terminal closes, and has the status once it
-        reaped the process: a moment later."""
+        """The command's exit status once it ended (as ``$?`` says it: 128 + N for a
+        signal N), "running" if it had not ended within ``timeout``."""
         deadline = time.monotonic() + timeout
-        while True:
-            shown = self.tmux("display", "-p", "-t", "rtrl",
-                              "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}")  # fmt: skip
-            dead, code, signal = [*shown.split(), "", "", ""][:3]
-            if dead == "1" and (code or signal):
-                return code or f"signal {signal}"
-            if time.monotonic() > deadline:
-                return "dead, no status" if dead == "1" else "running"
+        while time.monotonic() < deadline:
+            if self.status_file.exists() and (text := self.status_file.read_text().strip()):
+                return text
             time.sleep(0.2)
+        return "running"
 
     def close(self) -> None:
         subprocess.run([*self.base, "kill-server"], capture_output=True, timeout=30)

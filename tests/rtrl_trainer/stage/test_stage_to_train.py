@@ -26,18 +26,25 @@ def _job(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_train_consumes_what_stage_commits(tmp_path: Path) -> None:
+def _store_with_shards(tmp_path: Path, rows: int, seed: int, tokens: int,
+                       prompt_tokens: tuple[int, int]) -> tuple[Path, Path]:  # fmt: skip
+    """A ``file://`` store holding ``rows`` synthetic interactions served by ckpt-1 and that
+    tiny parent at ``models/ckpt-1``: (the store's root, the shard root)."""
     root = tmp_path / "store"
     shards = root / "interactions"
     write_shards(
         synthetic_interactions(
-            64, seed=3, checkpoint_id="ckpt-1", tokens=12, prompt_tokens=(4, 12),
-            vocab_size=VOCAB, duration=timedelta(minutes=30),
+            rows, seed=seed, checkpoint_id="ckpt-1", tokens=tokens,
+            prompt_tokens=prompt_tokens, vocab_size=VOCAB, duration=timedelta(minutes=30),
         ),
         shards,
     )  # fmt: skip
-    store = open_store(root.as_uri() + "/")
-    save_parent(store, "models/ckpt-1", tiny_gpt2(), tmp_path)
+    save_parent(open_store(root.as_uri() + "/"), "models/ckpt-1", tiny_gpt2(), tmp_path)
+    return root, shards
+
+
+def test_train_consumes_what_stage_commits(tmp_path: Path) -> None:
+    root, shards = _store_with_shards(tmp_path, 64, seed=3, tokens=12, prompt_tokens=(4, 12))
 
     stage_out = (root / "cycles" / "2" / "stage").as_uri() + "/"
     staged = _job(
@@ -69,17 +76,7 @@ def test_the_train_step_logs_the_mean_reward_the_stage_computed(tmp_path: Path) 
     """``train/reward`` (and ``mean_reward`` in train.json's history and the step line) is
     the mean combined reward of the step's rows as the stage computed it: each row once, so
     with one step over the whole set, the mean of the rank files' rewards."""
-    root = tmp_path / "store"
-    shards = root / "interactions"
-    write_shards(
-        synthetic_interactions(
-            24, seed=7, checkpoint_id="ckpt-1", tokens=8, prompt_tokens=(4, 8),
-            vocab_size=VOCAB, duration=timedelta(minutes=30),
-        ),
-        shards,
-    )  # fmt: skip
-    store = open_store(root.as_uri() + "/")
-    save_parent(store, "models/ckpt-1", tiny_gpt2(), tmp_path)
+    root, shards = _store_with_shards(tmp_path, 24, seed=7, tokens=8, prompt_tokens=(4, 8))
     stage_out = root / "cycles" / "2" / "stage"
     assert main([
         "stage", "--shards", shards.as_uri() + "/", "--checkpoint", "ckpt-1",
