@@ -40,6 +40,11 @@ from rtrl.planning.timeutil import iso, parse_time
 from .patch import PatchConflictError, json_patch, merge_patch
 
 
+class StaleWriteError(Exception):
+    """A conditional status write met a newer version (the API server's 409): the plan
+    was made from a stale view. One writer never meets it."""
+
+
 @dataclass(frozen=True)
 class Event:
     at: datetime
@@ -126,7 +131,10 @@ class LocalCluster:
         return True
 
     def apply(self, actions: list[Action]) -> None:
-        """Carry out a plan as ``rtrl.kube.apply`` does: each action idempotent."""
+        """Carry out a plan as ``rtrl.kube.apply`` does: each action idempotent, a status
+        write conditional on the version the plan saw (or on the plan's own earlier write
+        of the object)."""
+        written: dict[tuple[str, str], str] = {}
         for action in actions:
             if isinstance(action, Create):
                 self.create(action.manifest)
@@ -137,7 +145,15 @@ class LocalCluster:
                 with contextlib.suppress(PatchConflictError):
                     self.patch(action.kind, action.name, action.patch)
             elif isinstance(action, PatchStatus):
-                self.patch_status(action.kind, action.name, action.status)
+                key = (action.kind, action.name)
+                seen = written.get(key, action.resource_version)
+                held = str(((self.objects.get(key) or {}).get("metadata") or {}).get(
+                    "resourceVersion"))  # fmt: skip
+                if seen and key in self.objects and held != seen:
+                    raise StaleWriteError(f"{action.kind} {action.name}: version {held}, the "
+                                          f"plan saw {seen}")  # fmt: skip
+                if self.patch_status(action.kind, action.name, action.status) and seen:
+                    written[key] = str(self.objects[key]["metadata"]["resourceVersion"])
             elif isinstance(action, Emit):
                 self.events.append(
                     Event(

@@ -1,29 +1,42 @@
 """``rtrl operator`` as the process a Deployment runs, on the real control plane: its
 liveness endpoint, and two replicas sharing a KopfPeering, of which exactly one acts while
-the other stands by and takes over when the active one dies."""
+the other stands by and takes over when the active one dies, and a replica that acts on a
+stale view (a split brain) cannot undo the active one's writes."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rtrl.kube.apply import apply
+from rtrl.kube.cache import CACHED_KINDS, CachingClient, ObjectCache
+from rtrl.kube.client import KubeClient, KubeError
+from rtrl.kube.observe import observe
+from rtrl.planning import PatchStatus, plan
 from rtrl_localkube.cycle_world import (
     NAME,
+    RESULTS,
     RTRL,
     base_checkpoint,
+    commit_result,
     deployment,
     rlcycle,
     script_all,
+    setup_namespace,
     status,
+    wait_phase,
 )
 from rtrl_localkube.job_runner import JobRunner
+from rtrl_localkube.outcomes import Succeed
 from rtrl_localkube.processes import free_port
 from rtrl_localkube.tools import Cli
 from tests.conftest import console_script
@@ -70,7 +83,10 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(kube_api: KubeAPI, admin: Cli, tmp_path: Path) -> Iterator[list[Replica]]:
+def replicas(
+    kube_api: KubeAPI, admin: Cli, release: str, tmp_path: Path
+) -> Iterator[list[Replica]]:
+    # ``release``: the chart's CRDs (a test run alone installs them here)
     # kopf's peering CRDs, as the chart installs them for more than one replica
     admin.kubectl("apply", "-f", "charts/rtrl-operator/files/kopf-peering-crds.yaml")
     admin.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
@@ -133,3 +149,66 @@ def test_two_replicas_one_active_and_failover(
     assert job_runner.jobs_seen[4:] == [
         "composer-2-stage-0", "composer-2-train-0", "composer-2-eval-0", "composer-2-analyze-0-0"
     ]  # fmt: skip
+
+
+def stale_view(kube: KubeAPI, client: KubeClient, old: dict[str, Any]) -> CachingClient:
+    """What a replica whose Checkpoint watch lags sees: every kind as it is now, but the
+    Checkpoint ``old`` as it was (kopf's watch streams, one per kind, lag independently)."""
+    cache = ObjectCache()
+    view = CachingClient(client, cache)
+    name = old["metadata"]["name"]
+    for kind in CACHED_KINDS:
+        items, list_rv = view.list_with_version(kind, kube.namespace)
+        if kind == "Checkpoint":
+            items = [old if i["metadata"]["name"] == name else i for i in items]
+        cache.absorb_list(kind, kube.namespace, None, items, list_rv)
+    cache.mark_synced()
+    return view
+
+
+def test_a_replica_with_a_stale_view_cannot_undo_what_the_active_one_did(
+    kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
+) -> None:
+    """kopf's peering is no fencing lease: a replica stalled past the peering lifetime (a
+    long GC pause, a starved node) resumes and acts on what it saw before, while the other
+    already took over. Its round here sees the train Job succeeded but the Checkpoint still
+    Training, after the active operator promoted it: it decides to record the training and
+    move the Checkpoint to Evaluating. That write must be refused (409), not regress a
+    Promoted Checkpoint into a running phase the operator can never leave (seen in CI)."""
+    release = threading.Event()
+    write_train = commit_result("train", RESULTS["train"], tmp_path / "results")
+
+    def train(job: dict[str, Any]) -> None:
+        release.wait(60)
+        write_train(job)
+
+    script_all(job_runner, tmp_path, train=Succeed(before=train))
+    setup_namespace(kube_api, tmp_path)
+    training = kube_api.wait_for(
+        lambda: (
+            "composer-1-train-0" in job_runner.jobs_seen
+            and (ck := kube_api.get(RTRL, "Checkpoint", "composer-1"))
+            and ck["status"].get("phase") == "Training"
+            and ck
+        ),
+        message=operator.output,
+    )
+    release.set()
+    wait_phase(kube_api, "Checkpoint", "composer-1", "Promoted")
+    kube_api.wait_for(lambda: status(kube_api, "RLCycle", NAME).get("phase") == "Idle")
+
+    view = stale_view(kube_api, KubeClient(kube_api.api_client), training)
+    rlc = view.get("RLCycle", kube_api.namespace, NAME)
+    assert rlc is not None
+    decided = plan(observe(view, rlc), datetime.now(UTC))
+    writes = [a for a in decided.actions if isinstance(a, PatchStatus) and a.kind == "Checkpoint"]
+    assert [(a.name, a.status.get("phase")) for a in writes] == [("composer-1", "Evaluating")]
+    with pytest.raises(KubeError) as refused:
+        apply(view, rlc, decided.actions)
+    assert refused.value.status == 409
+    assert status(kube_api, "Checkpoint", "composer-1")["phase"] == "Promoted"
+
+    # and the active operator carries on: the next cycle runs
+    patch: dict[str, Any] = {"metadata": {"annotations": {"rtrl.io/trigger": "after-stale"}}}
+    kube_api.patch(RTRL, "RLCycle", NAME, patch)
+    wait_phase(kube_api, "Checkpoint", "composer-2", "Promoted")

@@ -11,7 +11,7 @@ import pytest
 
 from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
 from rtrl_demo import sim
-from rtrl_localkube.cluster import LocalCluster
+from rtrl_localkube.cluster import LocalCluster, StaleWriteError
 from rtrl_localkube.patch import PatchConflictError, json_patch, merge_patch
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -89,3 +89,17 @@ def test_sim_is_deterministic_and_judges_as_documented() -> None:
     assert ask["asked_clarification"] and ask["edits_proposed"] == 0
     assert sim.parse([sim.TOOL0 + 1, sim.END, sim.EOS]) == ("tool", 1)
     assert sim.parse([sim.TOOL0 + 1, 100, sim.END, sim.EOS]) == ("invalid_tool", None)
+
+
+def test_a_status_write_applies_to_the_version_the_plan_saw() -> None:
+    cluster = LocalCluster(NOW)
+    seen = cluster.create({"apiVersion": "rtrl.io/v1alpha1", "kind": "Checkpoint",
+                           "metadata": {"name": "c"}, "spec": {}})["metadata"]["resourceVersion"]  # fmt: skip
+    # two writes of one plan: the second is conditional on the first's answer
+    cluster.apply([PatchStatus("rtrl.io/v1alpha1", "Checkpoint", "c", {"phase": "Training"}, seen),
+                   PatchStatus("rtrl.io/v1alpha1", "Checkpoint", "c", {"phase": "Evaluating"}, seen)])  # fmt: skip
+    assert cluster.objects[("Checkpoint", "c")]["status"]["phase"] == "Evaluating"
+    # a plan made before those writes: refused, nothing changed
+    with pytest.raises(StaleWriteError, match="the plan saw"):
+        cluster.apply([PatchStatus("rtrl.io/v1alpha1", "Checkpoint", "c", {"phase": "Staging"}, seen)])  # fmt: skip
+    assert cluster.objects[("Checkpoint", "c")]["status"]["phase"] == "Evaluating"

@@ -148,9 +148,10 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
             else:
                 log.info("patched %s %s", action.kind, action.name)
         elif isinstance(action, PatchStatus):
-            client.patch(
-                action.kind, namespace, action.name, {"status": action.status}, sub="status"
-            )
+            patch_status(
+                client, action.kind, namespace, action.name, action.status,
+                seen=action.resource_version,
+            )  # fmt: skip
         elif isinstance(action, Emit):
             uid = uids.get((action.kind, action.name), "")
             if events is None:
@@ -159,14 +160,42 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
             log.info("%s %s/%s: %s", action.reason, action.kind, action.name, action.message)
 
 
+def patch_status(
+    client: KubeClient,
+    kind: str,
+    namespace: str,
+    name: str,
+    status: dict[str, Any],
+    *,
+    seen: str = "",
+) -> dict[str, Any] | None:
+    """Merge ``status`` into the object's status subresource. With ``seen`` (the
+    resourceVersion the round decided on) the write is conditional: it applies to that
+    version, or to what this client's own earlier write of the object answered (a round
+    may write an object twice), and the API server answers 409 if anyone else changed the
+    object since (KubeError)."""
+    body: dict[str, Any] = {"status": status}
+    key = (kind, namespace, name)
+    version = client.written.get(key, seen) if seen else ""
+    if version:
+        body = {"metadata": {"resourceVersion": version}, **body}
+    answer = client.patch(kind, namespace, name, body, sub="status")
+    written = ((answer or {}).get("metadata") or {}).get("resourceVersion")
+    if version and written:
+        client.written[key] = str(written)
+    return answer
+
+
 def write_status(client: KubeClient, rlcycle: dict[str, Any], status: dict[str, Any]) -> bool:
     """Merge ``status`` into the RLCycle's status, unless that would change nothing (a
-    resync of an idle RLCycle costs reads only). Returns whether it wrote."""
+    resync of an idle RLCycle costs reads only), conditional on the version the round read
+    (``patch_status``). Returns whether it wrote."""
     old = rlcycle.get("status") or {}
     if all(old.get(key) == value for key, value in status.items()):
         return False
     meta = rlcycle["metadata"]
-    client.patch("RLCycle", meta["namespace"], meta["name"], {"status": status}, sub="status")
+    seen = str(meta.get("resourceVersion") or "")
+    patch_status(client, "RLCycle", meta["namespace"], meta["name"], status, seen=seen)
     return True
 
 
@@ -176,6 +205,7 @@ __all__ = [
     "RejectedError",
     "api_version",
     "apply",
+    "patch_status",
     "post_event",
     "write_status",
 ]

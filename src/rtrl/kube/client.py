@@ -126,6 +126,10 @@ class KubeClient:
     def __init__(self, api_client: ApiClient | None = None):
         self.api = api_client or ApiClient()
         self.requests = 0  # counted for bench/operator_latency.py
+        # The resourceVersion each conditional status write answered (rtrl.kube.apply
+        # .patch_status): a later one of the same object in the same round is conditional
+        # on it. A round has a client of its own (CachingClient).
+        self.written: dict[tuple[str, str, str], str] = {}
         configuration: Any = getattr(self.api, "configuration", None)
         hook = getattr(configuration, "refresh_api_key_hook", None)
         if hook is not None and not isinstance(hook, _ThrottledRefresh):

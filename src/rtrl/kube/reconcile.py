@@ -176,6 +176,8 @@ WOKEN_ROUNDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rtrl-woken"
 # live round follows if that first round found the spec invalid (not found what it names).
 NEW_RLCYCLE_LIVE = frozenset({"Deployment"})
 NEW_RLCYCLE_RETRY_SECONDS = 1.0
+# When a round whose conditional write met a change (409) is replanned, live.
+CONFLICT_RETRY_SECONDS = 0.2
 
 
 def _phase(namespace: str, name: str) -> str | None:
@@ -344,8 +346,14 @@ async def run(namespace: str, name: str, stopped: object) -> None:
             except KubeError as exc:
                 reconcile_failed(namespace, name, internal=False)
                 read_live = True
-                delay = Process.settings.error_backoff_seconds
-                log.warning("reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
+                # 409: the round decided on a version someone changed since (its status
+                # writes are conditional): nothing is wrong, the next round reads it live
+                conflict = exc.status == 409
+                delay = (
+                    CONFLICT_RETRY_SECONDS if conflict else Process.settings.error_backoff_seconds
+                )
+                level = logging.INFO if conflict else logging.WARNING
+                log.log(level, "reconcile %s/%s: %s; retrying in %ss", namespace, name, exc, delay)
             except Exception:
                 reconcile_failed(namespace, name, internal=True)
                 read_live = True

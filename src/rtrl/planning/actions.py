@@ -36,12 +36,20 @@ class Delete:
 
 @dataclass(frozen=True)
 class PatchStatus:
-    """Merge ``status`` into the status subresource of an object of the namespace."""
+    """Merge ``status`` into the status subresource of an object of the namespace.
+
+    ``resource_version``: the version of the object the plan decided on. The write then
+    applies only to that version (or to the round's own earlier write of the object): an
+    object changed since, by anyone else, answers 409, and the next round decides on what
+    is there now. A status is a record of what happened (a step's summary, a phase); written
+    from a stale view, it would undo what a newer round recorded (two operators active at
+    once: kopf's peering is no fencing lease)."""
 
     api_version: str
     kind: str
     name: str
     status: dict[str, Any]
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from rtrl.core.api.checkpoint import (
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
 
-from .actions import Create, Delete, PatchStatus
+from .actions import Create, Delete
 from .manifests.jobs import (
     checkpoint_manifest,
     config_map_manifest,
@@ -260,7 +260,7 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
             "conditions": r.conditions.to_list(),
             "lastTrigger": r.status.get("lastTrigger"),
         }
-        r.act(PatchStatus(API_VERSION, "RLCycle", r.name, verdict))
+        r.patch_rlcycle(verdict)
         r.act(Delete(API_VERSION, "Checkpoint", name))
         for job in r.obs.jobs:
             if job.checkpoint == name:

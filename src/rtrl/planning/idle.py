@@ -4,9 +4,7 @@ wait for the schedule, or start the next cycle when it is due or triggered."""
 from __future__ import annotations
 
 from rtrl.core.api import names
-from rtrl.core.api.names import API_VERSION
 
-from .actions import PatchStatus
 from .cycle import start
 from .reading import meta as _meta
 from .rollout import serve
@@ -67,7 +65,7 @@ def manual_rollback(r: Round, token: str) -> Plan:
     parent_name = (serving.get("spec") or {}).get("parent")
     parent = r.checkpoint(parent_name) if parent_name else None
     r.status["lastRollback"] = token
-    r.act(PatchStatus(API_VERSION, "RLCycle", r.name, {"lastRollback": token}))
+    r.patch_rlcycle({"lastRollback": token})
     if parent is None:
         message = f"{names.ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
         r.event("RollbackImpossible", message, warning=True)

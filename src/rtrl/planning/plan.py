@@ -139,8 +139,26 @@ def drive(r: Round, ck: dict[str, Any]) -> Plan:
     if _phase(ck) in ("Evaluated", "Canary"):
         return drive_canary(r, ck)
     step = _current_step(ck)
-    assert step is not None  # a Checkpoint with all three summaries is not running
+    if step is None:  # every step recorded, yet a running phase: not a status rtrl writes
+        return inconsistent(r, ck)
     return drive_step(r, ck, step)
+
+
+def inconsistent(r: Round, ck: dict[str, Any]) -> Plan:
+    """A Checkpoint whose status records every step (eval's verdict too) in a phase that
+    says a step still runs: someone else wrote it (rtrl's status writes are conditional on
+    the version they were planned for). Which half is true cannot be told from here, so
+    nothing is done until a person sets the phase."""
+    name = _meta(ck)["name"]
+    status = ck.get("status") or {}
+    verdict = (status.get("eval") or {}).get("verdict")
+    return r.invalid(
+        "CheckpointInconsistent",
+        f"Checkpoint {name}: status.phase {_phase(ck)} says a step runs, but its status "
+        f"records every step (eval: {verdict}); set status.phase to what is true, e.g. "
+        f"kubectl patch checkpoint {name} --subresource=status --type=merge "
+        '-p \'{"status":{"phase":"Failed"}}\'',
+    )
 
 
 def plan(observed: Observed, now: datetime) -> Plan:

@@ -23,11 +23,11 @@ from datetime import timedelta
 from typing import Any
 
 from rtrl.core.api.common import parse_duration
-from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK, API_VERSION
+from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
 from rtrl.core.api.rlcycle import Router
 
 from . import gates
-from .actions import Create, Delete, Patch, PatchStatus
+from .actions import Create, Delete, Patch
 from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, tripped
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
@@ -345,13 +345,8 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
     parent = (ck.get("spec") or {}).get("parent")
     previous = r.checkpoint(parent) if parent else None
     if previous is not None and (previous.get("status") or {}).get("phase") != "Superseded":
-        r.act(
-            PatchStatus(
-                API_VERSION,
-                "Checkpoint",
-                str(parent),
-                {"phase": "Superseded", "reason": "Superseded", "message": f"superseded by {name}"},
-            )
+        r.patch_checkpoint(
+            previous, phase="Superseded", reason="Superseded", message=f"superseded by {name}"
         )
     r.patch_checkpoint(
         ck,

@@ -138,13 +138,20 @@ class Round:
         dumped = summary.model_dump(mode="json", by_alias=True, exclude_none=True)
         self.patch_checkpoint(ck, **{key: dumped}, **fields)
 
+    def patch_rlcycle(self, status: dict[str, Any]) -> None:
+        """Write ``status`` into the RLCycle's at this point of the round (its own status
+        is written after every action), conditional on the version the round saw."""
+        seen = str(self.meta.get("resourceVersion") or "")
+        self.act(PatchStatus(API_VERSION, "RLCycle", self.name, status, seen))
+
     def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
         name = meta(ck)["name"]
         status = {k: v for k, v in fields.items() if v is not None}
         if isinstance(status.get("message"), str):
             status["message"] = bounded(status["message"])
         status["observedGeneration"] = int(meta(ck).get("generation") or 0)
-        self.act(PatchStatus(API_VERSION, "Checkpoint", name, status))
+        seen = str(meta(ck).get("resourceVersion") or "")
+        self.act(PatchStatus(API_VERSION, "Checkpoint", name, status, seen))
 
     # --- lookups -------------------------------------------------------------------------
     def checkpoint(self, name: str) -> dict[str, Any] | None:

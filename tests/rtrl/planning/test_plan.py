@@ -1067,3 +1067,22 @@ def test_pin_or_rollback_during_training_cancels_the_cycle_and_acts_now(how: str
     assert "composer-2-train-0" not in world.jobs  # the running training Job is stopped
     assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
     assert "CycleCancelled" in world.reasons()
+
+
+def test_a_checkpoint_status_rtrl_never_writes_is_invalid_not_a_crash() -> None:
+    """Every step recorded yet a running phase (a stale writer before rtrl's status writes
+    were conditional, or a hand edit): the round says so and acts on nothing."""
+    world = World()
+    run_cycle(world)
+    ck = world.checkpoint("composer-1")
+    ck["status"]["phase"] = "Evaluating"
+    decided = world.reconcile()
+    assert decided.status["phase"] == "Invalid"
+    invalid = world.condition("InvalidSpec")
+    assert invalid["reason"] == "CheckpointInconsistent"
+    assert "composer-1: status.phase Evaluating" in invalid["message"]
+    assert "kubectl patch checkpoint composer-1 --subresource=status" in invalid["message"]
+    assert [a for a in decided.actions if not isinstance(a, Emit)] == []
+    ck["status"]["phase"] = "Promoted"  # a person sets what is true: the RLCycle recovers
+    assert world.reconcile().status["phase"] == "Idle"
+    assert "SpecValid" in world.reasons()
