@@ -147,13 +147,12 @@ class LocalCluster:
             elif isinstance(action, PatchStatus):
                 key = (action.kind, action.name)
                 seen = written.get(key, action.resource_version)
-                held = str(((self.objects.get(key) or {}).get("metadata") or {}).get(
-                    "resourceVersion"))  # fmt: skip
-                if seen and key in self.objects and held != seen:
-                    raise StaleWriteError(f"{action.kind} {action.name}: version {held}, the "
-                                          f"plan saw {seen}")  # fmt: skip
+                obj = self.objects.get(key)
+                if seen and obj is not None and obj["metadata"]["resourceVersion"] != seen:
+                    held = obj["metadata"]["resourceVersion"]
+                    raise StaleWriteError(f"{'/'.join(key)}: version {held}, the plan saw {seen}")
                 if self.patch_status(action.kind, action.name, action.status) and seen:
-                    written[key] = str(self.objects[key]["metadata"]["resourceVersion"])
+                    written[key] = self.objects[key]["metadata"]["resourceVersion"]
             elif isinstance(action, Emit):
                 self.events.append(
                     Event(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rtrl.kube.apply import apply
+from rtrl.kube.apply import apply, write_status
 from rtrl.kube.cache import CACHED_KINDS, CachingClient, ObjectCache
 from rtrl.kube.client import KubeClient, KubeError
 from rtrl.kube.observe import observe
@@ -208,7 +208,13 @@ def test_a_replica_with_a_stale_view_cannot_undo_what_the_active_one_did(
     assert refused.value.status == 409
     assert status(kube_api, "Checkpoint", "composer-1")["phase"] == "Promoted"
 
-    # and the active operator carries on: the next cycle runs
+    # the RLCycle's status write is conditional too: changed since the view read it (a
+    # user's trigger), it is refused
     patch: dict[str, Any] = {"metadata": {"annotations": {"rtrl.io/trigger": "after-stale"}}}
     kube_api.patch(RTRL, "RLCycle", NAME, patch)
+    with pytest.raises(KubeError) as refused:
+        write_status(view, rlc, decided.status)
+    assert refused.value.status == 409
+
+    # and the active operator carries on: the trigger's cycle runs
     wait_phase(kube_api, "Checkpoint", "composer-2", "Promoted")
