@@ -65,7 +65,7 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first: otherwise deepspeed's requirement could pull another torch build.
 	$(UV_PIP) -c constraints.txt torch==2.13.0
-	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,demo,dev]"
+	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,serving,demo,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -115,7 +115,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
-	$(BIN)/mypy src/rtrl src/rtrl_trainer src/rtrl_localkube src/rtrl_demo
+	$(BIN)/mypy src/rtrl src/rtrl_trainer src/rtrl_serving src/rtrl_localkube src/rtrl_demo
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench tools

@@ -33,7 +33,13 @@ def room(what: str, *imports: str, pure: bool = False) -> Room:
     return Room(what, frozenset(imports), pure)
 
 
-CORE = ("rtrl.core.api", "rtrl.core.store", "rtrl.core.shards", "rtrl.core.cliargs")
+CORE = (
+    "rtrl.core.api",
+    "rtrl.core.store",
+    "rtrl.core.shards",
+    "rtrl.core.cliargs",
+    "rtrl.core.events",
+)
 # What the steps that load checkpoints (train, eval) may read.
 CHECKPOINT_STEP = (
     "rtrl.core.api",
@@ -49,7 +55,7 @@ CHECKPOINT_STEP = (
 # always allowed). A module belongs to the longest room that prefixes its name.
 ROOMS: dict[str, Room] = {
     # --- the core: shared by both images ---------------------------------------------------
-    "rtrl.core": room("what both images share (the four rooms below)"),
+    "rtrl.core": room("what the images share (the five rooms below)"),
     "rtrl.core.api": room(
         "the RLCycle and Checkpoint types, the single source of truth; names.py: labels, "
         "annotations, phases",
@@ -62,6 +68,12 @@ ROOMS: dict[str, Room] = {
         "rtrl.core.cliargs",
     ),
     "rtrl.core.cliargs": room("argparse types shared by both images' CLIs"),
+    "rtrl.core.events": room(
+        "the capture contract: interaction ids, generation and feedback event schemas, "
+        "feedback signals and their maturity, the events layout and seal markers",
+        "rtrl.core.shards",
+        "rtrl.core.store",
+    ),
     # --- the operator image ----------------------------------------------------------------
     "rtrl": room("package metadata (the version)"),
     "rtrl.crdgen": room("the API types -> crds/*.yaml", "rtrl.core.api"),
@@ -114,6 +126,7 @@ ROOMS: dict[str, Room] = {
         "rtrl_trainer.train",
         "rtrl_trainer.evaluate",
         "rtrl_trainer.analyze",
+        "rtrl_trainer.seal",
     ),
     "rtrl_trainer.runner": room(
         "one runner for every step: errors -> exit codes, the flags all steps share",
@@ -159,6 +172,14 @@ ROOMS: dict[str, Room] = {
         "the eval step: suites, the sandbox, gates against the parent",
         *CHECKPOINT_STEP,
     ),
+    "rtrl_trainer.seal": room(
+        "the seal step: join an hour's generation and feedback events into shards, once final",
+        *CORE,
+        "rtrl_trainer.progress",
+        "rtrl_trainer.quarantine",
+        "rtrl_trainer.runner",
+        "rtrl_trainer.spec_file",
+    ),
     "rtrl_trainer.analyze": room(
         "the analyze step: the canary's A/B estimates and the sequential decision",
         *CORE,
@@ -168,6 +189,27 @@ ROOMS: dict[str, Room] = {
         "rtrl_trainer.reward",
         "rtrl_trainer.runner",
         "rtrl_trainer.spec_file",
+    ),
+    # --- the serving image: beside the inference engine -------------------------------------
+    "rtrl_serving": room("package metadata"),
+    "rtrl_serving.spool": room(
+        "a local append-only spool with group commit, shipped to the store as Parquet files "
+        "with deterministic names",
+        "rtrl.core.events",
+        "rtrl.core.store",
+    ),
+    "rtrl_serving.capture": room(
+        "`rtrl-capture`: the OpenAI-API proxy sidecar in front of the engine that records "
+        "each generation",
+        "rtrl.core.events",
+        "rtrl.core.store",
+        "rtrl_serving.spool",
+    ),
+    "rtrl_serving.feedback": room(
+        "`rtrl-feedback`: the users' late feedback, durable before it is acknowledged",
+        "rtrl.core.events",
+        "rtrl.core.store",
+        "rtrl_serving.spool",
     ),
     # --- neither image: Kubernetes on one machine, and the demo ----------------------------
     "rtrl_localkube": room(

@@ -49,6 +49,32 @@ INTERACTION_SCHEMA = pa.schema(
 
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(INTERACTION_SCHEMA.names)
 
+# How the engine sampled each completion and what its log-probs mean. The trainer computes
+# its log-probs under the same distribution (temperature; top-p/top-k truncation where the
+# engine logged processed log-probs), so these travel from the capture proxy through the
+# seal into the shards. They are optional: a shard without them was sampled at temperature
+# 1 from the full distribution, and its log-probs are the engine's raw ones.
+SAMPLING_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("temperature", pa.float32()),  # as sampled; null: 1.0
+    pa.field("top_p", pa.float32()),  # null: 1.0 (no truncation)
+    pa.field("top_k", pa.int32()),  # null, 0 or -1: no truncation
+    # vLLM's --logprobs-mode: raw_logprobs (before temperature and truncation, vLLM's
+    # default) or processed_logprobs (of the distribution actually sampled from); null: raw
+    pa.field("logprobs_mode", pa.string()),
+    pa.field("serving_dtype", pa.string()),  # the engine's weights dtype: float32, bfloat16
+)
+
+# Canonical columns a shard may lack (read as null when absent): the sampling parameters,
+# and who was served in which arm (written by the seal step from the capture proxy's events).
+OPTIONAL_SCHEMA = pa.schema(
+    [
+        *SAMPLING_COLUMNS,
+        pa.field("arm", pa.string()),  # stable | canary: the arm that served it
+        pa.field("session_id", pa.string()),
+    ]
+)
+OPTIONAL_COLUMNS: tuple[str, ...] = tuple(OPTIONAL_SCHEMA.names)
+
 # Columns a row is useless without: identity, on-policy tag, time, and the token streams the
 # trainer consumes. Signals may be null (edit_persisted is null until it matures; other
 # signals may be missing from a client that does not report them).
