@@ -41,18 +41,25 @@ def _engine(template: dict[str, Any], r: Round) -> dict[str, Any]:
     return cap.container(template, r.spec.target.container) or {}
 
 
+def _grace(template: dict[str, Any]) -> int | None:
+    grace = (template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return int(grace) if grace is not None else None
+
+
 def stable_sidecar(r: Round) -> cap.Sidecar | None:
     """The target's sidecar as the spec says, serving what its engine serves; None without
     ``spec.capture``."""
     if r.spec.capture is None:
         return None
+    template = _template(r.obs.target)
     return cap.sidecar(
         r.spec,
-        _engine(_template(r.obs.target), r),
+        _engine(template, r),
         rlcycle=r.name,
         arm=cap.STABLE,
         checkpoint=str(meta(r.serving)["name"]),
         model_uri=str(r.obs.deployment.serving_uri or ""),
+        grace=_grace(template),
     )
 
 
@@ -67,6 +74,7 @@ def canary_sidecar(r: Round, ck: dict[str, Any], template: dict[str, Any]) -> ca
         arm=cap.CANARY,
         checkpoint=str(meta(ck)["name"]),
         model_uri=str(ck["spec"]["uri"]),
+        grace=_grace(template),
     )
 
 

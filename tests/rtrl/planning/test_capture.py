@@ -149,15 +149,27 @@ def test_an_unchanged_spec_patches_nothing_even_after_the_server_defaulted_the_s
     assert world.reasons().count("CaptureInjected") == 1
 
 
-def test_the_engines_logprob_mode_and_dtype_reach_the_sidecar() -> None:
+def test_the_engines_sampling_flags_and_the_pods_grace_period_reach_the_sidecar() -> None:
     world = CaptureWorld()
     engine = world.template()["spec"]["containers"][0]
-    engine["args"] += ["--dtype=float32", "--logprobs-mode", "$(LOGPROBS)"]
+    engine["args"] += ["--dtype=float32", "--logprobs-mode", "$(LOGPROBS)",
+                       "--generation-config", "vllm",
+                       "--override-generation-config", '{"temperature": 0.7}']  # fmt: skip
     engine["env"].append({"name": "LOGPROBS", "value": "processed_logprobs"})
+    world.template()["spec"]["terminationGracePeriodSeconds"] = 120
     world.reconcile()
     env = world.sidecar_env()
     assert env["RTRL_CAPTURE_SERVING_DTYPE"] == "float32"
     assert env["RTRL_CAPTURE_LOGPROBS_MODE"] == "processed_logprobs"
+    assert env["RTRL_CAPTURE_GENERATION_CONFIG"] == "vllm"
+    assert env["RTRL_CAPTURE_OVERRIDE_GENERATION_CONFIG"] == '{"temperature": 0.7}'
+    assert env["RTRL_CAPTURE_DRAIN_TIMEOUT_S"] == "115"
+    # the engine's flags change: the sidecar follows
+    engine = world.template()["spec"]["containers"][0]
+    engine["args"] = [a for a in engine["args"] if not a.startswith("--dtype")]
+    world.reconcile()
+    assert "RTRL_CAPTURE_SERVING_DTYPE" not in world.sidecar_env()
+    assert world.reasons().count("CaptureUpdated") == 1
 
 
 @pytest.mark.parametrize(

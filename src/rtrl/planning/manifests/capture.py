@@ -56,6 +56,17 @@ ARM_ENV = "RTRL_ARM"
 PER_CHECKPOINT = (ARM_ENV, CHECKPOINT_ID_ENV, MODEL_URI_ENV)
 STABLE, CANARY = "stable", "canary"
 
+# The engine's flags that say how it samples and scores, and the sidecar's variables that
+# must hold the same (what the captured log-probs are: the sidecar records them per row).
+ENGINE_FLAGS = (
+    ("--logprobs-mode", "RTRL_CAPTURE_LOGPROBS_MODE"),
+    ("--dtype", "RTRL_CAPTURE_SERVING_DTYPE"),
+    ("--generation-config", "RTRL_CAPTURE_GENERATION_CONFIG"),
+    ("--override-generation-config", "RTRL_CAPTURE_OVERRIDE_GENERATION_CONFIG"),
+)
+# On SIGTERM the sidecar finishes what is in flight and ships its spool; it is given the
+# pod's terminationGracePeriodSeconds less this, so it is done before the kubelet kills it.
+DRAIN_MARGIN_SECONDS = 5
 _ENV_REFERENCE = re.compile(r"^\$\(([A-Za-z_][A-Za-z0-9_]*)\)$")
 _TEMPLATE = "/spec/template"
 
@@ -161,9 +172,11 @@ def sidecar(
     arm: str,
     checkpoint: str,
     model_uri: str,
+    grace: int | None = None,
 ) -> Sidecar:
     """The sidecar of a pod whose engine container is ``engine``, serving ``checkpoint``
-    (``model_uri``, the value the engine's ``checkpointEnv`` holds) on ``arm``."""
+    (``model_uri``, the value the engine's ``checkpointEnv`` holds) on ``arm``; ``grace``:
+    the pod's ``terminationGracePeriodSeconds`` when it sets one."""
     capture: CaptureSpec | None = spec.capture
     assert capture is not None
     env = [
@@ -178,13 +191,12 @@ def sidecar(
     if capture.commit_interval is not None:
         millis = max(1, round(parse_duration(capture.commit_interval) * 1000))
         env.append(_env("RTRL_CAPTURE_COMMIT_MS", str(millis)))
-    for flag, name in (
-        ("--logprobs-mode", "RTRL_CAPTURE_LOGPROBS_MODE"),
-        ("--dtype", "RTRL_CAPTURE_SERVING_DTYPE"),
-    ):
+    for flag, name in ENGINE_FLAGS:
         value = engine_flag(engine, flag)
         if value is not None:
             env.append(_env(name, value))
+    if grace is not None:  # drain within the pod's grace period, before the SIGKILL
+        env.append(_env("RTRL_CAPTURE_DRAIN_TIMEOUT_S", str(max(1, grace - DRAIN_MARGIN_SECONDS))))
     env += [
         _env("RTRL_RLCYCLE", rlcycle),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
