@@ -99,3 +99,16 @@ def test_the_sidecar_cannot_take_the_engines_port() -> None:
 def test_bounds_the_crd_cannot_check_are_the_models(field: str, value: Any, problem: str) -> None:
     with pytest.raises(ValidationError, match=problem):
         RLCycleSpec.model_validate(_spec(**{field: value}))
+
+
+def test_the_examples_commented_capture_block_is_a_valid_capture() -> None:
+    """examples/rlcycle.yaml ships capture commented out; uncommented, it must be valid."""
+    from rtrl.validation import validate_with_crd, validate_with_models
+
+    lines, inside = [], False
+    for line in (REPO / "examples" / "rlcycle.yaml").read_text().splitlines():
+        inside = inside or line.startswith("  # capture:")
+        lines.append("  " + line[4:] if inside and line.startswith("  #") else line)
+    body = load("\n".join(lines))
+    assert body["spec"]["capture"]["events"] == "s3://rtrl-events/composer/"
+    assert validate_with_models(body) == [] and validate_with_crd(body) == []
