@@ -75,10 +75,18 @@ class PodLife:
         }
         self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
         self.lock = threading.Lock()
+        # Each container's thread reports the pod's status: a report is built and sent under
+        # this lock, so the last one sent holds the newest state (two sent concurrently could
+        # arrive in the other order, the stale one last, and stay).
+        self.reporting = threading.Lock()
         names = workload_names(self.pod)
         self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
 
     def report(self, phase: str) -> None:
+        with self.reporting:
+            self._report(phase)
+
+    def _report(self, phase: str) -> None:
         with self.lock:
             running = all("running" in s for s in self.states.values())
             ready = running and not self.never_ready and phase == "Running"
