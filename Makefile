@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+CPU_OPS := $(VENV)/torch_extensions/deepspeed_shm_comm/rtrl-build.json
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -53,7 +54,7 @@ help:
 	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
 	@echo "make push-images REGISTRY=...  docker push of both"
 
-install: $(STAMP)
+install: $(STAMP) $(CPU_OPS)
 
 # uv (pinned, fetched with pip into .tools/) installs what pip would from the same pins, but
 # links the files from its cache (~/.cache/uv) instead of unpacking them again: the venv is
@@ -68,6 +69,12 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,serving,demo,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# DeepSpeed's one CPU op (its shared-memory collectives), compiled once here, outside any
+# test: a build killed midway used to leave a lock file every later training waited on
+# forever (src/rtrl_trainer/train/cpu_ops.py). Idempotent: a matching build is kept.
+$(CPU_OPS): $(STAMP)
+	env -u TORCH_EXTENSIONS_DIR DS_ACCELERATOR=cpu $(BIN)/python -m rtrl_trainer.train.cpu_ops
 
 tools: $(HELM) $(KUBECTL)
 
@@ -106,10 +113,10 @@ browser:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
-test: $(STAMP) tools controlplane browser
+test: install tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: install
 	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
