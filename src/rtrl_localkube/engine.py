@@ -193,12 +193,14 @@ class Engine:
         port: int | None = None,
         python: Path | None = None,
         start_timeout: float = START_TIMEOUT_SECONDS,
+        grace: float = STOP_GRACE_SECONDS,
     ) -> None:
         self.spec = spec
         self.log_path = log_path
         self.port = port or free_port()
         self.python = python
         self.start_timeout = start_timeout
+        self.grace = grace
         self.startup_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -232,7 +234,7 @@ class Engine:
         self._log.flush()
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            supervised(argv),
+            supervised(argv, self.grace),
             env=self.environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -277,11 +279,11 @@ class Engine:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds."""
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after the grace period."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, grace + 2.0), (signal.SIGKILL, 10.0)):
+            for sig, wait in ((signal.SIGTERM, self.grace + 5.0), (signal.SIGKILL, 10.0)):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
                 with contextlib.suppress(subprocess.TimeoutExpired):
