@@ -32,6 +32,7 @@ from rtrl_localkube.cycle_world import (
     events,
     rlcycle,
     script_all,
+    setup_namespace,
     status,
 )
 from rtrl_localkube.kubelet import Kubelet
@@ -189,3 +190,31 @@ def test_someone_elses_rtrl_capture_container_is_never_overwritten(
     assert generation(kube_api) == 1 and (sidecar(kube_api) or {})["image"] == theirs["image"]
     assert kube_api.get("batch/v1", "CronJob", f"{NAME}-seal") is None
     assert kube_api.list("batch/v1", "Job") == []
+
+
+def test_a_sidecar_the_server_rejects_is_invalid_spec_until_fixed(
+    kube_api: KubeAPI, job_runner: Kubelet, fast_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """A spec both validators accept from which the operator derives a sidecar the API server
+    refuses (requests above limits): InvalidSpec with the server's words, never taken for a
+    patch that merely no longer applies (the same 422) and tried again every round."""
+    script_all(job_runner, tmp_path)
+    job_runner.script(f"{TARGET}-*", Hang())
+    resources = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
+    setup_namespace(kube_api, tmp_path, capture=capture(tmp_path, resources=resources))
+    invalid = kube_api.wait_for(
+        lambda: (
+            condition(kube_api, "InvalidSpec").get("status") == "True"
+            and condition(kube_api, "InvalidSpec")
+        ),
+        timeout=60,
+        message=fast_operator.output,
+    )
+    assert invalid["reason"] == "RejectedByAPIServer", invalid
+    assert "rejected Deployment composer-vllm:" in invalid["message"], invalid
+    assert "must be less than or equal to cpu limit" in invalid["message"], invalid
+    assert sidecar(kube_api) is None and generation(kube_api) == 1
+    kube_api.patch(RTRL, "RLCycle", NAME, {"spec": {"capture": {"resources": {
+        "requests": {"cpu": "500m"}, "limits": {"cpu": "1"}}}}})  # fmt: skip
+    kube_api.wait_for(lambda: sidecar(kube_api), timeout=60, message=fast_operator.output)
+    kube_api.wait_for(lambda: condition(kube_api, "InvalidSpec").get("status") == "False")
