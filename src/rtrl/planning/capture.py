@@ -8,9 +8,11 @@ never rolls the Deployment. The sidecar's checkpoint follows the engine's: a pro
 rollback sets both in the one patch that moves the engine (:func:`sidecar_env_ops`, from
 ``rollout.serve``), so they roll out together; a round that patches the target for that
 leaves the sidecar's other changes to the next round. The canary Deployment gets the
-sidecar with ``RTRL_ARM=canary`` and the candidate's id and URI (:func:`canary_template`,
-:func:`keep_canary_capture`). The seal CronJob is created, replaced when the spec changes
-it, and deleted with ``spec.capture``.
+sidecar with ``RTRL_ARM=canary`` and the candidate's id and URI when it is created
+(:func:`canary_template`), and keeps it while it runs, as it keeps the rest of the template
+it was made from: rolling a canary mid-analysis would restart its pods (and a canary not
+ready past ``readyTimeout`` is rolled back); the next canary has the new spec. The seal
+CronJob is created, replaced when the spec changes it, and deleted with ``spec.capture``.
 """
 
 from __future__ import annotations
@@ -96,19 +98,6 @@ def canary_service(r: Round, manifest: dict[str, Any]) -> dict[str, Any]:
         ports = manifest["spec"]["ports"]
         manifest["spec"]["ports"] = cap.capture_ports(ports, r.spec, engine)
     return manifest
-
-
-def keep_canary_capture(r: Round, ck: dict[str, Any]) -> None:
-    """The running canary's sidecar as the spec says (the spec may change mid-canary)."""
-    canary = r.obs.canary
-    if canary is None:
-        return
-    want = canary_sidecar(r, ck, _template(canary))
-    patch = cap.capture_patch(canary, want, r.name)
-    if patch is not None:
-        name = str(meta(canary)["name"])
-        r.act(Patch("apps/v1", "Deployment", name, patch.ops))
-        r.event(patch.reason, f"{cap.SIDECAR} in Deployment {name} (canary, {meta(ck)['name']})")
 
 
 def sidecar_env_ops(r: Round, uri: str, checkpoint: str) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from rtrl.core.api.rlcycle import Router
 from . import gates
 from .actions import Create, Delete, Patch
 from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, tripped
-from .capture import canary_service, canary_template, keep_canary_capture, sidecar_env_ops
+from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
@@ -119,11 +119,10 @@ def ensure_canary(r: Round, ck: dict[str, Any], weight: int) -> float:
     if canary is None:
         manifest = cn.canary_deployment(spec, target, r.rlc, ck, replicas)
         r.act(Create(canary_template(r, ck, manifest)))
-    else:
-        if int((canary.get("spec") or {}).get("replicas", 0)) != replicas:
-            r.act(Patch("apps/v1", "Deployment", meta(canary)["name"],
-                        {"spec": {"replicas": replicas}}))  # fmt: skip
-        keep_canary_capture(r, ck)
+    elif int((canary.get("spec") or {}).get("replicas", 0)) != replicas:
+        r.act(
+            Patch("apps/v1", "Deployment", meta(canary)["name"], {"spec": {"replicas": replicas}})
+        )
     parent = (ck.get("spec") or {}).get("parent")
     container = spec.target.container
     if parent and cn.env_value(target, container, cn.CHECKPOINT_ID_ENV) != parent:

@@ -224,16 +224,33 @@ def test_the_canary_sidecar_serves_the_candidate_on_the_canary_arm() -> None:
     assert len(world.target_patches("composer-vllm-canary")) == patches
 
 
-def test_a_spec_change_mid_canary_reaches_both_sidecars() -> None:
+def test_a_spec_change_mid_canary_reaches_the_stable_now_and_the_next_canary() -> None:
     world = CaptureWorld()
     to_canary(world)
+    canary = copy.deepcopy(world.deployments["composer-vllm-canary"]["spec"])
     world.rlcycle["spec"]["capture"]["image"] = "registry.example.com/rtrl-serving:0.2.0"
     world.reconcile()
-    for name in ("composer-vllm", "composer-vllm-canary"):
-        sidecar = world.sidecar(name)
-        assert sidecar is not None and sidecar["image"].endswith(":0.2.0"), name
-    assert world.sidecar_env("composer-vllm-canary")["RTRL_ARM"] == "canary"
-    assert world.reasons().count("CaptureUpdated") == 2
+    sidecar = world.sidecar()
+    assert sidecar is not None and sidecar["image"].endswith(":0.2.0")
+    # the running canary keeps the template it was made from: no restart mid-analysis
+    assert world.deployments["composer-vllm-canary"]["spec"] == canary
+    assert world.reasons().count("CaptureUpdated") == 1
+    world.now += timedelta(hours=1)
+    world.reconcile()
+    world.finish("analyze-0", result=analysis("rollback"))
+    world.reconcile()
+    world.now = T0 + timedelta(hours=5)
+    world.reconcile()  # the next cycle
+    world.finish("stage", result=STAGE_OK)
+    world.reconcile()
+    world.finish("train", result=TRAIN_OK)
+    world.reconcile()
+    world.finish("eval", result=EVAL_PASS)
+    world.reconcile()
+    sidecar = world.sidecar("composer-vllm-canary")
+    assert sidecar is not None and sidecar["image"].endswith(":0.2.0")
+    env = world.sidecar_env("composer-vllm-canary")
+    assert (env["RTRL_ARM"], env["RTRL_CHECKPOINT_ID"]) == ("canary", "composer-2")
 
 
 def test_a_rollback_points_the_sidecar_back_at_the_parent() -> None:
@@ -450,6 +467,3 @@ def test_a_whole_cycle_with_capture_runs_as_one_without() -> None:
     assert world.checkpoint("composer-1")["status"]["phase"] == "Promoted"
     extra = {"CaptureInjected", "SealScheduled"}
     assert [r for r in world.reasons() if r not in extra] == plain.reasons()
-
-
-__all__ = ["EVAL_PASS", "STAGE_OK", "TRAIN_OK", "analysis"]
