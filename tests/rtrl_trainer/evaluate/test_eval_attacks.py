@@ -308,8 +308,11 @@ def test_forking_needs_a_separate_user_for_the_tree_wide_cap() -> None:
 @pytest.mark.parametrize(
     ("without", "missing"),
     [
-        ("landlock", {"separate_identity", "suite_unreadable", "no_fs_writes"}),
-        ("seccomp", {"no_network", "no_namespaces", "memory_capped"}),
+        ("landlock", {"separate_identity", "suite_unreadable"}),  # seccomp: no writes
+        (
+            "seccomp",
+            {"no_network", "no_namespaces", "memory_capped", "no_scheduling", "no_watching"},
+        ),
     ],
 )
 def test_a_node_without_a_protection_says_which_guarantees_are_gone(
