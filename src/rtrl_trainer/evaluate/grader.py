@@ -44,13 +44,7 @@ from typing import Any
 
 from rtrl_trainer.evaluate import plain_values
 from rtrl_trainer.evaluate.sandbox import Sandbox
-from rtrl_trainer.evaluate.sandbox_types import (
-    MAX_TASK_REPLY_BYTES,
-    CallTimeout,
-    CandidateGone,
-    Limits,
-    Result,
-)
+from rtrl_trainer.evaluate.sandbox_types import CallTimeout, CandidateGone, Limits, Result
 
 
 class CandidateRaisedError(Exception):
@@ -223,21 +217,15 @@ def _ask(channel: Any, calls: tuple[bytes, ...]) -> list[Any]:
     """Every call, in order, whatever the answers; a reply per call up to the first the
     completion did not answer (then the reason: it timed out or is gone)."""
     replies: list[Any] = []
-    received = 0
     for call in calls:
         try:
-            reply = channel.call(call)
+            replies.append(channel.call(call))
         except CallTimeout:
             replies.append(_TIMEOUT)
             break
         except CandidateGone as exc:
             replies.append(exc)
             break
-        received += len(json.dumps(reply))
-        if received > MAX_TASK_REPLY_BYTES:
-            replies.append(CandidateGone(f"replies of more than {MAX_TASK_REPLY_BYTES} bytes"))
-            break
-        replies.append(reply)
     return replies
 
 

@@ -5,7 +5,8 @@ wall clock, so a completion that stops answering costs its task, never the evalu
 The two pipes are the task's own: made for it, handed to its process, closed when it ends
 (:meth:`.sandbox.Sandbox.serve`), so nothing a task sets on them (their size, their flags)
 reaches another. A reply is bounded before it is decoded: its size from its header, then
-its items and nesting on its raw bytes (:func:`.plain_values.shape_problem`). Replies are
+its items and nesting on its raw bytes (:func:`.plain_values.shape_problem`), and all the
+frames of a task add up to at most ``MAX_TASK_REPLY_BYTES``. Replies are
 read in blocks into a buffer, so a task that puts its reply pipe in packet mode
 (``O_DIRECT``) loses nothing either.
 """
@@ -23,6 +24,7 @@ from rtrl_trainer.evaluate.sandbox_types import (
     MAX_REPLY_BYTES,
     MAX_REPLY_DEPTH,
     MAX_REPLY_ITEMS,
+    MAX_TASK_REPLY_BYTES,
     CallTimeout,
     CandidateGone,
     Result,
@@ -43,6 +45,7 @@ class Channel:
         self._buffer = bytearray()
         self.deadline = deadline
         self._seq = 0
+        self._received = 0  # bytes of every frame, ours or forged: a task's budget
         self.gone = False
         self.result: Result | None = None
         self.calls = 0
@@ -53,6 +56,9 @@ class Channel:
         size = int.from_bytes(self._buffer[:4], "big")
         if size > MAX_REPLY_BYTES:
             raise CandidateGone(f"a reply of {size} bytes (the cap is {MAX_REPLY_BYTES})")
+        self._received += size
+        if self._received > MAX_TASK_REPLY_BYTES:
+            raise CandidateGone(f"replies of more than {MAX_TASK_REPLY_BYTES} bytes in all")
         self._fill(4 + size)
         body = bytes(self._buffer[4 : 4 + size])
         del self._buffer[: 4 + size]

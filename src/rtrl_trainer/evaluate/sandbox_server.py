@@ -358,22 +358,26 @@ class Server:
         op = request["op"]
         if op == "stop":  # a stop that came after the wall clock had ended the task
             return None
-        source = request["source"]
-        entry = request.get("entry_point")
-        if op not in ("run", "serve") or not isinstance(source, bytes):
-            raise ValueError(f"bad request: op {op!r}")
-        limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
+        # A serve request's pipes first, whatever else is wrong with it: left unread, they
+        # would be the next task's.
         channel = self._task_pipes() if op == "serve" else None
-        rlimits = _rlimits(limits)
-        no_fork = limits["processes"] <= 1
-        out = os.memfd_create("stdout")
-        err = os.memfd_create("stderr")
-        start = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            _child(self, op, source, entry, rlimits, no_fork, out, err, channel)
-        for fd in channel or ():  # the task's alone from now on
-            os.close(fd)
+        try:
+            source = request["source"]
+            entry = request.get("entry_point")
+            if op not in ("run", "serve") or not isinstance(source, bytes):
+                raise ValueError(f"bad request: op {op!r}")
+            limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
+            rlimits = _rlimits(limits)
+            no_fork = limits["processes"] <= 1
+            out = os.memfd_create("stdout")
+            err = os.memfd_create("stderr")
+            start = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                _child(self, op, source, entry, rlimits, no_fork, out, err, channel)
+        finally:
+            for fd in channel or ():  # the task's alone from now on
+                os.close(fd)
         wall = float(limits["wall_seconds"])
         if op == "serve":
             timed_out = self._serve_until_stop(pid, requests, responses, start + wall)
