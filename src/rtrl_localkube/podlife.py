@@ -69,7 +69,12 @@ class PodLife:
         self.worker = worker
         self.pod = worker.pod
         self.started = now_rfc3339()
-        self.containers = list(self.pod["spec"].get("containers") or [])
+        # as they listen on this machine (podnet.py: a port another pod holds is moved)
+        network = kubelet.runner.network
+        self.containers = [
+            c if network is None else network.container(self.pod, c)
+            for c in self.pod["spec"].get("containers") or []
+        ]
         self.states: dict[str, dict[str, Any]] = {
             c["name"]: {"waiting": {"reason": "ContainerCreating"}} for c in self.containers
         }

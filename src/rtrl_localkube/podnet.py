@@ -28,15 +28,19 @@ Serving pods collide the same way: the stable and the canary pod of an inference
 both declare the engine's port (and the capture sidecar's). Each port a pod's containers
 declare (``containerPort``) is given a host port for the pod's life (:meth:`PodNetwork.
 host_port`): the port itself when no other live pod of this kubelet holds it and it is free,
-else a free one. Where the pod's arguments and env values name a declared port that was
-moved, they are rewritten to the host port: ``--port=8000`` / ``--port 8000`` (any flag
-ending in ``port``), ``127.0.0.1:8000``, ``0.0.0.0:8000``, ``localhost:8000`` and ``[::]:8000``
-(with or without a scheme), and a variable named ``*PORT`` whose value is the port. Tests
-reach a pod's port through :meth:`PodNetwork.host_port`.
+else a free one. The kubelet runs the pod's containers as they listen here
+(:meth:`PodNetwork.container`: declared ports and probes' numeric ports are host ports, so
+a probe reaches this pod, not another). Where the pod's arguments and env values name a
+declared port that was moved, they are rewritten to the host port: ``--port=8000`` /
+``--port 8000`` (any flag ending in ``port``), ``127.0.0.1:8000``, ``0.0.0.0:8000``,
+``localhost:8000`` and ``[::]:8000`` (with or without a scheme), and a variable named
+``*PORT`` whose value is the port. Tests reach a pod's port through
+:meth:`PodNetwork.host_port`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -223,6 +227,21 @@ class PodNetwork:
             port = named[port]
         number = int(port)
         return self.host_ports(pod).get(number, number)
+
+    def container(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+        """``container`` as it listens here: a copy whose declared ports, and the numeric
+        ports of its probes, are the host ports (what a probe of it connects to)."""
+        ports = self.host_ports(pod)
+        out = copy.deepcopy(dict(container))
+        for entry in out.get("ports") or []:
+            entry["containerPort"] = ports.get(int(entry["containerPort"]), entry["containerPort"])
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            probe = out.get(kind) or {}
+            for action in ("httpGet", "tcpSocket"):
+                port = (probe.get(action) or {}).get("port")
+                if isinstance(port, int) or (isinstance(port, str) and port.isdigit()):
+                    probe[action]["port"] = ports.get(int(port), int(port))
+        return out
 
     def args(self, pod: Mapping[str, Any], argv: list[str]) -> list[str]:
         """``argv`` with the pod's moved ports rewritten (module docstring)."""

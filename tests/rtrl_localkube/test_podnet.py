@@ -173,3 +173,19 @@ def test_a_pod_alone_on_its_ports_keeps_them_and_its_args(network: PodNetwork) -
     assert network.env(pod, {"URL": f"http://127.0.0.1:{port}"}) == {
         "URL": f"http://127.0.0.1:{port}"
     }
+
+
+def test_a_pods_containers_run_with_their_host_ports_and_are_probed_there(
+    network: PodNetwork,
+) -> None:
+    network.host_ports(_serving("first", {"engine": [8000]}))
+    pod = _serving("second", {"engine": [8000]})
+    engine = pod["spec"]["containers"][0]
+    engine["readinessProbe"] = {"httpGet": {"path": "/health", "port": "engine-8000"}}
+    engine["livenessProbe"] = {"tcpSocket": {"port": 8000}}
+    host = network.host_port(pod, 8000)
+    mapped = network.container(pod, engine)
+    assert mapped["ports"] == [{"name": "engine-8000", "containerPort": host}]
+    assert mapped["readinessProbe"]["httpGet"]["port"] == "engine-8000"  # by name: the port
+    assert mapped["livenessProbe"]["tcpSocket"]["port"] == host
+    assert engine["ports"][0]["containerPort"] == 8000  # the pod's own spec is untouched
