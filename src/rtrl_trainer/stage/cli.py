@@ -32,7 +32,7 @@ errors."""
 # (One string, not one line a name: the list would read like the set's column lists.)
 SAME_NAMED = (  # noqa: SIM905
     "checkpoint out shards maturity max_bad_fraction min_interactions min_tokens since "
-    "previous_checkpoint ranks endpoint_url heldout_fraction parent"
+    "previous_checkpoint ranks endpoint_url heldout_fraction parent sealed"
 ).split()
 
 
@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ID",
         help="a rolled-back checkpoint: its rows are never staged (repeatable)",
+    )
+    parser.add_argument(
+        "--sealed",
+        action="store_true",
+        help="read only the files the seal markers (rtrl-job seal) under the shards list: "
+        "hours not sealed yet are not read at all",
     )
     add_endpoint_argument(parser)
     add_work_dir_argument(parser, "about the set's size")

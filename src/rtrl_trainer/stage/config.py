@@ -65,6 +65,8 @@ class StageConfig:
     # The serving checkpoint's prefix (the parent of the one to be trained): its
     # config.json's vocab_size bounds the token ids. None: ids are only checked >= 0.
     parent: str | None = None
+    # Read only the files the seal markers under data.shards list (rtrl-job seal's).
+    sealed: bool = False
 
     @property
     def maturity(self) -> timedelta:
@@ -115,6 +117,7 @@ def build_config(
     endpoint_url: str | None = None,
     heldout_fraction: float = 0.0,
     parent: str | None = None,
+    sealed: bool = False,
     **data_flags: Unpack[DataFlags],
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
@@ -193,6 +196,7 @@ def build_config(
         endpoint_url=endpoint_url,
         heldout_fraction=heldout_fraction,
         parent=parent,
+        sealed=sealed,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rtrl.core.events import SealedView
 from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
@@ -88,6 +89,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
     shards = open_store(config.data.shards, endpoint_url=config.endpoint_url)
     if isinstance(shards, LocalStore) and not shards.root.is_dir():
         raise ConfigError(f"data.shards: {shards.root} is not a directory")
+    if config.sealed:
+        # every listing of the shards below sees only the files the seal markers list
+        shards = SealedView(shards, since=config.window_start)
     out = open_store(config.out, endpoint_url=config.endpoint_url)
     doc = _summary_document(config)
     doc["vocab_size"] = vocab_size = parent_vocabulary(config)
