@@ -177,6 +177,7 @@ ROOMS: dict[str, Room] = {
         *CORE,
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
+        "rtrl_trainer.read_ahead",
         "rtrl_trainer.runner",
         "rtrl_trainer.spec_file",
     ),

@@ -3,27 +3,29 @@ final signals.
 
 Only narrow columns enter the engine (ids, times, the proxy's own measurements, where each
 row sits in its file); the token lists stay in the files and are read once, in file order,
-by :mod:`~rtrl_trainer.seal.rows`. The engine works in a database file in the step's
-scratch directory under a memory limit, spilling sorts, windows and hash tables there
-beyond it, so memory stays flat however many interactions an hour holds.
+by :mod:`~rtrl_trainer.seal.rows`. The engine works in memory under a memory limit and
+spills its tables, sorts and hash tables to the step's scratch directory beyond it, so
+memory stays flat however many interactions an hour holds.
 
-The rules, each a table:
+The rules, each a table (ids as UUIDs: 16 bytes, any case; one that is not a UUID is
+``invalid``):
 
 - ``gen``: every generation row, with ``pos`` (file index << 32 | row in file), the total
   order of the input (event files in key order, rows in file order).
 - ``kept``: one row per interaction id, the first by ``pos`` (the others are
-  ``duplicates``), and why it will not be written, if so: no id or time (``invalid``),
-  served outside the hour, ``checkpoint_verified`` not true (``unverified``), or an engine
-  status other than 2xx (``engine_errors``).
-- ``fb_first``: one feedback event per event id, the first the service received (the
-  others are ``feedback_duplicates``; an id with two different contents counts once in
-  ``feedback_conflicts``).
-- ``fb_class``: each such event judged against its interaction: ``orphans`` (no
+  ``duplicates``), and why it will not be written, if so: served outside the hour,
+  ``checkpoint_verified`` not true (``unverified``), or an engine status other than 2xx
+  (``engine_errors``).
+- ``fb_dups`` / ``fb_dropped``: the feedback events whose id occurs more than once (few:
+  retries), and of each such id all but the first the service received (they are
+  ``feedback_duplicates``; an id with two different contents counts once in
+  ``feedback_conflicts``). Only the repeated ids are ordered, not every event.
+- ``fb_class``: every other event judged against its interaction: ``orphans`` (no
   generation of that id in the hour: forged, or its generation lost), ``before_served``,
   ``late`` (observed after the interaction's ``created_at`` plus the signal's maturity),
   ``unknown_signal``, else ``valid``.
-- ``last``: per interaction and signal, the valid value observed last (ties: received
-  last, then read last).
+- ``signals``: per interaction, each signal's valid value observed last (ties: received
+  last, then read last), one aggregate for all signals.
 
 The decisions: the kept rows in input order with every signal merged with the proxy's
 own measurement by its :class:`~rtrl.core.events.signals.Merge` rule.
@@ -78,20 +80,13 @@ def _signal_expr(name: str) -> str:
 
 
 class HourJoin:
-    """The join of one hour's event files (local Parquet paths, in key order) in the
-    DuckDB database ``database``; :meth:`counts` and :meth:`decisions` once built."""
+    """The join of one hour's event files (local Parquet paths, in key order) in DuckDB,
+    spilling to ``spill``; :meth:`counts` and :meth:`decisions` once built."""
 
-    def __init__(
-        self,
-        database: Path,
-        *,
-        memory_limit: str,
-        threads: int,
-        spill: Path,
-    ) -> None:
+    def __init__(self, *, memory_limit: str, threads: int, spill: Path) -> None:
         spill.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(
-            str(database),
+            ":memory:",
             config={
                 "memory_limit": memory_limit,
                 "threads": threads,
@@ -107,6 +102,15 @@ class HourJoin:
     def close(self) -> None:
         self.con.close()
 
+    def _files(self, table: str, paths: Sequence[Path]) -> str:
+        """A table of ``paths`` with their index; the read_parquet source of them."""
+        self.con.execute(f"CREATE TABLE {table}(idx INTEGER, path VARCHAR)")
+        if paths:
+            self.con.executemany(
+                f"INSERT INTO {table} VALUES (?, ?)", [(i, str(p)) for i, p in enumerate(paths)]
+            )
+        return f"read_parquet({_list(paths)}, filename=true, file_row_number=true)"
+
     def build(
         self,
         hour: datetime,
@@ -121,16 +125,13 @@ class HourJoin:
             [(name, int(m.total_seconds() * 1_000_000)) for name, m in maturity.items()],
         )
         captured = "".join(f", g.{name}" for name in CAPTURED)
+        pos = f"CAST(f.idx AS BIGINT) * {POS_SHIFT} + file_row_number"
+        source = self._files("gen_files", generations)
         if generations:
-            source = f"read_parquet({_list(generations)}, filename=true, file_row_number=true)"
-            files = ", ".join(f"({i}, {_quote(str(p))})" for i, p in enumerate(generations))
-            sql(f"CREATE TABLE gen_files(idx INTEGER, path VARCHAR); "
-                f"INSERT INTO gen_files VALUES {files}")  # fmt: skip
             sql(
                 f"""CREATE TABLE gen AS
-                SELECT f.idx AS file, g.file_row_number AS row,
-                       CAST(f.idx AS BIGINT) * {POS_SHIFT} + g.file_row_number AS pos,
-                       lower(g.interaction_id) AS interaction_id,
+                SELECT f.idx AS file, g.file_row_number AS row, {pos} AS pos,
+                       TRY_CAST(g.interaction_id AS UUID) AS iid,
                        epoch_us(g.created_at) AS created_us,
                        g.checkpoint_id, g.checkpoint_verified, g.status{captured}
                 FROM {source} g JOIN gen_files f ON g.filename = f.path"""
@@ -139,11 +140,10 @@ class HourJoin:
             columns = "".join(
                 f", {name} {_SQL_TYPES[INTERACTION_SCHEMA.field(name).type]}" for name in CAPTURED
             )
-            sql(f"""CREATE TABLE gen(file INTEGER, row BIGINT, pos BIGINT,
-                interaction_id VARCHAR, created_us BIGINT, checkpoint_id VARCHAR,
-                checkpoint_verified BOOLEAN, status INTEGER{columns})""")  # fmt: skip
+            sql(f"""CREATE TABLE gen(file INTEGER, row BIGINT, pos BIGINT, iid UUID,
+                created_us BIGINT, checkpoint_id VARCHAR, checkpoint_verified BOOLEAN,
+                status INTEGER{columns})""")  # fmt: skip
         start = _us(hour)
-        end = start + 3_600_000_000
         sql(
             """CREATE TABLE kept AS
             SELECT *, CASE
@@ -151,55 +151,58 @@ class HourJoin:
                 WHEN NOT coalesce(checkpoint_verified, false) THEN 'unverified'
                 WHEN status IS NULL OR status NOT BETWEEN 200 AND 299 THEN 'engine_errors'
                 END AS dropped
-            FROM gen WHERE interaction_id IS NOT NULL AND created_us IS NOT NULL
-            QUALIFY row_number() OVER (PARTITION BY interaction_id ORDER BY pos) = 1""",
-            {"start": start, "end": end},
+            FROM gen WHERE iid IS NOT NULL AND created_us IS NOT NULL
+            QUALIFY row_number() OVER (PARTITION BY iid ORDER BY pos) = 1""",
+            {"start": start, "end": start + 3_600_000_000},
         )
+        source = self._files("fb_files", feedback)
         if feedback:
-            files = ", ".join(f"({i}, {_quote(str(p))})" for i, p in enumerate(feedback))
-            sql(f"CREATE TABLE fb_files(idx INTEGER, path VARCHAR); "
-                f"INSERT INTO fb_files VALUES {files}")  # fmt: skip
             sql(
                 f"""CREATE TABLE fb AS
-                SELECT e.event_id, lower(e.interaction_id) AS interaction_id, e.signal,
+                SELECT e.event_id, TRY_CAST(e.interaction_id AS UUID) AS iid, e.signal,
                        e.value, epoch_us(e.observed_at) AS observed_us,
-                       epoch_us(e.received_at) AS received_us,
-                       CAST(f.idx AS BIGINT) * {POS_SHIFT} + e.file_row_number AS pos
-                FROM read_parquet({_list(feedback)}, filename=true, file_row_number=true) e
-                JOIN fb_files f ON e.filename = f.path"""
+                       epoch_us(e.received_at) AS received_us, {pos} AS pos
+                FROM {source} e JOIN fb_files f ON e.filename = f.path"""
             )
         else:
-            sql("""CREATE TABLE fb(event_id VARCHAR, interaction_id VARCHAR, signal VARCHAR,
-                value DOUBLE, observed_us BIGINT, received_us BIGINT,
-                pos BIGINT)""")  # fmt: skip
+            sql("""CREATE TABLE fb(event_id VARCHAR, iid UUID, signal VARCHAR, value DOUBLE,
+                observed_us BIGINT, received_us BIGINT, pos BIGINT)""")  # fmt: skip
         sql(
-            """CREATE TABLE fb_first AS SELECT * FROM fb
-            WHERE event_id IS NOT NULL AND interaction_id IS NOT NULL AND signal IS NOT NULL
-              AND value IS NOT NULL AND observed_us IS NOT NULL
+            """CREATE TABLE fb_dups AS SELECT * FROM fb WHERE event_id IN (
+                SELECT event_id FROM fb WHERE event_id IS NOT NULL
+                GROUP BY event_id HAVING count(*) > 1)"""
+        )
+        sql(
+            """CREATE TABLE fb_dropped AS SELECT pos FROM fb_dups
             QUALIFY row_number() OVER (
-                PARTITION BY event_id ORDER BY received_us NULLS LAST, pos) = 1"""
+                PARTITION BY event_id ORDER BY received_us NULLS LAST, pos) > 1"""
         )
         sql(
             """CREATE TABLE fb_class AS
-            SELECT f.interaction_id, f.signal, f.value, f.observed_us, f.received_us, f.pos,
-              CASE WHEN m.signal IS NULL THEN 'unknown_signal'
-                   WHEN k.interaction_id IS NULL THEN 'orphans'
+            SELECT f.iid, f.signal, f.value, f.observed_us, f.received_us, f.pos,
+              CASE WHEN f.event_id IS NULL OR f.iid IS NULL OR f.signal IS NULL
+                        OR f.value IS NULL OR f.observed_us IS NULL THEN 'feedback_invalid'
+                   WHEN m.signal IS NULL THEN 'unknown_signal'
+                   WHEN k.iid IS NULL THEN 'orphans'
                    WHEN f.observed_us < k.created_us THEN 'before_served'
                    WHEN f.observed_us > k.created_us + m.maturity THEN 'late'
                    ELSE 'valid' END AS verdict
-            FROM fb_first f LEFT JOIN kept k USING (interaction_id)
-            LEFT JOIN maturity m USING (signal)"""
+            FROM fb f ANTI JOIN fb_dropped d USING (pos)
+            LEFT JOIN kept k USING (iid) LEFT JOIN maturity m USING (signal)"""
+        )
+        last = ", ".join(
+            f"arg_max(value, {{'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}}) "
+            f"FILTER (WHERE signal = {_quote(name)}) AS {name}"
+            for name in SIGNALS
         )
         sql(
-            """CREATE TABLE last AS
-            SELECT interaction_id, signal, value FROM fb_class WHERE verdict = 'valid'
-            QUALIFY row_number() OVER (PARTITION BY interaction_id, signal
-                ORDER BY observed_us DESC, received_us DESC NULLS LAST, pos DESC) = 1"""
+            f"""CREATE TABLE signals AS SELECT iid, {last}
+            FROM fb_class WHERE verdict = 'valid' GROUP BY iid"""
         )
 
     def _one(self, query: str) -> tuple[int, ...]:
         rows = self.con.execute(query).fetchall()  # fetched whole: the result is complete
-        return tuple(int(v) for v in rows[0])
+        return tuple(int(v or 0) for v in rows[0])
 
     def _pairs(self, query: str) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.con.execute(query).fetchall()}
@@ -208,8 +211,7 @@ class HourJoin:
         """What the join counted (every name always present)."""
         counts: dict[str, int] = {}
         generations, invalid = self._one(
-            "SELECT count(*), count(*) FILTER (WHERE interaction_id IS NULL "
-            "OR created_us IS NULL) FROM gen"
+            "SELECT count(*), count(*) FILTER (WHERE iid IS NULL OR created_us IS NULL) FROM gen"
         )
         counts["generations"] = generations
         counts["invalid"] = invalid
@@ -217,25 +219,18 @@ class HourJoin:
         counts["duplicates"] = generations - invalid - sum(kept.values())
         for name in ("outside_hour", "unverified", "engine_errors"):
             counts[name] = kept.get(name, 0)
-        events, ided = self._one(
-            "SELECT count(*), count(*) FILTER (WHERE event_id IS NOT NULL AND interaction_id "
-            "IS NOT NULL AND signal IS NOT NULL AND value IS NOT NULL AND observed_us IS NOT "
-            "NULL) FROM fb"
+        (counts["feedback_events"],) = self._one("SELECT count(*) FROM fb")
+        (counts["feedback_duplicates"],) = self._one("SELECT count(*) FROM fb_dropped")
+        (counts["feedback_conflicts"],) = self._one(
+            "SELECT count(*) FROM (SELECT event_id FROM fb_dups GROUP BY event_id "
+            "HAVING count(DISTINCT hash(iid, signal, value, observed_us)) > 1)"
         )
-        (first,) = self._one("SELECT count(*) FROM fb_first")
-        (conflicts,) = self._one(
-            "SELECT count(*) FROM (SELECT event_id FROM fb WHERE event_id IS NOT NULL "
-            "GROUP BY event_id HAVING count(DISTINCT hash(interaction_id, signal, value, "
-            "observed_us)) > 1)"
-        )
-        counts["feedback_events"] = events
-        counts["feedback_invalid"] = events - ided
-        counts["feedback_duplicates"] = ided - first
-        counts["feedback_conflicts"] = conflicts
         verdicts = self._pairs("SELECT verdict, count(*) FROM fb_class GROUP BY 1")
-        for name in ("orphans", "before_served", "late", "unknown_signal"):
+        for name in ("feedback_invalid", "orphans", "before_served", "late", "unknown_signal"):
             counts[name] = verdicts.get(name, 0)
-        (counts["feedback_used"],) = self._one("SELECT count(*) FROM last")
+        (counts["feedback_used"],) = self._one(
+            "SELECT " + " + ".join(f"count({name})" for name in SIGNALS) + " FROM signals"
+        )
         return counts
 
     def checkpoints(self) -> list[str | None]:
@@ -247,14 +242,10 @@ class HourJoin:
     def decisions(self, batch_size: int) -> pa.RecordBatchReader:
         """The rows to write, in input order: ``file``, ``row`` and every signal column,
         merged, in canonical types."""
-        pivot = ", ".join(
-            f"max(value) FILTER (WHERE signal = {_quote(name)}) AS {name}" for name in SIGNALS
-        )
         merged = ", ".join(_signal_expr(name) for name in SIGNALS)
         query = f"""
-            WITH p AS (SELECT interaction_id, {pivot} FROM last GROUP BY interaction_id)
             SELECT k.file, k.row, {merged}
-            FROM kept k LEFT JOIN p USING (interaction_id)
+            FROM kept k LEFT JOIN signals p USING (iid)
             WHERE k.dropped IS NULL ORDER BY k.pos"""
         reader: pa.RecordBatchReader = self.con.sql(query).to_arrow_reader(batch_size)
         return reader

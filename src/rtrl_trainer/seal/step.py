@@ -47,6 +47,7 @@ from rtrl.core.shards.layout import partition_segment
 from rtrl.core.store import ObjectNotFound, ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.progress import Progress
+from rtrl_trainer.read_ahead import read_ahead
 from rtrl_trainer.seal.config import SealConfig
 from rtrl_trainer.seal.join import HourJoin
 from rtrl_trainer.seal.rows import sealed_batches
@@ -234,7 +235,6 @@ def seal_hour(  # noqa: PLR0917 (the step's stores, then the hour)
         _readable(generations, generation_keys)
         _readable(feedback_paths, feedback_keys)
         join = HourJoin(
-            scratch / "seal.duckdb",
             memory_limit=config.memory_limit,
             threads=config.threads,
             spill=scratch / "spill",
@@ -250,7 +250,8 @@ def seal_hour(  # noqa: PLR0917 (the step's stores, then the hour)
                 batch_size=BATCH_ROWS,
             )
             prefix = sealed_shard_prefix(hour)
-            written = write_shards(rows, shards, file_prefix=prefix)
+            # the next rows are read and taken on a thread while these are encoded
+            written = write_shards(read_ahead(rows, "seal-rows"), shards, file_prefix=prefix)
             checkpoints = join.checkpoints()
         finally:
             join.close()
