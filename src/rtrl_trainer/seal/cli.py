@@ -9,6 +9,7 @@ from rtrl.core.store import parse_store_uri
 from rtrl_trainer import progress
 from rtrl_trainer.runner import (
     EXIT_OK,
+    add_config_argument,
     add_endpoint_argument,
     add_now_argument,
     add_work_dir_argument,
@@ -25,7 +26,7 @@ from rtrl_trainer.seal.config import (
     maturities,
 )
 from rtrl_trainer.seal.step import SealError, seal
-from rtrl_trainer.spec_file import ConfigError
+from rtrl_trainer.spec_file import ConfigError, load_sections
 
 DESCRIPTION = """Join each hour's generation events with its feedback events once every
 signal's maturity has passed, and write them as interaction shards under --shards, with a
@@ -45,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the root holding feedback/ (default: --events)",
     )  # fmt: skip
     parser.add_argument(
-        "--shards", metavar="URI", required=True, help="the shard root (spec.data.shards)"
-    )
+        "--shards", metavar="URI",
+        help="the shard root (default: data.shards of --config)",
+    )  # fmt: skip
+    add_config_argument(parser, "data (its shards)")
     add_now_argument(parser, "the present: which hours are sealable")
     parser.add_argument(
         "--delay", metavar="DURATION", default=DEFAULT_DELAY,
@@ -77,7 +80,22 @@ def _short(seconds: float) -> str:
     return f"{int(seconds // 3600)}h" if seconds % 3600 == 0 else f"{int(seconds // 60)}m"
 
 
+def _shards(args: argparse.Namespace) -> str:
+    """``--shards``, else ``data.shards`` of ``--config``."""
+    if args.shards is not None:
+        return str(args.shards)
+    if args.config is not None:
+        found, base = load_sections(args.config, ("data",))
+        shards = found["data"].get("shards")
+        if isinstance(shards, str) and shards:
+            return shards
+        where = f"{base}." if base else ""
+        raise ConfigError(f"{args.config}: {where}data.shards: required (or pass --shards)")
+    raise ConfigError("--shards: required: pass --shards URI, or --config with data.shards")
+
+
 def build_config(args: argparse.Namespace) -> SealConfig:
+    args.shards = _shards(args)
     for flag, uri in (("--events", args.events), ("--feedback-events", args.feedback_events),
                       ("--shards", args.shards)):  # fmt: skip
         if uri is None:

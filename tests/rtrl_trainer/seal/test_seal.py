@@ -242,6 +242,23 @@ def test_a_bad_maturity_is_a_usage_error(
         assert says in capsys.readouterr().err
 
 
+def test_the_shard_root_may_come_from_the_rlcycle(
+    stores: tuple[LocalStore, LocalStore], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    events, shards = stores
+    scenario(events)
+    spec = tmp_path / "rlcycle.yaml"
+    spec.write_text(f"kind: RLCycle\nspec:\n  data:\n    shards: {shards.uri}\n")
+    code = main(["seal", "--events", events.uri, "--config", str(spec), "--now", NOW.isoformat()])
+    assert code == 0
+    assert shards.exists(seal_marker_key(H))
+    spec.write_text("kind: RLCycle\nspec:\n  data: {}\n")
+    assert main(["seal", "--events", events.uri, "--config", str(spec)]) == 2
+    assert "spec.data.shards: required (or pass --shards)" in capsys.readouterr().err
+    assert main(["seal", "--events", events.uri]) == 2
+    assert "--shards: required" in capsys.readouterr().err
+
+
 def test_sealed_over_s3(s3_bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
     events, shards = S3Store(s3_bucket, "events"), S3Store(s3_bucket, "shards")
     ids = scenario(events)
