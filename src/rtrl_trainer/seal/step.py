@@ -24,11 +24,14 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rtrl.core.events import (
@@ -53,6 +56,7 @@ from rtrl_trainer.seal.join import HourJoin
 from rtrl_trainer.seal.rows import sealed_batches
 
 BATCH_ROWS = 8192
+DOWNLOAD_THREADS = 8
 
 # The counts of a sealed hour, in the order the summary names them.
 COUNTS = (
@@ -178,7 +182,11 @@ def sealed_hours(shards: ObjectStore, now: datetime, lookback: timedelta) -> set
 def _count_late(
     feedback: ObjectStore, shards: ObjectStore, hour: datetime, result: SealResult
 ) -> None:
-    marker = SealMarker.from_json(shards.get_bytes(seal_marker_key(hour)))
+    key = seal_marker_key(hour)
+    try:
+        marker = SealMarker.from_json(shards.get_bytes(key))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SealError(f"{shards.url(key)}: not a seal marker ({exc})") from exc
     read = set(marker.feedback)
     prefix = f"{FEEDBACK_DIR}/{hour_partition(hour)}/"
     for info in feedback.list(prefix):
@@ -195,11 +203,9 @@ def _local_copies(store: ObjectStore, keys: list[str], directory: Path) -> list[
     if isinstance(store, LocalStore):
         return [store.root.joinpath(*key.split("/")) for key in keys]
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for index, key in enumerate(keys):
-        path = directory / f"{index:06d}.parquet"
-        store.get_file(key, path)
-        paths.append(path)
+    paths = [directory / f"{index:06d}.parquet" for index in range(len(keys))]
+    with ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="seal-fetch") as pool:
+        list(pool.map(store.get_file, keys, paths))
     return paths
 
 
@@ -240,19 +246,14 @@ def seal_hour(  # noqa: PLR0917 (the step's stores, then the hour)
             spill=scratch / "spill",
         )
         try:
-            join.build(hour, generations, feedback_paths, config.maturity)
-            counts = Counter(join.counts())
-            rows = sealed_batches(
-                join.decisions(BATCH_ROWS),
-                generations,
-                final_after=config.longest_maturity,
-                counts=counts,
-                batch_size=BATCH_ROWS,
+            counts, written, checkpoints = _join_and_write(
+                join, config, hour, generations, feedback_paths, shards
             )
-            prefix = sealed_shard_prefix(hour)
-            # the next rows are read and taken on a thread while these are encoded
-            written = write_shards(read_ahead(rows, "seal-rows"), shards, file_prefix=prefix)
-            checkpoints = join.checkpoints()
+        except (duckdb.Error, pa.ArrowException) as exc:
+            raise SealError(
+                f"hour {hour_partition(hour)}: the event files cannot be joined: "
+                + " ".join(str(exc).split())[:500]
+            ) from exc
         finally:
             join.close()
     finally:
@@ -273,6 +274,31 @@ def seal_hour(  # noqa: PLR0917 (the step's stores, then the hour)
     )
     shards.put_bytes(seal_marker_key(hour), marker.to_json())
     return dict(marker.counts)
+
+
+def _join_and_write(  # noqa: PLR0917 (one hour's inputs and outputs)
+    join: HourJoin,
+    config: SealConfig,
+    hour: datetime,
+    generations: list[Path],
+    feedback: list[Path],
+    shards: ObjectStore,
+) -> tuple[Counter[str], list[str], list[str | None]]:
+    """Join the hour and write its shards; (counts, keys written, the hour's checkpoints)."""
+    join.build(hour, generations, feedback, config.maturity)
+    counts = Counter(join.counts())
+    rows = sealed_batches(
+        join.decisions(BATCH_ROWS),
+        generations,
+        final_after=config.longest_maturity,
+        counts=counts,
+        batch_size=BATCH_ROWS,
+    )
+    # the next rows are read and taken on a thread while these are encoded
+    written = write_shards(
+        read_ahead(rows, "seal-rows"), shards, file_prefix=sealed_shard_prefix(hour)
+    )
+    return counts, written, join.checkpoints()
 
 
 def _delete_leftovers(

@@ -3,11 +3,13 @@ the marker last; idempotent reruns; late feedback after the marker."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -257,6 +259,28 @@ def test_the_shard_root_may_come_from_the_rlcycle(
     assert "spec.data.shards: required (or pass --shards)" in capsys.readouterr().err
     assert main(["seal", "--events", events.uri]) == 2
     assert "--shards: required" in capsys.readouterr().err
+
+
+def test_an_unusable_event_file_fails_the_run_and_seals_nothing(
+    stores: tuple[LocalStore, LocalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    events, shards = stores
+    scenario(events)
+    bad = "generations/date=2026-12-03/hour=10/writer-c-000000000000.parquet"
+    events.put_bytes(bad, b"not parquet at all")
+    flags = ["seal", "--events", events.uri, "--shards", shards.uri, "--now", NOW.isoformat()]
+    assert main(flags) == 1
+    assert f"event file {bad}: not Parquet" in capsys.readouterr().err
+    # a Parquet file without the generation columns
+    table = pa.table({"interaction_id": [new_interaction_id(H)]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    events.put_bytes(bad, sink.getvalue())
+    assert main(flags) == 1
+    assert "hour date=2026-12-03/hour=10: the event files cannot be joined" in (
+        capsys.readouterr().err
+    )
+    assert list(shards.list()) == []
 
 
 def test_sealed_over_s3(s3_bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
