@@ -14,8 +14,9 @@ process (both pay the interpreter's start):
   seal   ``rtrl-job seal`` on the same files: the join, the sealed shards written to a local
          ``file://`` shard root (zstd Parquet), the marker
 
-It reports each one's wall time and peak RSS (sampled every 20 ms, children included), and
-the ratio seal / scan. Goals: the seal within 2x the scan, and its peak memory flat from 1M
+It reports each one's wall time, CPU time (user + system: steadier than wall time on a
+machine shared with other work) and peak RSS (sampled every 20 ms, children included), and
+the ratios seal / scan. Goals: the seal within 2x the scan, and its peak memory flat from 1M
 to 4M interactions (DuckDB's memory limit, ``--memory-limit``, bounds the join; the rows
 are streamed a batch at a time).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -172,8 +174,10 @@ def write_hour(root: Path, n: int, seed: int) -> list[Path]:
 
 
 def measured(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``command``; wall time, peak RSS (the process and its children, sampled)."""
+    """Run ``command``; wall time, CPU time (user + system, its threads and children), peak
+    RSS (the process and its children, sampled)."""
     peak = 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=env, text=True)  # fmt: skip
@@ -196,11 +200,18 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> dict[str,
     sampler.start()
     out, err = process.communicate()
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     done.set()
     sampler.join()
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed ({process.returncode}): {err[-2000:]}")
-    return {"seconds": round(elapsed, 2), "peak_rss_mb": round(peak / 2**20), "out": out}
+    return {
+        "seconds": round(elapsed, 2),
+        "cpu_seconds": round(cpu, 2),
+        "peak_rss_mb": round(peak / 2**20),
+        "out": out,
+    }
 
 
 def one_size(n: int) -> dict[str, Any]:
@@ -228,10 +239,13 @@ def one_size(n: int) -> dict[str, Any]:
             "generated_s": round(written, 1),
             "scan_rows": int(scan["out"].strip()),
             "scan_s": scan["seconds"],
+            "scan_cpu_s": scan["cpu_seconds"],
             "scan_peak_rss_mb": scan["peak_rss_mb"],
             "seal_s": seal["seconds"],
+            "seal_cpu_s": seal["cpu_seconds"],
             "seal_peak_rss_mb": seal["peak_rss_mb"],
             "seal_over_scan": round(seal["seconds"] / scan["seconds"], 2),
+            "seal_over_scan_cpu": round(seal["cpu_seconds"] / scan["cpu_seconds"], 2),
             "sealed": result["counts"]["sealed"],
             "feedback_used": result["counts"]["feedback_used"],
             "feedback_duplicates": result["counts"]["feedback_duplicates"],
@@ -246,9 +260,11 @@ def main() -> None:
         if not ARGS.json:
             print(
                 f"{n:>9,} interactions ({row['event_bytes_mb']} MB in {row['event_files']} "
-                f"files): scan {row['scan_s']:.1f} s ({row['scan_peak_rss_mb']} MB), seal "
-                f"{row['seal_s']:.1f} s ({row['seal_peak_rss_mb']} MB peak): "
-                f"seal/scan {row['seal_over_scan']:.2f}x; sealed {row['sealed']:,}",
+                f"files): scan {row['scan_s']:.1f} s, {row['scan_cpu_s']:.1f} CPU-s "
+                f"({row['scan_peak_rss_mb']} MB); seal {row['seal_s']:.1f} s, "
+                f"{row['seal_cpu_s']:.1f} CPU-s ({row['seal_peak_rss_mb']} MB peak): "
+                f"seal/scan {row['seal_over_scan']:.2f}x wall, "
+                f"{row['seal_over_scan_cpu']:.2f}x CPU; sealed {row['sealed']:,}",
                 flush=True,
             )
     flat = results[-1]["seal_peak_rss_mb"] / max(1, results[0]["seal_peak_rss_mb"])

@@ -56,7 +56,11 @@ class _FileRows:
             end = self.start + self.batch.num_rows
             upto = done + int(np.searchsorted(rows[done:], end))
             local = rows[done:upto] - self.start
-            yield self.batch.take(pa.array(local)), slice(done, upto)
+            first, count = int(local[0]), upto - done
+            if int(local[-1]) - first + 1 == count:  # a run of rows, the common case
+                yield self.batch.slice(first, count), slice(done, upto)
+            else:
+                yield self.batch.take(pa.array(local)), slice(done, upto)
             done = upto
 
     def close(self) -> None:

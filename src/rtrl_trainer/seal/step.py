@@ -55,7 +55,9 @@ from rtrl_trainer.seal.config import SealConfig
 from rtrl_trainer.seal.join import HourJoin
 from rtrl_trainer.seal.rows import sealed_batches
 
-BATCH_ROWS = 8192
+# Rows per batch read from a generation file (~30 MB of tokens at most): fewer, larger
+# batches cost less per row, and memory still holds only a few.
+BATCH_ROWS = 65_536
 DOWNLOAD_THREADS = 8
 
 # The counts of a sealed hour, in the order the summary names them.
