@@ -20,6 +20,7 @@ from rtrl.core.api import names
 from rtrl.core.api.checkpoint import (
     DataSummary,
     EvalSummary,
+    FidelitySummary,
     GateResult,
     RewardStats,
     TrainingSummary,
@@ -276,6 +277,8 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         on_policy_fraction=doc.get("on_policy_fraction"),
         quarantined=quarantined if isinstance(quarantined, dict) else None,
         files_bad=len(doc.get("quarantined_files") or []),
+        refused=_refused(doc.get("refused")),
+        fidelity=_fidelity(doc.get("fidelity")),
         since=doc.get("since"),
         until=doc.get("next_since"),
         reward=_reward_stats(doc.get("reward")),
@@ -302,6 +305,34 @@ def _reward_stats(stats: Any) -> RewardStats | None:
     if not isinstance(stats, dict) or stats.get("mean") is None:
         return None
     return RewardStats.model_validate({k: stats[k] for k in RewardStats.model_fields})
+
+
+def _refused(refused: Any) -> dict[str, int] | None:
+    """stage.json's refused rows by reason (none: unset)."""
+    if not isinstance(refused, dict):
+        return None
+    counts = {str(k): int(v) for k, v in refused.items() if isinstance(v, int) and v > 0}
+    return dict(sorted(counts.items())[:16]) or None
+
+
+def _fidelity(gate: Any) -> FidelitySummary | None:
+    """stage.json's fidelity gate figures, overall; None when the gate did not run."""
+    if not isinstance(gate, dict) or not gate.get("checked"):
+        return None
+    overall = gate.get("overall") or {}
+    weights = overall.get("is_weight") or {}
+    return FidelitySummary(
+        partitions_checked=int(gate.get("partitions_checked") or 0),
+        partitions_quarantined=int(gate.get("partitions_quarantined") or 0),
+        rows=int(overall.get("rows") or 0),
+        tokens=int(overall.get("tokens") or 0),
+        mean_abs_delta=overall.get("mean_abs_delta"),
+        max_abs_delta=overall.get("max_abs_delta"),
+        unsupported_fraction=overall.get("unsupported_fraction"),
+        is_weight_p01=weights.get("p01"),
+        is_weight_p50=weights.get("p50"),
+        is_weight_p99=weights.get("p99"),
+    )
 
 
 def _monitors(monitors: Any) -> dict[str, float] | None:
