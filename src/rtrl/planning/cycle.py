@@ -18,11 +18,8 @@ from typing import Any
 
 from rtrl.core.api import names
 from rtrl.core.api.checkpoint import (
-    DataSummary,
     EvalSummary,
-    FidelitySummary,
     GateResult,
-    RewardStats,
     TrainingSummary,
 )
 from rtrl.core.api.common import parse_duration
@@ -45,6 +42,7 @@ from .reading import phase as _phase
 from .reading import step_jobs as _step_jobs
 from .round import Plan, Round
 from .schedule import next_run
+from .stage_result import data_summary
 from .timeutil import iso
 
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
@@ -269,21 +267,7 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         if config_map_name(name) in r.obs.config_maps:
             r.act(Delete("v1", "ConfigMap", config_map_name(name)))
         return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
-    quarantined = doc.get("quarantined") or None
-    summary = DataSummary(
-        manifest=doc.get("out") or uri.rsplit("/", 1)[0] + "/",
-        interactions=int(doc["interactions_used"]),
-        tokens=int(doc["tokens_used"]),
-        on_policy_fraction=doc.get("on_policy_fraction"),
-        quarantined=quarantined if isinstance(quarantined, dict) else None,
-        files_bad=len(doc.get("quarantined_files") or []),
-        refused=_refused(doc.get("refused")),
-        fidelity=_fidelity(doc.get("fidelity")),
-        since=doc.get("since"),
-        until=doc.get("next_since"),
-        reward=_reward_stats(doc.get("reward")),
-        monitors=_monitors(doc.get("monitors")),
-    )
+    summary = data_summary(doc, uri)
     r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
     r.patch_summary(
         ck,
@@ -298,54 +282,6 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
     return r.finish(
         "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
     )
-
-
-def _reward_stats(stats: Any) -> RewardStats | None:
-    """stage.json's reward statistics; None when no staged row had a reward (all null)."""
-    if not isinstance(stats, dict) or stats.get("mean") is None:
-        return None
-    return RewardStats.model_validate({k: stats[k] for k in RewardStats.model_fields})
-
-
-def _refused(refused: Any) -> dict[str, int] | None:
-    """stage.json's refused rows by reason (none: unset)."""
-    if not isinstance(refused, dict):
-        return None
-    counts = {str(k): int(v) for k, v in refused.items() if isinstance(v, int) and v > 0}
-    return dict(sorted(counts.items())[:16]) or None
-
-
-def _fidelity(gate: Any) -> FidelitySummary | None:
-    """stage.json's fidelity gate figures, overall; None when the gate did not run."""
-    if not isinstance(gate, dict) or not gate.get("checked"):
-        return None
-    overall = gate.get("overall") or {}
-    weights = overall.get("is_weight") or {}
-    return FidelitySummary(
-        partitions_checked=int(gate.get("partitions_checked") or 0),
-        partitions_quarantined=int(gate.get("partitions_quarantined") or 0),
-        rows=int(overall.get("rows") or 0),
-        tokens=int(overall.get("tokens") or 0),
-        mean_abs_delta=overall.get("mean_abs_delta"),
-        max_abs_delta=overall.get("max_abs_delta"),
-        unsupported_fraction=overall.get("unsupported_fraction"),
-        is_weight_p01=weights.get("p01"),
-        is_weight_p50=weights.get("p50"),
-        is_weight_p99=weights.get("p99"),
-    )
-
-
-def _monitors(monitors: Any) -> dict[str, float] | None:
-    """stage.json's behaviour monitors that are defined for the set (a null one, e.g. a
-    tool-call rate without tool calls, is not a 0)."""
-    if not isinstance(monitors, dict):
-        return None
-    numbers = {
-        str(k): float(v)
-        for k, v in monitors.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    return dict(sorted(numbers.items())[:32]) or None
 
 
 def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
