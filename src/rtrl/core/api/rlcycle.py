@@ -164,7 +164,7 @@ class FidelitySpec(ApiModel):
         description="Rows recomputed per partition; 0 turns the gate off.",
     )
     max_mean_abs_delta: float = Field(
-        0.05,
+        0.1,
         gt=0,
         le=100,
         description="Mean |recomputed - logged| log-prob per token (nats) above which a "
