@@ -173,16 +173,23 @@ class GateError(Exception):
 
 
 class Recomputer:
-    """The serving checkpoint in float32 on the CPU: each row's completion log-probs
-    under its sampling. torch and transformers are imported here, only when the gate runs."""
+    """The serving checkpoint in float32 (on the GPU when the pod has one, else the CPU):
+    each row's completion log-probs under its sampling. torch and transformers are imported
+    here, only when the gate runs."""
 
     def __init__(self, directory: Path) -> None:
+        import inspect
+
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        self.model.eval()  # type: ignore[no-untyped-call]
+        self.model.to(self.device).eval()  # type: ignore[no-untyped-call]
+        # Logits of the completion's positions only (the vocabulary projection is most of a
+        # small model's forward), where the model supports it (the trainer does the same).
+        self.keep_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         config = self.model.config
         self.positions = int(
             getattr(config, "n_positions", 0) or getattr(config, "max_position_embeddings", 0) or 0
@@ -216,17 +223,19 @@ class Recomputer:
                 columns["logprobs_mode"][i],
             )
             n = len(completion)
+            keep = {"logits_to_keep": n + 1} if self.keep_logits else {}
             with torch.no_grad():
-                ids = torch.tensor([list(prompt) + list(completion)])
-                logits = self.model(input_ids=ids, use_cache=False).logits[0, -n - 1 : -1]
+                ids = torch.tensor([list(prompt) + list(completion)], device=self.device)
+                forward = self.model(input_ids=ids, use_cache=False, **keep)
+                logits = forward.logits[0, -n - 1 : -1]
                 lp = sampled_logprobs(
                     logits,
-                    torch.tensor(completion),
-                    temperature=torch.full((n,), s.temperature),
-                    top_p=torch.full((n,), s.top_p),
-                    top_k=torch.full((n,), s.top_k, dtype=torch.long),
+                    torch.tensor(completion, device=self.device),
+                    temperature=torch.full((n,), s.temperature, device=self.device),
+                    top_p=torch.full((n,), s.top_p, device=self.device),
+                    top_k=torch.full((n,), s.top_k, dtype=torch.long, device=self.device),
                 )
-            recomputed = lp.double().numpy()[mask]
+            recomputed = lp.double().cpu().numpy()[mask]
             delta = recomputed - logged[mask]
             supported = np.isfinite(recomputed)
             out.rows += 1

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from rtrl.core.api.rlcycle import FidelitySpec
 from rtrl.core.shards import write_shards
 from rtrl.core.store import open_store
 from rtrl_trainer.cli import main
@@ -209,10 +210,10 @@ def test_the_fidelity_gate_finds_a_float32_engine_faithful(staged: dict[str, Any
     assert doc["interactions_used"] == ROWS and doc["refused"] == {}
     gate = doc["fidelity"]
     assert gate["checked"] and gate["partitions_quarantined"] == 0
-    assert gate["overall"]["rows"] == ROWS
+    assert gate["overall"]["rows"] == FidelitySpec().sample_rows  # one partition
     assert gate["overall"]["mean_abs_delta"] < 1e-4
     assert gate["overall"]["unsupported"] == 0
-    assert gate["overall"]["serving_dtype"] == {"float32": ROWS}
+    assert gate["overall"]["serving_dtype"] == {"float32": FidelitySpec().sample_rows}
 
 
 def _weights(staged: dict[str, Any], *, old_way: bool) -> np.ndarray:

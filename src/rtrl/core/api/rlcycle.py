@@ -158,10 +158,11 @@ class FidelitySpec(ApiModel):
     wrong checkpoint or temperature."""
 
     sample_rows: int = Field(
-        32,
+        8,
         ge=0,
         le=MAX_FIDELITY_ROWS,
-        description="Rows recomputed per partition; 0 turns the gate off.",
+        description="Rows recomputed per partition (one forward pass of the serving "
+        "checkpoint each); 0 turns the gate off.",
     )
     max_mean_abs_delta: float = Field(
         0.1,
