@@ -26,7 +26,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench import stage as stage_bench
+
+from rtrl.core.api.rlcycle import FidelitySpec
 
 GATE_OPEN = """data:
   fidelity:
@@ -78,7 +82,7 @@ def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--sample-rows", type=int, default=32)
+    parser.add_argument("--sample-rows", type=int, default=FidelitySpec().sample_rows)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--baseline-job", help="another checkout's rtrl-job (run without a gate)")
     parser.add_argument("--json", action="store_true")
