@@ -186,7 +186,9 @@ class Recomputer:
         self.torch = torch
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        self.model.to(self.device).eval()  # type: ignore[no-untyped-call]
+        self.model.eval()  # type: ignore[no-untyped-call]
+        if self.device.type != "cpu":
+            self.model.to(self.device)  # type: ignore[arg-type]
         # Logits of the completion's positions only (the vocabulary projection is most of a
         # small model's forward), where the model supports it (the trainer does the same).
         self.keep_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
