@@ -118,6 +118,7 @@ def build_config(
     heldout_fraction: float = 0.0,
     parent: str | None = None,
     sealed: bool = False,
+    fidelity_sample_rows: int | None = None,
     **data_flags: Unpack[DataFlags],
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
@@ -142,6 +143,13 @@ def build_config(
             data_doc.pop(spelled, None)
         data_doc[key] = value
         flags[key] = DATA_FLAGS[key]
+    if fidelity_sample_rows is not None:
+        # data.fidelity.sampleRows, the one nested field a flag sets.
+        nested = data_doc.get("fidelity")
+        fidelity = dict(nested) if isinstance(nested, dict) else {}
+        fidelity.pop("sample_rows", None)
+        data_doc["fidelity"] = {**fidelity, "sampleRows": fidelity_sample_rows}
+        flags["fidelity"] = "--fidelity-sample-rows"
     if "shards" not in data_doc and "shards" not in {_snake(k) for k in data_doc}:
         raise ConfigError(
             f"{prefix}data.shards: required: pass --shards URI or set data.shards in the "
