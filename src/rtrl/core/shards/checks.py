@@ -41,8 +41,8 @@ DUPLICATE_INTERACTION_ID = "duplicate_interaction_id"
 # 64-bit count of microseconds, but whoever turns it into a date (Python's datetime ends in
 # year 9999) fails, and the window and maturity arithmetic would be meaningless.
 TIME_OUT_OF_RANGE = "time_out_of_range"
-EARLIEST = np.datetime64("2000-01-01T00:00:00", "us").astype(np.int64)
-LATEST = np.datetime64("9999-12-31T23:59:59", "us").astype(np.int64)
+EARLIEST = int(np.datetime64("2000-01-01T00:00:00", "us").astype(np.int64))
+LATEST = int(np.datetime64("9999-12-31T23:59:59", "us").astype(np.int64))
 _TIME_COLUMNS = ("created_at", "feedback_at")
 
 _LIST_COLUMNS = ("prompt_ids", *COMPLETION_LIST_COLUMNS)
