@@ -89,11 +89,12 @@ def test_the_sidecar_follows_the_checkpoint_through_a_canary_and_goes_with_the_s
         "*-analyze-0-*", Succeed(before=commit_result("analyze", hold, tmp_path / "results"))
     )
     job_runner.script(f"{TARGET}-*", Hang())  # serving pods: up, whatever their containers
-    job_runner.script(f"{NAME}-seal-*", Succeed())
+    (tmp_path / "events").mkdir()  # the sidecars' root (no sidecar runs here: empty)
     original = copy.deepcopy(deployment(tmp_path)["spec"]["template"])
     kube_api.create(deployment(tmp_path))
     kube_api.create(base_checkpoint(tmp_path))
     cycle = rlcycle(tmp_path, capture=capture(tmp_path))
+    cycle["spec"]["data"]["shards"] = (tmp_path / "shards").as_uri() + "/"  # the seal's output
     cycle["spec"]["rollout"]["readyTimeout"] = "150s"  # pods start slowly on a loaded machine
     kube_api.create(cycle)
 
@@ -151,9 +152,17 @@ def test_the_sidecar_follows_the_checkpoint_through_a_canary_and_goes_with_the_s
     reasons = [r for _, r, _ in events(kube_api)]
     assert reasons.count("CaptureInjected") == 1 and reasons.count("SealScheduled") == 1
 
-    # the seal's controller has fired it by now (every minute)
-    kube_api.wait_for(lambda: kube_api.list("batch/v1", "Job", {"rtrl.io/seal": NAME}),
-                      timeout=75, message="the CronJob controller started no seal Job")  # fmt: skip
+    # the seal's controller fires it every minute; the real rtrl-job seal runs, with the
+    # arguments, env and credentials the operator gave it, and finds nothing to seal yet
+    def seal_ended() -> dict[str, Any] | None:
+        for job in kube_api.list("batch/v1", "Job", {"rtrl.io/seal": NAME}):
+            for cond in (job.get("status") or {}).get("conditions") or []:
+                if cond["type"] in ("Complete", "Failed") and cond["status"] == "True":
+                    return dict(cond, job=job["metadata"]["name"])
+        return None
+
+    ended = kube_api.wait_for(seal_ended, timeout=120, message="no seal Job ended")
+    assert ended["type"] == "Complete", job_runner.logs(ended["job"])
 
     # capture off: the sidecar, its volumes and annotations, and the CronJob go
     kube_api.patch(RTRL, "RLCycle", NAME, {"spec": {"capture": None}})
