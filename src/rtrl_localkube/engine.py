@@ -220,8 +220,12 @@ class Engine:
         return self._proc.pid if self._proc else None
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: this process's, the CPU defaults, the spec's."""
-        return {**os.environ, **CPU_ENV, **dict(self.spec.env)}
+        """The server's environment: this process's, the CPU defaults, a directory of its own
+        for the files vLLM pulls from object storage, then the spec's. (vLLM pulls an
+        ``s3://`` model's config and tokenizer into ``$VLLM_ASSETS_CACHE`` under a hash of the
+        URI: two engines on one URI would otherwise write the same files at once.)"""
+        assets = self.log_path.parent / f"vllm-assets-{self.port}"
+        return {**os.environ, **CPU_ENV, "VLLM_ASSETS_CACHE": str(assets), **dict(self.spec.env)}
 
     def start(self) -> Engine:
         """Start the server and wait until ``/health`` answers 200 (EngineError if it exits

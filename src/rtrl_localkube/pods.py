@@ -13,7 +13,8 @@ How a pod spec maps onto this machine:
   (:data:`VLLM_IMAGES`), which is the vLLM venv (``make vllm``): its ``python3`` /
   ``python`` is that venv's interpreter, so ``python3 -m vllm.entrypoints.openai.api_server``
   runs as in the image; its environment gets the engine's CPU defaults
-  (``rtrl_localkube.engine.CPU_ENV``) beneath the container's own, and it runs under the
+  (``rtrl_localkube.engine.CPU_ENV``) and a ``VLLM_ASSETS_CACHE`` in the pod's directory (a
+  container's filesystem is its own) beneath the container's own, and it runs under the
   engine's supervisor, so that the server's EngineCore child dies with the pod.
 - Environment: only ``PATH``, ``HOME``, the runner's ``extra_env`` (e.g. ``DS_ACCELERATOR=cpu``,
   ``TORCH_EXTENSIONS_DIR``, ``AWS_*`` for moto) and the container's own: ``value``,
@@ -309,6 +310,8 @@ class PodRunner(PodSources):
         try:
             mounts = self.volumes(pod, container, pod_dir)
             env = self.environment(pod, container, mounts, base_env)
+            if is_vllm_image(str(container.get("image", ""))):
+                env.setdefault("VLLM_ASSETS_CACHE", os.fspath(pod_dir / "vllm-assets"))
             argv = self.argv(pod, container, env, mounts)
         except SetupError as exc:
             log_path.write_text(f"{exc}\n")
