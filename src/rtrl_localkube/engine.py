@@ -8,8 +8,10 @@ interpreter is ``$RTRL_VLLM_PYTHON`` (the Makefile exports it), else the checkou
 
 The flags rtrl recommends (:func:`server_argv`): ``--dtype`` (float32 keeps the engine's
 log-probs equal to the trainer's; the default downcasts a float32 checkpoint to bfloat16),
-``--logprobs-mode processed_logprobs`` (the distribution actually sampled from, see
-:mod:`rtrl_localkube.sampling`), ``--served-model-name``, and on a CPU ``--enforce-eager``
+``--logprobs-mode processed_logprobs`` (the log-probs of the distribution actually sampled
+from: ``log_softmax(truncate(logits / T))``, top-k and top-p applied and renormalised; the
+exact rule is in docs/serving.md and tests/rtrl_localkube/test_engine.py),
+``--served-model-name``, and on a CPU ``--enforce-eager``
 (no graph capture: a shorter start) and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB; the default
 takes a large share of the machine's memory). ``--model`` takes a directory or an
 ``s3://`` URI; for S3 vLLM streams the files with ``runai-model-streamer`` (installed in
