@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+CPU_OPS := $(VENV)/torch_extensions/deepspeed_shm_comm/rtrl-build.json
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -62,10 +63,10 @@ help:
 	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
 	@echo "make browser  install Debian's chromium and tmux for the tests that need them (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
-	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
-	@echo "make push-images REGISTRY=...  docker push of both"
+	@echo "make images REGISTRY=...  docker build of the operator, trainer and serving images (docs/helm.md)"
+	@echo "make push-images REGISTRY=...  docker push of the three"
 
-install: $(STAMP)
+install: $(STAMP) $(CPU_OPS)
 
 # uv (pinned, fetched with pip into .tools/) installs what pip would from the same pins, but
 # links the files from its cache (~/.cache/uv) instead of unpacking them again: the venv is
@@ -80,6 +81,12 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,serving,demo,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# DeepSpeed's one CPU op (its shared-memory collectives), compiled once here, outside any
+# test: a build killed midway used to leave a lock file every later training waited on
+# forever (src/rtrl_trainer/train/cpu_ops.py). Idempotent: a matching build is kept.
+$(CPU_OPS): $(STAMP)
+	env -u TORCH_EXTENSIONS_DIR DS_ACCELERATOR=cpu $(BIN)/python -m rtrl_trainer.train.cpu_ops
 
 vllm: $(VLLM_STAMP)
 
@@ -130,10 +137,10 @@ browser:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
-test: $(STAMP) $(VLLM_STAMP) tools controlplane browser
+test: install $(VLLM_STAMP) tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: install
 	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
@@ -152,23 +159,25 @@ crds: $(STAMP)
 	$(BIN)/rtrl crds
 	$(BIN)/rtrl crds --out charts/rtrl-operator/files/crds
 
-# The operator and trainer images (docs/helm.md, "Images"), named $(REGISTRY)/rtrl-operator and
-# $(REGISTRY)/rtrl-trainer and tagged with the chart's appVersion: the tag the chart's
-# Deployment defaults to. No venv needed: only docker and the repository.
+# The operator, trainer and serving images (docs/helm.md, "Images"), named
+# $(REGISTRY)/rtrl-operator, $(REGISTRY)/rtrl-trainer and $(REGISTRY)/rtrl-serving and tagged
+# with the chart's appVersion: the tag the chart's Deployments default to. No venv needed:
+# only docker and the repository.
 REGISTRY ?=
 DOCKER ?= docker
 APP_VERSION = $(shell sed -n 's/^appVersion: *//p' charts/rtrl-operator/Chart.yaml | tr -d '"')
-IMAGE_NAMES := rtrl-operator rtrl-trainer
+IMAGE_NAMES := rtrl-operator rtrl-trainer rtrl-serving
 
 images: docker-engine
 	$(DOCKER) build -f images/operator/Dockerfile -t $(REGISTRY)/rtrl-operator:$(APP_VERSION) .
 	$(DOCKER) build -f images/trainer/Dockerfile -t $(REGISTRY)/rtrl-trainer:$(APP_VERSION) .
+	$(DOCKER) build -f images/serving/Dockerfile -t $(REGISTRY)/rtrl-serving:$(APP_VERSION) .
 
 push-images: docker-engine
 	$(foreach name,$(IMAGE_NAMES),$(DOCKER) push $(REGISTRY)/$(name):$(APP_VERSION) &&) true
 
 docker-engine:
-	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator and \$$REGISTRY/rtrl-trainer" >&2; exit 1; }
+	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator, \$$REGISTRY/rtrl-trainer and \$$REGISTRY/rtrl-serving" >&2; exit 1; }
 	@test -n "$(APP_VERSION)" || { echo "make images: no appVersion in charts/rtrl-operator/Chart.yaml" >&2; exit 1; }
 	@command -v $(DOCKER) >/dev/null || { echo "make images: $(DOCKER) is not installed: the images need Docker (or DOCKER=podman)" >&2; exit 1; }
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "make images: no Docker engine is reachable ($(DOCKER) info failed): start the daemon, or point DOCKER_HOST at one" >&2; exit 1; }

@@ -1,163 +1,190 @@
-"""Log-prob fidelity: how far the real vLLM engine's per-token log-probs are from the
-trainer's, as the importance weights w = exp(trainer - engine) of the sampled tokens.
+"""How far a real vLLM's logged log-probs are from the trainer's: the importance-weight
+distribution, float32 and bfloat16 engines, at temperature 1 and 0.7, side by side.
 
-The tiny model (rtrl_localkube/tinymodel.py, float32) is served by the real vLLM
-(``.venv-vllm``, ``--logprobs-mode processed_logprobs``) twice in one run: with ``--dtype
-float32`` and with ``--dtype bfloat16`` (what vLLM does by default to a float32
-checkpoint). Each engine samples completions at temperature 1 and 0.7 (top-p 1, no top-k)
-for the chat cases' prompts and random byte prompts. The trainer's side is a plain Hugging
-Face forward in float32 over the same tokens, computed two ways: right, from logits / T (the
-distribution vLLM sampled from and reports in processed mode), and wrong, from the logits
-alone (temperature ignored, as a trainer that does not know T computes it).
+A tiny GPT-2 (2 layers, width 64, 260 tokens, large weights: entropy ~3 nats) is served by
+vLLM (``--logprobs-mode processed_logprobs``, once ``--dtype float32``, once ``bfloat16``);
+each engine samples ``--rows`` completions of ``--tokens`` tokens at temperature 1 and at
+0.7 (plain, and with top-p 0.9 / top-k 40). The trainer's float32 forward then recomputes
+every token's log-prob under the row's distribution (rtrl_trainer.logprobs) and the old way
+(temperature 1, full vocabulary), and the weights ``w = exp(trainer - logged)`` are
+summarised: quantiles, mean |log w|, max |log w|. Also printed: what the stage's fidelity
+gate would conclude at its default bounds.
 
-Per row: the weights' min, p1, p50, p99 and max, and the largest |log w|, also as a ratio to
-the float32 / T=1 / right row (the best the engine can do). Output: a Markdown table on
-stdout and ``bench/out/logprob_fidelity.json``.
+    .venv/bin/python bench/logprob_fidelity.py [--rows 64] [--tokens 32] [--json]
 
-Run: ``python bench/logprob_fidelity.py`` (``make vllm`` first; two engine starts, 3-10
-minutes on two cores).
+Needs the vLLM environment: ``.venv-vllm`` (``make vllm``) or ``RTRL_VLLM_PYTHON``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src")]
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import openai  # noqa: E402
-import torch  # noqa: E402
+from rtrl.core.api.rlcycle import FidelitySpec
+from rtrl_trainer.logprobs import Sampling, sampled_logprobs
 
-from rtrl_localkube import tinymodel  # noqa: E402
-from rtrl_localkube.engine import Engine, EngineSpec  # noqa: E402
-
-OUT = Path(__file__).resolve().parent / "out"
-
-
-def prompts(tokenizer: Any, count: int, length: int, seed: int) -> list[list[int]]:
-    chat = [tinymodel.prompt_ids(tokenizer, case) for case in tinymodel.CASES]
-    gen = torch.Generator().manual_seed(seed)
-    text = [torch.randint(32, 127, (length,), generator=gen).tolist() for _ in range(count)]
-    return chat + [[256, *ids] for ids in text]
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = {"T=1": (1.0, 1.0, -1), "T=0.7": (0.7, 1.0, -1), "T=0.7 p=0.9 k=40": (0.7, 0.9, 40)}
+QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 
 
-def sample(
-    client: openai.OpenAI, prompt: list[int], temperature: float, *, n: int, seed: int, tokens: int
-) -> list[tuple[list[int], list[float]]]:
-    answer = client.completions.create(
-        model="tiny",
-        prompt=prompt,
-        n=n,
-        max_tokens=tokens,
-        temperature=temperature,
-        seed=seed,
-        logprobs=0,
-        extra_body={"return_token_ids": True},
-    )
-    out = []
-    for choice in answer.choices:
-        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
-        ids = list((choice.model_extra or {})["token_ids"])
-        out.append((ids, [float(lp) for lp in choice.logprobs.token_logprobs]))
-    return out
+def _vllm_python() -> str:
+    named = os.environ.get("RTRL_VLLM_PYTHON")
+    path = Path(named) if named else REPO / ".venv-vllm" / "bin" / "python"
+    if not path.exists():
+        raise SystemExit("no vLLM environment: make vllm, or set RTRL_VLLM_PYTHON")
+    return os.fspath(path)
 
 
-def trainer_logprobs(
-    model: Any, prompt: list[int], completion: list[int], temperature: float
-) -> tuple[list[float], list[float]]:
-    """(right: from logits / T, wrong: from the logits) for each completion token."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
-    logits = logits[len(prompt) - 1 : -1]
-    index = torch.tensor(completion).unsqueeze(-1)
-    right = (logits / temperature).log_softmax(-1).gather(-1, index).squeeze(-1)
-    wrong = logits.log_softmax(-1).gather(-1, index).squeeze(-1)
-    return right.tolist(), wrong.tolist()
+def _model(directory: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=260, n_positions=256,
+                        bos_token_id=1, eos_token_id=2, initializer_range=0.3)  # fmt: skip
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    for path in directory.iterdir():
+        path.chmod(0o644)
 
 
-def summary(log_weights: list[float]) -> dict[str, float]:
-    w = np.exp(np.array(log_weights))
+class Engine:
+    def __init__(self, model: Path, dtype: str, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = log.open("wb")
+        self.process = subprocess.Popen(
+            [_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model",
+             os.fspath(model), "--served-model-name", "tiny", "--dtype", dtype,
+             "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--max-model-len",
+             "256", "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        self.started = time.monotonic()
+        while True:
+            if self.process.poll() is not None:
+                raise SystemExit(f"vLLM ({dtype}) exited: see {log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(2)
+        self.startup = time.monotonic() - self.started
+
+    def complete(self, prompt: list[int], setting: tuple[float, float, int], seed: int,
+                 tokens: int) -> tuple[list[int], list[float]]:  # fmt: skip
+        temperature, top_p, top_k = setting
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": tokens, "seed": seed,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "logprobs": 0,
+                "return_token_ids": True, "ignore_eos": True}  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            choice = json.load(response)["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def _summary(log_w: np.ndarray) -> dict[str, Any]:
+    finite = log_w[np.isfinite(log_w)]
+    weights = np.exp(log_w)
     return {
-        "tokens": len(log_weights),
-        "min": float(w.min()),
-        "p1": float(np.percentile(w, 1)),
-        "p50": float(np.percentile(w, 50)),
-        "p99": float(np.percentile(w, 99)),
-        "max": float(w.max()),
-        "max_abs_log_w": float(np.abs(np.log(w)).max()),
+        "tokens": int(log_w.size),
+        "unsupported": int((~np.isfinite(log_w)).sum()),
+        "mean_abs_log_w": float(np.abs(finite).mean()),
+        "max_abs_log_w": float(np.abs(finite).max()),
+        "w_quantiles": {str(q): float(np.quantile(weights, q)) for q in QUANTILES},
     }
 
 
-def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> list[dict[str, Any]]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def measure(engine: Engine, trainer: Any, rows: int, tokens: int) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        right: list[np.ndarray] = []
+        old: list[np.ndarray] = []
+        sampling = Sampling(setting[0], setting[1], max(setting[2], 0))
+        for i in range(rows):
+            prompt = [int(t) for t in rng.integers(3, 260, int(rng.integers(2, 20)))]
+            ids, logged = engine.complete(prompt, setting, seed=i, tokens=tokens)
+            with torch.no_grad():
+                logits = trainer(input_ids=torch.tensor([prompt + ids])).logits[0]
+            logits = logits[len(prompt) - 1 : -1].float()
+            n = len(ids)
+            mine = sampled_logprobs(
+                logits, torch.tensor(ids), temperature=torch.full((n,), sampling.temperature),
+                top_p=torch.full((n,), sampling.top_p),
+                top_k=torch.full((n,), sampling.top_k, dtype=torch.long),
+            ).double().numpy()  # fmt: skip
+            plain = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+            logged_np = np.asarray(logged, dtype=np.float64)
+            right.append(mine - logged_np)
+            old.append(plain.double().numpy() - logged_np)
+        out[name] = {
+            "under the row's distribution": _summary(np.concatenate(right)),
+            "old: T=1, full vocabulary": _summary(np.concatenate(old)),
+        }
+    return out
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    batch = prompts(tokenizer, args.prompts, 12, args.seed)
-    rows = []
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    results: dict[str, Any] = {"rows": args.rows, "tokens_per_row": args.tokens}
+    with tempfile.TemporaryDirectory(prefix="rtrl-bench-logprobs-") as tmp:
+        model = Path(tmp) / "model"
+        _model(model)
+        trainer = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        for dtype in ("float32", "bfloat16"):
+            engine = Engine(model, dtype, Path(tmp) / f"{dtype}.log")
+            try:
+                results[dtype] = measure(engine, trainer, args.rows, args.tokens)
+                results[dtype]["engine_startup_seconds"] = round(engine.startup, 1)
+            finally:
+                engine.stop()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    bound = FidelitySpec().max_mean_abs_delta
+    print(f"{args.rows} rows x {args.tokens} tokens per setting; w = exp(trainer - logged)")
+    print(f"{'engine':9} {'setting':18} {'log-probs':30} {'mean|log w|':>11} "
+          f"{'max|log w|':>10}  w at 0.1%/1%/50%/99%/99.9%   gate (<= {bound})")  # fmt: skip
     for dtype in ("float32", "bfloat16"):
-        spec = EngineSpec(model=str(model_dir), served_model_name="tiny", dtype=dtype)
-        with Engine(spec, work / f"engine-{dtype}.log") as engine:
-            print(f"{dtype}: engine ready in {engine.startup_seconds:.0f}s", file=sys.stderr)
-            client = openai.OpenAI(base_url=engine.base_url, api_key="unused")
-            for temperature in (1.0, 0.7):
-                right, wrong = [], []
-                for i, prompt in enumerate(batch):
-                    seed = args.seed + i
-                    samples = sample(
-                        client, prompt, temperature, n=args.n, seed=seed, tokens=args.tokens
-                    )
-                    for ids, engine_lp in samples:
-                        r, w = trainer_logprobs(model, prompt, ids, temperature)
-                        right += [t - e for t, e in zip(r, engine_lp, strict=True)]
-                        wrong += [t - e for t, e in zip(w, engine_lp, strict=True)]
-                for way, logs in (("logits / T", right), ("T ignored", wrong)):
-                    if temperature == 1.0 and way == "T ignored":
-                        continue  # the same numbers at T = 1
-                    rows.append({"dtype": dtype, "temperature": temperature, "trainer": way,
-                                 **summary(logs)})  # fmt: skip
-    best = rows[0]["max_abs_log_w"]
-    for row in rows:
-        row["vs_best"] = row["max_abs_log_w"] / best if best > 0 else math.inf
-    return rows
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| engine dtype | T | trainer's log-prob | tokens | min w | p1 | p50 | p99 | max w "
-        "| max abs log w | x best |\n|---|---|---|---|---|---|---|---|---|---|---|"
-    )
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"| {r['dtype']} | {r['temperature']} | {r['trainer']} | {r['tokens']} "
-            f"| {r['min']:.6f} | {r['p1']:.6f} | {r['p50']:.6f} | {r['p99']:.6f} "
-            f"| {r['max']:.6f} | {r['max_abs_log_w']:.2e} | {r['vs_best']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=24, help="random byte prompts")
-    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per sample")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    OUT.mkdir(exist_ok=True)
-    work = OUT / "logprob_fidelity"
-    work.mkdir(exist_ok=True)
-    started = time.monotonic()
-    rows = measure(args, tinymodel.built(), work)
-    print(table(rows))
-    result = {"args": vars(args), "rows": rows, "seconds": time.monotonic() - started}
-    (OUT / "logprob_fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
+        for setting in SETTINGS:
+            for way, s in results[dtype][setting].items():
+                q = "/".join(f"{v:.4f}" for v in s["w_quantiles"].values())
+                verdict = "pass" if s["mean_abs_log_w"] <= bound else "QUARANTINE"
+                print(f"{dtype:9} {setting:18} {way:30} {s['mean_abs_log_w']:11.2e} "
+                      f"{s['max_abs_log_w']:10.2e}  {q}   {verdict}")  # fmt: skip
     return 0
 
 
