@@ -132,7 +132,8 @@ class Shipper:
         self._deadline = deadline
         self._stop.set()
         self._wake.set()
-        self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
         return self.backlog() == 0
 
     @property

@@ -113,10 +113,13 @@ class Spool:
             log.info("recovered %d unshipped segments", len(pending))
         return torn, torn_bytes
 
-    def start(self) -> None:
+    def start(self, *, ship: bool = True) -> None:
+        """Start the writer and, unless ``ship`` is False (tests and tools that look at the
+        segments), the shipper."""
         self.writer.start()
-        self.shipper.start()
-        self._started = True
+        if ship:
+            self.shipper.start()
+        self._started = ship
 
     def append(self, payload: bytes, *, wait: bool = False) -> Future[None] | None:
         """Queue one record (a JSON object of the kind's schema, UTF-8); see
