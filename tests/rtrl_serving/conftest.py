@@ -171,6 +171,7 @@ def start_capture(
     extra: list[str] | None = None,
     checkpoint: str = "ckpt-1",
     arm: str = "stable",
+    ready: str = "/readyz",
 ) -> Capture:
     """``rtrl-capture`` as a process of its own (its own group, so signals reach it alone)."""
     port = free_port()
@@ -191,7 +192,7 @@ def start_capture(
             start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    _wait_http(f"{url}/readyz", 120.0, proc, log)
+    _wait_http(f"{url}{ready}", 120.0, proc, log)
     return Capture(url, proc, spool, log, events)
 
 

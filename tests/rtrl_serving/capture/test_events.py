@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,8 @@ def capture(
     spool: Path = tmp_path_factory.mktemp("events") / "spool"
     cap = start_capture(
         vllm_engine.url, f"s3://{bucket}/events/", spool, s3_env(moto),
-        model_uri=str(vllm_engine.model), extra=["--segment-age-s", "0.3"],
+        model_uri=str(vllm_engine.model),
+        extra=["--segment-age-s", "0.3", "--clock-header", "X-Rtrl-Sim-Time"],
     )  # fmt: skip
     yield cap
     assert cap.stop() == 0
@@ -267,3 +268,18 @@ def test_a_checkpoint_mismatch_is_recorded_unverified_and_counted(
         assert cap.metric("rtrl_capture_checkpoint_verified") == 0
     finally:
         assert cap.stop() == 0
+
+
+def test_a_simulation_sets_the_serving_time_by_header(capture: Capture, moto: str) -> None:
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    then = datetime(2026, 1, 5, 3, 10, 7, 250000, tzinfo=UTC)
+    reply = post(capture.url, "/v1/completions", body, {"X-Rtrl-Sim-Time": then.isoformat()})
+    event = one_event(moto, capture, reply.ids[0])
+    assert event["created_at"] == then
+    assert "/generations/date=2026-01-05/hour=03/" in event["_key"]
+    assert served_at(reply.ids[0]) == then
+    unix = post(capture.url, "/v1/completions", body, {"X-Rtrl-Sim-Time": "1767582000"})
+    assert one_event(moto, capture, unix.ids[0])["created_at"] == datetime(
+        2026, 1, 5, 3, 0, tzinfo=UTC)  # fmt: skip
+    bad = post(capture.url, "/v1/completions", body, {"X-Rtrl-Sim-Time": "yesterday"})
+    assert bad.status == 400 and b"X-Rtrl-Sim-Time" in bad.body

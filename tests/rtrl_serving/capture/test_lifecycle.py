@@ -8,6 +8,8 @@ import json
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,25 @@ def test_a_full_spool_drops_and_counts_but_serves(
         assert dropped >= 1 and spooled >= 1 and dropped + spooled == 8
         assert cap.metric("rtrl_capture_spool_bytes") <= 6000
         cap.stop(signal.SIGKILL)
+
+
+def test_an_engine_that_is_down_makes_the_sidecar_unready_and_502s_recorded(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    events = f"s3://{new_bucket(moto_endpoint)}/events/"
+    dead = "http://127.0.0.1:9"  # discard: nothing listens
+    cap = start_capture(dead, events, tmp_path / "spool", s3_env(moto_endpoint),
+                        model_uri="/models/x", extra=["--segment-age-s", "0.2"],
+                        ready="/healthz")  # fmt: skip
+    try:
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"{cap.url}/readyz", timeout=5)
+        assert caught.value.code == 503
+        assert b"engine" in caught.value.read()
+        served = post(cap.url, "/v1/completions", {"prompt": "x"}, {"X-Rtrl-User": "u-1"})
+        assert served.status == 502
+        assert served.json()["error"]["code"] == 502
+        [row] = wait_for_events(moto_endpoint, events, set(served.ids))[served.ids[0]]
+        assert (row["status"], row["user_id"], row["checkpoint_verified"]) == (502, "u-1", False)
+    finally:
+        assert cap.stop() == 0
