@@ -52,6 +52,7 @@ _HOP = frozenset(
               "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length")
 )  # fmt: skip
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+IDLE_KEEPALIVE_S = 2.0
 
 
 def _forward_headers(headers: CIMultiDictProxy[str], *, plain: bool) -> CIMultiDict[str]:
@@ -113,7 +114,9 @@ class CaptureProxy:
 
     async def _startup(self, _app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1024, force_close=False),
+            # idle connections are dropped before the engine drops them (uvicorn: after 5 s),
+            # so a request is rarely sent on a connection the engine has just closed
+            connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=IDLE_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
@@ -181,13 +184,10 @@ class CaptureProxy:
         assert self.session is not None
         body = await request.read()
         try:
-            upstream = await self.session.request(
-                request.method,
-                self.config.engine + request.path_qs,
-                data=body or None,
-                headers=_forward_headers(request.headers, plain=False),
-                allow_redirects=False,
-            )
+            upstream = await self._send(
+                request.method, request.path_qs, body or None,
+                _forward_headers(request.headers, plain=False),
+            )  # fmt: skip
         except aiohttp.ClientError as exc:
             return self._unreachable(exc)
         async with upstream:
@@ -202,6 +202,24 @@ class CaptureProxy:
                 await resp.write(data)
             await resp.write_eof()
         return resp
+
+    async def _send(
+        self, method: str, path_qs: str, body: bytes | None, headers: CIMultiDict[str]
+    ) -> aiohttp.ClientResponse:
+        """The engine's response to one request. A pooled connection that the engine closed
+        while idle fails before any response byte (ServerDisconnectedError): the engine
+        never read the request, so it is sent once more on a fresh connection."""
+        assert self.session is not None
+        url = self.config.engine + path_qs
+        for attempt in (1, 2):
+            try:
+                return await self.session.request(
+                    method, url, data=body, headers=headers, allow_redirects=False
+                )
+            except aiohttp.ServerDisconnectedError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _unreachable(self, exc: Exception) -> web.Response:
         log.warning("the engine at %s is unreachable: %s", self.config.engine, exc)
@@ -242,10 +260,8 @@ class CaptureProxy:
         ids = [new_interaction_id(created) for _ in range(rw.choices)]
         ex = Exchange(request, rw, ids, created, started)
         try:
-            upstream = await self.session.post(
-                self.config.engine + request.path_qs,
-                data=rw.body,
-                headers=_forward_headers(request.headers, plain=True),
+            upstream = await self._send(
+                "POST", request.path_qs, rw.body, _forward_headers(request.headers, plain=True)
             )
         except aiohttp.ClientError as exc:
             resp = self._unreachable(exc)
