@@ -12,6 +12,7 @@ call counts as valid and the schema error is logged once per request.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -93,14 +94,25 @@ def check_tool_calls(
     return verdict
 
 
-def _schema_problem(schema: dict[str, Any], instance: object) -> str | None:
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> Any:
+    """A validator of the schema (checked once: agents send the same tools every request),
+    or None when the schema itself is not valid JSON Schema."""
+    schema = json.loads(schema_text)
     try:
         cls = jsonschema.validators.validator_for(schema)
         cls.check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
         log.warning("a request's tool schema is not valid JSON Schema: %s", exc.message[:200])
         return None
-    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(instance))
+    return cls(schema)
+
+
+def _schema_problem(schema: dict[str, Any], instance: object) -> str | None:
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if validator is None:
+        return None
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
