@@ -15,6 +15,7 @@ events are shipped within about that age of being served.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -200,7 +201,13 @@ class GroupCommitWriter:
                 if future is not None:
                     future.set_exception(OSError(self.error))
             if self._open is not None:
-                self._rotate()
+                try:
+                    self._rotate()
+                except OSError:  # the disk refuses even that: the next start recovers it
+                    if self._open is not None:
+                        with contextlib.suppress(OSError):
+                            os.close(self._open.fd)
+                        self._open = None
             return
         self._unsynced.extend(future for _, future in batch)
 

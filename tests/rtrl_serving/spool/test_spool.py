@@ -315,3 +315,38 @@ def test_file_names_are_fixed_before_the_first_upload(tmp_path: Path) -> None:
     [path] = (tmp_path / "events").rglob("*.parquet")
     assert path.name == f"{spool.writer_id}-{number * 1000:012d}.parquet"
     assert datetime(2026, 12, 3, 9, tzinfo=UTC) == parse_hour_partition(str(path))
+
+
+DISK_FULL = """
+import resource, signal, sys, time
+from pathlib import Path
+from rtrl.core.store import open_store
+from tests.rtrl_serving.spool.test_spool import KIND, record
+from rtrl_serving.spool import Spool
+spool = Spool(Path(sys.argv[1]), open_store(sys.argv[2]), KIND, writer_name="full")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+spool.start(ship=False)
+lost = 0
+for i in range(40):
+    future = spool.append(record(i), wait=True)
+    try:
+        future.result(5)
+    except OSError:
+        lost += 1
+snap = spool.snapshot()
+print(lost, snap.appended, snap.durable, snap.dropped_io)
+"""
+
+
+def test_a_disk_that_refuses_writes_is_counted_and_reported(tmp_path: Path) -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", DISK_FULL, str(tmp_path / "spool"), f"file://{tmp_path}/ev/"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lost, appended, durable, dropped_io = ran.stdout.split()
+    assert int(lost) == int(dropped_io) > 0  # every waiter of a lost record was told
+    assert int(durable) + int(dropped_io) == int(appended) == 40  # the writer went on
+    assert "cannot write the spool segment" in ran.stderr
