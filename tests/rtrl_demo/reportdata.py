@@ -235,3 +235,78 @@ def summary(root: Path, with_events: bool = True) -> dict[str, Any]:
         "simulated_hours": 14.0,
         "wall_seconds": 180.0,
     }
+
+
+def failed_summary(root: Path) -> dict[str, Any]:
+    """A demo whose only cycle failed in training: nothing was canaried or promoted, and
+    only the base checkpoint served (one bar per task kind in the answer mix)."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(1)
+    rows: dict[str, list[Any]] = {"checkpoint_id": [], "task_kind": [], "completion_ids": []}
+    for _ in range(300):
+        task = sim.make_task(rng)
+        rows["checkpoint_id"].append("demo-0")
+        rows["task_kind"].append(task.kind)
+        rows["completion_ids"].append(sim.prior_completion(task, rng))
+    path = root / "interactions" / "checkpoint=demo-0" / "part-00000.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table(rows), path)
+    (root / "models" / "demo-1").mkdir(parents=True)
+    start = T0 + timedelta(hours=3)
+    return {
+        "scenario": "default",
+        "scenario_description": "test data",
+        "users": 1000,
+        "cycles": [
+            {
+                "cycle": 1,
+                "checkpoint": "demo-1",
+                "parent": "demo-0",
+                "phase": "Failed",
+                "decision": None,
+                "reason": "train Job failed: exit 1",
+                "training": None,
+                "training_curves": training_curves((root / "models" / "demo-1").as_uri() + "/"),
+                "eval": None,
+                "metrics": [],
+                "looks": [],
+                "monitors": None,
+                "rollout": [],
+            }
+        ],
+        "serving": "demo-0",
+        "events": [
+            {
+                "at": iso(start),
+                "object": "Checkpoint/demo-1",
+                "reason": "Staged",
+                "message": "demo-1: Staged",
+                "warning": False,
+            },
+            {
+                "at": iso(start + timedelta(minutes=30)),
+                "object": "Checkpoint/demo-1",
+                "reason": "Failed",
+                "message": "demo-1: train Job failed",
+                "warning": True,
+            },
+        ],
+        "canary_weights": [
+            {"at": iso(start), "serving": "demo-0", "canary": None, "weight": 0.0},
+            {
+                "at": iso(start + timedelta(hours=1)),
+                "serving": "demo-0",
+                "canary": None,
+                "weight": 0.0,
+            },
+        ],
+        "answer_mix": answer_mix(root / "interactions"),
+        "gates": [{"metric": "replay.kl", "maxRegression": 2.0}],
+        "head_to_head": None,
+        "simulated_hours": 4.0,
+        "wall_seconds": 60.0,
+    }

@@ -142,3 +142,14 @@ def test_serving_ticks_print_a_line_only_with_verbose_or_when_they_fail(
         lines = capsys.readouterr().err.splitlines()
         assert any("serve demo-0" in x for x in lines) == printed, (verbose, ok, lines)
         assert any("stage demo-1-stage-0" in x for x in lines)
+
+
+def test_a_report_of_a_failed_cycle_lays_out_every_plot(tmp_path: Path) -> None:
+    """The report of a demo that lost its training (one checkpoint, nothing canaried): its
+    plots still render without overlapping labels (the answer mix's title once overlapped
+    its first panel's "all tasks" when only one checkpoint had answers)."""
+    summary = reportdata.failed_summary(tmp_path)
+    path = report.write_report(tmp_path, summary)
+    facts = render(path, tmp_path / "failed.png")
+    plots = check_plots(facts, ["answer mix per checkpoint", "lineage"])
+    assert plots
