@@ -18,7 +18,7 @@ Goal (issue 30): <= 2 ms added at p50, <= 5% throughput lost.
 
     .venv/bin/python bench/capture.py --engine http://127.0.0.1:8000 [--levels 16,64]
         [--rounds 3] [--tokens 32] [--json]
-    .venv/bin/python bench/capture.py --start-engine   # builds the tiny test model, starts vLLM
+    .venv/bin/python bench/capture.py --start-engine   # rtrl_localkube's tiny model on vLLM
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ import aiohttp
 import psutil
 import pyarrow.parquet as pq
 
-REPO = Path(__file__).resolve().parents[1]
+from rtrl_localkube import tinymodel
+from rtrl_localkube.engine import Engine, EngineSpec
+
 BIN = Path(sys.executable).parent
 
 
@@ -67,26 +69,14 @@ def _wait(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} not ready after {timeout} s")
 
 
-def start_engine(workdir: Path) -> tuple[str, str, subprocess.Popen[bytes]]:
-    """The tiny test Llama on a real vLLM from .venv-vllm (as the tests start it)."""
-    sys.path.insert(0, str(REPO))
-    from tests.rtrl_serving.tinyllama import build_tiny_llama
-
-    model = build_tiny_llama(workdir / "tiny-llama")
-    port = _free_port()
-    argv = [
-        str(REPO / ".venv-vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", "tiny", "--dtype", "float32",
-        "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--max-model-len", "1024",
-        "--port", str(port), "--host", "127.0.0.1",
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    log = (workdir / "engine.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    _wait(f"{url}/health", 900, proc)
-    return url, str(model), proc
+def start_engine(workdir: Path) -> tuple[str, str, Engine]:
+    """The tiny model of rtrl_localkube.tinymodel on a real vLLM from .venv-vllm, loaded from
+    a local directory (as the tests start it, less the S3)."""
+    model = workdir / "tiny"
+    tinymodel.publish(model.as_uri() + "/")
+    engine = Engine(EngineSpec(model=str(model), served_model_name="tiny"),
+                    workdir / "engine.log").start()  # fmt: skip
+    return engine.root_url, str(model), engine
 
 
 def start_proxy(engine: str, model: str, workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
@@ -243,8 +233,7 @@ def main() -> int:
             proxy_proc.send_signal(signal.SIGTERM)
             proxy_proc.wait(120)
             if engine_proc is not None:
-                os.killpg(engine_proc.pid, signal.SIGTERM)
-                engine_proc.wait(60)
+                engine_proc.stop()
         events = sum(pq.read_metadata(p).num_rows for p in (workdir / "events").rglob("*.parquet"))
         report = {"levels": rows, "events_shipped": events, "loadavg_before": load_before,
                   "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip

@@ -1,10 +1,6 @@
-"""Fixtures of the serving side's tests: one real vLLM engine per test session (the tiny Llama
-of :mod:`tests.rtrl_serving.tinyllama`, from ``.venv-vllm``), and ``rtrl-capture`` run as the
-real console script in front of it, events shipped to moto's S3 over HTTP.
-
-``RTRL_TEST_VLLM_URL`` (with ``RTRL_TEST_VLLM_MODEL``, the model directory it serves) points
-the tests at an engine already running with the flags below, to iterate without paying the
-engine's start-up (1-5 minutes on 2 cores) each run.
+"""Fixtures of the serving side's tests: ``rtrl-capture`` run as the real console script in
+front of the session's real vLLM engine (``vllm_engine``, tests/vllm_engine.py), its events
+shipped to the engine's S3 (moto over HTTP), where the model it serves lives too.
 """
 
 from __future__ import annotations
@@ -13,33 +9,16 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
-import pytest
 
 from rtrl_localkube.processes import die_with_parent, free_port
-from tests.conftest import BIN, REPO
-from tests.rtrl_serving.tinyllama import build_tiny_llama
-
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-SERVED_NAME = "tiny"
-ENGINE_START_S = 900.0
-
-
-@dataclass(frozen=True)
-class Engine:
-    url: str
-    model: Path
-    served_name: str = SERVED_NAME
-    dtype: str = "float32"
-    logprobs_mode: str = "processed_logprobs"
+from tests.conftest import BIN
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
@@ -68,41 +47,6 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float =
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     return proc.returncode
-
-
-@pytest.fixture(scope="session")
-def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """A real vLLM OpenAI server on the tiny Llama (float32, processed log-probs, hermes
-    tool parser), started once per session."""
-    if os.environ.get("RTRL_TEST_VLLM_URL"):
-        yield Engine(os.environ["RTRL_TEST_VLLM_URL"], Path(os.environ["RTRL_TEST_VLLM_MODEL"]))
-        return
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: the vLLM environment (make vllm) is needed")
-    root = tmp_path_factory.mktemp("vllm")
-    model = build_tiny_llama(root / "tiny-llama")
-    port = free_port()
-    log = root / "engine.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    argv = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", SERVED_NAME, "--dtype", "float32",
-        "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes", "--max-model-len", "1024", "--seed", "0",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            die_with_parent(argv), stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{url}/health", ENGINE_START_S, proc, log)
-        yield Engine(url, model)
-    finally:
-        stop(proc, wait=20)
 
 
 def s3_env(endpoint: str) -> dict[str, str]:
@@ -196,4 +140,4 @@ def start_capture(
     return Capture(url, proc, spool, log, events)
 
 
-__all__ = ["Capture", "Engine", "new_bucket", "s3_env", "start_capture", "stop", "sys"]
+__all__ = ["Capture", "new_bucket", "s3_env", "start_capture", "stop"]

@@ -17,9 +17,11 @@ import pytest
 from openai import OpenAI
 
 from rtrl.core.events import served_at
+from rtrl_localkube import tinymodel
 from tests.rtrl_serving.capture.events_store import wait_for_events
 from tests.rtrl_serving.capture.http import post
-from tests.rtrl_serving.conftest import Capture, Engine, new_bucket, s3_env, start_capture
+from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
+from tests.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -45,19 +47,20 @@ def call(arguments: str, name: str = "get_weather") -> str:
 
 
 @pytest.fixture(scope="module")
-def moto(moto_endpoint: str) -> str:
-    return moto_endpoint
+def moto(vllm_engine: VllmEngine) -> str:
+    """The engine's S3 (moto over HTTP): the model it serves, and the events."""
+    return vllm_engine.s3_endpoint
 
 
 @pytest.fixture(scope="module")
 def capture(
-    vllm_engine: Engine, moto: str, tmp_path_factory: pytest.TempPathFactory
+    vllm_engine: VllmEngine, moto: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Capture]:
     bucket = new_bucket(moto)
     spool: Path = tmp_path_factory.mktemp("events") / "spool"
     cap = start_capture(
-        vllm_engine.url, f"s3://{bucket}/events/", spool, s3_env(moto),
-        model_uri=str(vllm_engine.model),
+        vllm_engine.root_url, f"s3://{bucket}/events/", spool, s3_env(moto),
+        model_uri=vllm_engine.model_uri,
         extra=["--segment-age-s", "0.3", "--clock-header", "X-Rtrl-Sim-Time"],
     )  # fmt: skip
     yield cap
@@ -76,7 +79,7 @@ def one_event(moto: str, capture: Capture, interaction_id: str) -> dict[str, Any
 
 
 def test_a_completion_event_holds_the_engines_tokens_and_log_probs(
-    vllm_engine: Engine, capture: Capture, client: OpenAI, moto: str
+    vllm_engine: VllmEngine, capture: Capture, client: OpenAI, moto: str
 ) -> None:
     raw = client.completions.with_raw_response.create(
         model="tiny", prompt="def add(a, b):", max_tokens=20, seed=42, temperature=0.7
@@ -84,12 +87,12 @@ def test_a_completion_event_holds_the_engines_tokens_and_log_probs(
     completion = raw.parse()
     [interaction_id] = raw.headers["x-rtrl-interaction-id"].split(",")
     # the same request asked of the engine directly, with what the proxy asks for
-    direct = post(vllm_engine.url, "/v1/completions", {
+    direct = post(vllm_engine.root_url, "/v1/completions", {
         "model": "tiny", "prompt": "def add(a, b):", "max_tokens": 20, "seed": 42,
         "temperature": 0.7, "logprobs": 0, "return_token_ids": True,
     }).json()["choices"][0]  # fmt: skip
     event = one_event(moto, capture, interaction_id)
-    assert event["prompt_ids"] == list(b"def add(a, b):")
+    assert event["prompt_ids"] == direct["prompt_token_ids"]
     assert event["completion_ids"] == direct["token_ids"]
     assert len(event["completion_ids"]) == completion.usage.completion_tokens
     assert event["completion_logprobs"] == pytest.approx(
@@ -97,14 +100,14 @@ def test_a_completion_event_holds_the_engines_tokens_and_log_probs(
     )
     assert event["completion_mask"] == [True] * len(event["completion_ids"])
     assert event["finish_reason"] == completion.choices[0].finish_reason
-    # temperature as asked; top_p and top_k from the model's generation_config.json
-    assert (event["temperature"], event["top_p"], event["top_k"]) == (
-        pytest.approx(0.7), pytest.approx(0.95), 40)  # fmt: skip
+    # temperature as asked; top_p and top_k the engine's defaults (the model's
+    # generation_config.json names none: OpenAI's)
+    assert (event["temperature"], event["top_p"], event["top_k"]) == (pytest.approx(0.7), 1.0, 0)
     assert event["logprobs_mode"] == "processed_logprobs"
     assert event["serving_dtype"] == "float32"
     assert event["checkpoint_id"] == "ckpt-1"
     assert event["checkpoint_verified"] is True
-    assert event["engine_model"] == str(vllm_engine.model)
+    assert event["engine_model"] == vllm_engine.model_uri
     assert (event["arm"], event["rlcycle"], event["pod"]) == (
         "stable",
         "demo",
@@ -119,7 +122,7 @@ def test_a_completion_event_holds_the_engines_tokens_and_log_probs(
 
 
 def test_a_streamed_chat_event_holds_every_token(
-    vllm_engine: Engine, capture: Capture, client: OpenAI, moto: str
+    vllm_engine: VllmEngine, capture: Capture, client: OpenAI, moto: str
 ) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model="tiny",
@@ -130,7 +133,7 @@ def test_a_streamed_chat_event_holds_every_token(
     )
     [interaction_id] = raw.headers["x-rtrl-interaction-id"].split(",")
     text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
-    direct = post(vllm_engine.url, "/v1/chat/completions", {
+    direct = post(vllm_engine.root_url, "/v1/chat/completions", {
         "model": "tiny", "messages": MESSAGES, "max_tokens": 30, "seed": 5,
         "logprobs": True, "return_token_ids": True,
     }).json()  # fmt: skip
@@ -143,9 +146,8 @@ def test_a_streamed_chat_event_holds_every_token(
     assert (event["endpoint"], event["stream"]) == ("chat.completions", True)
     assert (event["tool_calls"], event["invalid_tool_calls"]) == (0, 0)
     assert text == direct["choices"][0]["message"]["content"]
-    # no temperature, top_p, top_k asked: the engine's defaults, from generation_config.json
-    assert (event["temperature"], event["top_p"], event["top_k"]) == (
-        pytest.approx(0.8), pytest.approx(0.95), 40)  # fmt: skip
+    # none asked: the engine's defaults, which the proxy's probe confirmed
+    assert (event["temperature"], event["top_p"], event["top_k"]) == (1.0, 1.0, 0)
     assert capture.metric("rtrl_capture_sampling_defaults_verified") == 1
 
 
@@ -183,6 +185,35 @@ def test_tool_calls_are_checked_against_the_requests_schemas(
     if reason is not None:
         assert reason in event["tool_call_errors"][0]
     assert event["completion_ids"], "an invalid call's tokens are kept: it must be penalised"
+
+
+@pytest.mark.parametrize(
+    "expected",
+    [
+        ("text", 0, 0, None),
+        ("tool_call", 1, 0, None),
+        ("tool_call_invalid_arguments", 1, 1, "7 is not of type 'string' at path"),
+        ("tool_call_malformed", 1, 1, None),
+    ],
+    ids=lambda expected: expected[0],
+)
+def test_the_models_own_tool_calls_are_judged(
+    capture: Capture, client: OpenAI, moto: str, expected: tuple[str, int, int, str | None]
+) -> None:
+    """The tiny model answers these prompts, greedily, with text, a valid call, a call that
+    breaks the tool's schema and malformed call text (rtrl_localkube.tinymodel)."""
+    case, calls, invalid, reason = expected
+    spec = tinymodel.CASE[case]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=list(spec.messages), temperature=0, max_tokens=120,  # type: ignore[arg-type]
+        tools=tinymodel.TOOLS if spec.tools else None,  # type: ignore[arg-type]
+    )  # fmt: skip
+    raw.parse()
+    event = one_event(moto, capture, raw.headers["x-rtrl-interaction-id"])
+    assert (event["tool_calls"], event["invalid_tool_calls"]) == (calls, invalid), event
+    if reason is not None:
+        assert reason in event["tool_call_errors"][0]
+    assert event["temperature"] == 0.0 and event["completion_ids"]
 
 
 def test_each_choice_is_an_event_under_the_id_the_client_got(
@@ -229,7 +260,7 @@ def test_a_request_the_proxy_cannot_capture_is_counted(capture: Capture, moto: s
 
 def test_a_client_that_leaves_mid_stream_is_an_event(capture: Capture, moto: str) -> None:
     host, port = capture.url.removeprefix("http://").split(":")
-    body = (b'{"model": "tiny", "prompt": "x", "max_tokens": 900, "ignore_eos": true, '
+    body = (b'{"model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": true, '
             b'"stream": true}')  # fmt: skip
     with socket.create_connection((host, int(port))) as sock:
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -251,10 +282,10 @@ def test_a_client_that_leaves_mid_stream_is_an_event(capture: Capture, moto: str
 
 
 def test_a_checkpoint_mismatch_is_recorded_unverified_and_counted(
-    vllm_engine: Engine, moto: str, tmp_path: Path
+    vllm_engine: VllmEngine, moto: str, tmp_path: Path
 ) -> None:
     bucket = new_bucket(moto)
-    cap = start_capture(vllm_engine.url, f"s3://{bucket}/events/", tmp_path / "spool",
+    cap = start_capture(vllm_engine.root_url, f"s3://{bucket}/events/", tmp_path / "spool",
                         s3_env(moto), model_uri="s3://models/checkpoints/ckpt-9/",
                         extra=["--segment-age-s", "0.3"])  # fmt: skip
     try:
@@ -262,7 +293,7 @@ def test_a_checkpoint_mismatch_is_recorded_unverified_and_counted(
         assert reply.status == 200
         event = one_event(moto, cap, reply.ids[0])
         assert event["checkpoint_verified"] is False
-        assert event["engine_model"] == str(vllm_engine.model)
+        assert event["engine_model"] == vllm_engine.model_uri
         assert event["model_uri"] == "s3://models/checkpoints/ckpt-9/"
         assert cap.metric("rtrl_capture_checkpoint_mismatches_total") >= 1
         assert cap.metric("rtrl_capture_checkpoint_verified") == 0
@@ -283,3 +314,27 @@ def test_a_simulation_sets_the_serving_time_by_header(capture: Capture, moto: st
         2026, 1, 5, 3, 0, tzinfo=UTC)  # fmt: skip
     bad = post(capture.url, "/v1/completions", body, {"X-Rtrl-Sim-Time": "yesterday"})
     assert bad.status == 400 and b"X-Rtrl-Sim-Time" in bad.body
+
+
+def test_the_probe_tells_when_the_proxy_misreads_the_engines_defaults(
+    vllm_engine: VllmEngine, moto: str, tmp_path: Path
+) -> None:
+    """A proxy told of a generation config the engine does not use (here: temperature 0.5)
+    finds out from the engine itself: the gauge says so, and the log says what to do."""
+    config = tmp_path / "generation"
+    config.mkdir()
+    (config / "generation_config.json").write_text('{"temperature": 0.5, "top_k": 7}')
+    wrong = start_capture(
+        vllm_engine.root_url, f"s3://{new_bucket(moto)}/events/", tmp_path / "spool",
+        s3_env(moto), model_uri=vllm_engine.model_uri,
+        extra=["--generation-config", str(config)],
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while wrong.metric("rtrl_capture_sampling_defaults_verified") == -1:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert wrong.metric("rtrl_capture_sampling_defaults_verified") == 0
+        assert "does not sample with the defaults the proxy read" in wrong.log.read_text()
+    finally:
+        assert wrong.stop() == 0

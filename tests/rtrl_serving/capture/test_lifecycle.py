@@ -18,7 +18,8 @@ from rtrl_localkube.s3faults import serve_fault_proxy
 from tests.rtrl_serving.capture.events_store import read_events, wait_for_events
 from tests.rtrl_serving.capture.http import post
 from tests.rtrl_serving.capture.load import LoadResult, run_load
-from tests.rtrl_serving.conftest import Capture, Engine, new_bucket, s3_env, start_capture
+from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
+from tests.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)
 WORKERS = 8
@@ -42,14 +43,13 @@ def _finish(stop: threading.Event, threads: list[threading.Thread]) -> None:
         thread.join(150)
 
 
-def test_sigterm_under_load_loses_nothing_served(
-    vllm_engine: Engine, moto_endpoint: str, tmp_path: Path
-) -> None:
+def test_sigterm_under_load_loses_nothing_served(vllm_engine: VllmEngine, tmp_path: Path) -> None:
+    moto_endpoint = vllm_engine.s3_endpoint  # the engine's S3: the model and the events
     events = f"s3://{new_bucket(moto_endpoint)}/events/"
     # segments far from their age: what SIGTERM finds must be shipped by the drain itself
     cap = start_capture(
-        vllm_engine.url, events, tmp_path / "spool", s3_env(moto_endpoint),
-        model_uri=str(vllm_engine.model), extra=["--segment-age-s", "600"],
+        vllm_engine.root_url, events, tmp_path / "spool", s3_env(moto_endpoint),
+        model_uri=vllm_engine.model_uri, extra=["--segment-age-s", "600"],
     )  # fmt: skip
     result = LoadResult()
     stop, threads = _load_until(cap, result, 40)
@@ -66,21 +66,24 @@ def test_sigterm_under_load_loses_nothing_served(
 
 
 def test_kill_9_under_load_loses_only_the_last_milliseconds(
-    vllm_engine: Engine, moto_endpoint: str, tmp_path: Path
+    vllm_engine: VllmEngine, tmp_path: Path
 ) -> None:
+    moto_endpoint = vllm_engine.s3_endpoint  # the engine's S3: the model and the events
     events = f"s3://{new_bucket(moto_endpoint)}/events/"
     spool = tmp_path / "spool"
     env = s3_env(moto_endpoint)
     result = LoadResult()
     kills = 3
     for _ in range(kills):
-        cap = start_capture(vllm_engine.url, events, spool, env, model_uri=str(vllm_engine.model),
-                            extra=["--segment-age-s", "600"])  # fmt: skip
+        cap = start_capture(
+            vllm_engine.root_url, events, spool, env, model_uri=vllm_engine.model_uri,
+            extra=["--segment-age-s", "600"],
+        )  # fmt: skip
         stop, threads = _load_until(cap, result, len(result.completed) + 30)
         cap.stop(signal.SIGKILL)
         _finish(stop, threads)
     # the next container on the same emptyDir recovers the segments and ships them
-    cap = start_capture(vllm_engine.url, events, spool, env, model_uri=str(vllm_engine.model))
+    cap = start_capture(vllm_engine.root_url, events, spool, env, model_uri=vllm_engine.model_uri)
     assert cap.stop(signal.SIGTERM) == 0
     served = set(result.completed)
     shipped = {row["interaction_id"] for row in read_events(moto_endpoint, events)}
@@ -93,16 +96,17 @@ def test_kill_9_under_load_loses_only_the_last_milliseconds(
 
 
 def test_a_failing_store_never_stops_serving_and_loses_nothing(
-    vllm_engine: Engine, moto_endpoint: str, tmp_path: Path
+    vllm_engine: VllmEngine, tmp_path: Path
 ) -> None:
+    moto_endpoint = vllm_engine.s3_endpoint  # the engine's S3: the model and the events
     bucket = new_bucket(moto_endpoint)
     events = f"s3://{bucket}/events/"
     with serve_fault_proxy(moto_endpoint) as (proxy, endpoint):
         proxy.fail(lambda method, path, headers: method == "PUT", times=-1)
         env = {**s3_env(endpoint), "AWS_MAX_ATTEMPTS": "2"}
         cap = start_capture(
-            vllm_engine.url, events, tmp_path / "spool", env,
-            model_uri=str(vllm_engine.model), extra=["--segment-age-s", "0.2"],
+            vllm_engine.root_url, events, tmp_path / "spool", env,
+            model_uri=vllm_engine.model_uri, extra=["--segment-age-s", "0.2"],
         )  # fmt: skip
         ids = []
         for number in range(6):
@@ -121,16 +125,15 @@ def test_a_failing_store_never_stops_serving_and_loses_nothing(
         assert cap.stop() == 0
 
 
-def test_a_full_spool_drops_and_counts_but_serves(
-    vllm_engine: Engine, moto_endpoint: str, tmp_path: Path
-) -> None:
+def test_a_full_spool_drops_and_counts_but_serves(vllm_engine: VllmEngine, tmp_path: Path) -> None:
+    moto_endpoint = vllm_engine.s3_endpoint  # the engine's S3: the model and the events
     bucket = new_bucket(moto_endpoint)
     with serve_fault_proxy(moto_endpoint) as (proxy, endpoint):
         proxy.fail(lambda method, path, headers: method == "PUT", times=-1)
         env = {**s3_env(endpoint), "AWS_MAX_ATTEMPTS": "1"}
         cap = start_capture(
-            vllm_engine.url, f"s3://{bucket}/events/", tmp_path / "spool", env,
-            model_uri=str(vllm_engine.model),
+            vllm_engine.root_url, f"s3://{bucket}/events/", tmp_path / "spool", env,
+            model_uri=vllm_engine.model_uri,
             extra=["--max-spool-bytes", "6000", "--segment-age-s", "0.1"],
         )  # fmt: skip
         for number in range(8):

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.rtrl_serving.capture.http import normalise, per_choice, post
-from tests.rtrl_serving.conftest import Capture, Engine, new_bucket, s3_env, start_capture
+from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
+from tests.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -68,19 +69,20 @@ STREAMABLE = [name for name, (_, body) in CASES.items()
 
 
 @pytest.fixture(scope="module")
-def capture(
-    vllm_engine: Engine, moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Capture]:
+def capture(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
+    moto_endpoint = vllm_engine.s3_endpoint  # the engine's S3: the model and the events
     bucket = new_bucket(moto_endpoint)
     spool: Path = tmp_path_factory.mktemp("bytes") / "spool"
-    cap = start_capture(vllm_engine.url, f"s3://{bucket}/events/", spool, s3_env(moto_endpoint),
-                        model_uri=str(vllm_engine.model))  # fmt: skip
+    cap = start_capture(
+        vllm_engine.root_url, f"s3://{bucket}/events/", spool, s3_env(moto_endpoint),
+        model_uri=vllm_engine.model_uri,
+    )  # fmt: skip
     yield cap
     assert cap.stop() == 0
 
 
-def _compare(engine: Engine, capture: Capture, path: str, body: dict[str, Any] | bytes) -> None:
-    direct = post(engine.url, path, copy.deepcopy(body))
+def _compare(engine: VllmEngine, capture: Capture, path: str, body: dict[str, Any] | bytes) -> None:
+    direct = post(engine.root_url, path, copy.deepcopy(body))
     proxied = post(capture.url, path, copy.deepcopy(body))
     assert proxied.status == direct.status, proxied.body[:500]
     assert proxied.headers["content-type"] == direct.headers["content-type"]
@@ -93,20 +95,24 @@ def _compare(engine: Engine, capture: Capture, path: str, body: dict[str, Any] |
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_whole_response_is_the_engines_bytes(
-    vllm_engine: Engine, capture: Capture, case: str
+    vllm_engine: VllmEngine, capture: Capture, case: str
 ) -> None:
     path, body = CASES[case]
     _compare(vllm_engine, capture, path, body)
 
 
 @pytest.mark.parametrize("case", STREAMABLE)
-def test_a_stream_is_the_engines_bytes(vllm_engine: Engine, capture: Capture, case: str) -> None:
+def test_a_stream_is_the_engines_bytes(
+    vllm_engine: VllmEngine, capture: Capture, case: str
+) -> None:
     path, body = CASES[case]
     assert isinstance(body, dict)
     _compare(vllm_engine, capture, path, {**body, "stream": True})
 
 
-def test_a_stream_with_usage_is_the_engines_bytes(vllm_engine: Engine, capture: Capture) -> None:
+def test_a_stream_with_usage_is_the_engines_bytes(
+    vllm_engine: VllmEngine, capture: Capture
+) -> None:
     body = {"messages": MESSAGES, "max_tokens": 16, "seed": 4, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
     _compare(vllm_engine, capture, CHAT, body)
