@@ -12,10 +12,12 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+import pytest
 
 from rtrl_localkube.processes import die_with_parent, free_port
 from tests.conftest import BIN
@@ -105,6 +107,19 @@ class Capture:
         return total
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_capture_outlives_its_test() -> Iterator[None]:
+    """A proxy a test started and did not stop (it failed half-way) is killed after it."""
+    before = len(_STARTED)
+    yield
+    for proc in _STARTED[before:]:
+        stop(proc, signal.SIGKILL, wait=10)
+    del _STARTED[before:]
+
+
 def start_capture(
     engine_url: str,
     events: str,
@@ -135,6 +150,7 @@ def start_capture(
             die_with_parent(argv), stdout=out, stderr=subprocess.STDOUT, env=proc_env,
             start_new_session=True,
         )  # fmt: skip
+    _STARTED.append(proc)
     url = f"http://127.0.0.1:{port}"
     _wait_http(f"{url}{ready}", 120.0, proc, log)
     return Capture(url, proc, spool, log, events)

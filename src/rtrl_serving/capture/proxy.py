@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -38,7 +37,7 @@ from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, rows_ids
 from rtrl_serving.capture.metrics import CaptureMetrics
 from rtrl_serving.capture.recorder import Exchange, Recorder
 from rtrl_serving.capture.rewrite import ENDPOINTS, Rewrite, rewrite
-from rtrl_serving.capture.strip import strip_chunk, strip_response
+from rtrl_serving.capture.strip import parse, strip_chunk, strip_response
 from rtrl_serving.spool import EventKind, Spool, by_hour_of
 
 log = logging.getLogger(__name__)
@@ -280,8 +279,8 @@ class CaptureProxy:
         rw = ex.rw
         if upstream.status == 200 and rw.request is not None:
             try:
-                doc = json.loads(body)
-            except ValueError:
+                doc = parse(body)
+            except (ValueError, UnicodeDecodeError):
                 doc = None
             if isinstance(doc, dict):
                 collector = Collector(rw.endpoint)
@@ -290,7 +289,7 @@ class CaptureProxy:
                     ex.ids, len(collector.choices), lambda: new_interaction_id(ex.created)
                 )
                 if rw.strips:
-                    body = strip_response(doc, rw)
+                    body = strip_response(doc, rw, body)
         resp = web.Response(status=upstream.status, reason=upstream.reason, body=body)
         for key, value in _response_headers(upstream):
             resp.headers.add(key, value)
@@ -348,16 +347,19 @@ class CaptureProxy:
         if not event.startswith(b"data: ") or event == b"data: [DONE]\n\n":
             return event
         try:
-            chunk = json.loads(event[6:-2])
-        except ValueError:
+            chunk = parse(event[6:-2])
+        except (ValueError, UnicodeDecodeError):
             return event
         if not isinstance(chunk, dict):
             return event
         collector.add_chunk(chunk)
         if not rw.strips or "choices" not in chunk:
             return event
-        stripped = strip_chunk(chunk, rw)
-        return b"" if stripped is None else b"data: " + stripped + b"\n\n"
+        payload = event[6:-2]
+        stripped = strip_chunk(chunk, rw, payload)
+        if stripped is None:
+            return b""
+        return event if stripped is payload else b"data: " + stripped + b"\n\n"
 
 
 def _stream_status(collector: Collector) -> int:

@@ -87,6 +87,7 @@ class GroupCommitWriter:
         self._cond = threading.Condition()
         self._pending: list[tuple[bytes, Future[None] | None]] = []
         self._pending_bytes = 0
+        self._inflight_bytes = 0  # taken from the queue, not yet in the open segment's size
         self._open: _Open | None = None
         self._unsynced: list[Future[None] | None] = []
         self._last_sync = time.monotonic()
@@ -109,7 +110,7 @@ class GroupCommitWriter:
             if self._stopping:
                 raise SpoolClosed("the spool is closing")
             open_bytes = self._open.size if self._open else 0
-            held = self._held_bytes() + open_bytes + self._pending_bytes
+            held = self._held_bytes() + open_bytes + self._pending_bytes + self._inflight_bytes
             if held + len(record) > self.max_bytes:
                 self.stats.dropped_full += 1
                 raise SpoolFull(f"the spool holds {held} bytes, its limit is {self.max_bytes}")
@@ -122,7 +123,8 @@ class GroupCommitWriter:
 
     def pending_bytes(self) -> int:
         with self._cond:
-            return self._pending_bytes + (self._open.size if self._open else 0)
+            open_bytes = self._open.size if self._open else 0
+            return self._pending_bytes + self._inflight_bytes + open_bytes
 
     def close(self, timeout: float | None = None) -> None:
         """Take no more records, write and fsync what is queued, close the open segment."""
@@ -146,10 +148,12 @@ class GroupCommitWriter:
                         break
                     self._cond.wait(timeout)
                 batch, self._pending = self._pending, []
-                self._pending_bytes = 0
+                self._inflight_bytes, self._pending_bytes = self._pending_bytes, 0
                 stopping = self._stopping
             if batch:
                 self._write(batch)
+                with self._cond:  # now in the open segment's size (or lost, counted)
+                    self._inflight_bytes = 0
             now = time.monotonic()
             if self._unsynced and (stopping or now - self._last_sync >= self.commit_s):
                 self._sync()
@@ -239,11 +243,20 @@ class GroupCommitWriter:
         assert current is not None
         if self._unsynced:
             self._sync()
-        self._open = None
         os.close(current.fd)
         if current.size == 0:
             Path(self.segdir.path(current.number, OPEN_SUFFIX)).unlink(missing_ok=True)
+            self._open = None
             return
-        self.segdir.close_segment(current.number)
+        try:
+            self.segdir.close_segment(current.number)
+        except OSError:
+            with self._cond:
+                self._open = None  # left .open on disk: the next start recovers it
+            raise
+        # its bytes move from the open segment to the shipper's count in one step, so that
+        # append() never finds them in neither and overfills the spool
+        with self._cond:
+            self._open = None
+            self._on_closed(current.number, current.size)
         self.stats.segments_closed += 1
-        self._on_closed(current.number, current.size)

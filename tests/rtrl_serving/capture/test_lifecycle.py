@@ -136,15 +136,17 @@ def test_a_full_spool_drops_and_counts_but_serves(vllm_engine: VllmEngine, tmp_p
             model_uri=vllm_engine.model_uri,
             extra=["--max-spool-bytes", "6000", "--segment-age-s", "0.1"],
         )  # fmt: skip
-        for number in range(8):
-            reply = post(cap.url, "/v1/completions",
-                         {"model": "tiny", "prompt": f"p{number}", "max_tokens": 16})  # fmt: skip
-            assert reply.status == 200  # served whatever the spool's state
-        dropped = cap.metric("rtrl_capture_events_dropped_total", reason="spool_full")
-        spooled = cap.metric("rtrl_capture_events_spooled_total")
-        assert dropped >= 1 and spooled >= 1 and dropped + spooled == 8
-        assert cap.metric("rtrl_capture_spool_bytes") <= 6000
-        cap.stop(signal.SIGKILL)
+        try:
+            for number in range(8):
+                body = {"model": "tiny", "prompt": f"p{number}", "max_tokens": 16}
+                reply = post(cap.url, "/v1/completions", body)
+                assert reply.status == 200  # served whatever the spool's state
+            dropped = cap.metric("rtrl_capture_events_dropped_total", reason="spool_full")
+            spooled = cap.metric("rtrl_capture_events_spooled_total")
+            assert dropped >= 1 and spooled >= 1 and dropped + spooled == 8
+            assert cap.metric("rtrl_capture_spool_bytes") <= 6000
+        finally:
+            cap.stop(signal.SIGKILL)
 
 
 def test_an_engine_that_is_down_makes_the_sidecar_unready_and_502s_recorded(

@@ -3,12 +3,14 @@ names on a retried upload, a failing S3, a full spool."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -192,6 +194,29 @@ def test_a_full_spool_refuses_and_counts_but_never_blocks(tmp_path: Path) -> Non
     assert len(shipped(tmp_path / "events")) == taken
     with pytest.raises(SpoolClosed):
         spool.append(record(1))
+
+
+def test_the_limit_holds_while_segments_rotate_under_concurrent_appends(tmp_path: Path) -> None:
+    limit = 20_000
+    spool = make(tmp_path, max_bytes=limit, segment_bytes=700, segment_age_s=3600)
+    spool.start(ship=False)  # nothing leaves: the spool fills while segments keep rotating
+    seen: list[int] = []
+
+    def writer(base: int) -> None:
+        for i in range(300):
+            with contextlib.suppress(SpoolFull):
+                spool.append(record(base + i))
+            seen.append(spool.snapshot().held_bytes)
+
+    threads = [threading.Thread(target=writer, args=(n * 1000,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spool.writer.close()
+    assert max(seen) <= limit
+    assert spool.segdir.disk_bytes() <= limit
+    assert spool.snapshot().dropped_full > 0
 
 
 # --- against S3 ------------------------------------------------------------------------
