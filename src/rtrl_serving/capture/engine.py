@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
+from rtrl.core.store import redact
 from rtrl_serving.capture.sampling import (
     SamplingDefaults,
     load_defaults,
@@ -95,7 +96,7 @@ class EngineWatch:
             model = (doc.get("data") or [{}])[0]
             root, name = model.get("root") or model.get("id"), model.get("id")
         except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
-            log.warning("cannot read the engine's /v1/models: %s", exc)
+            log.warning("cannot read the engine's /v1/models: %s", redact(str(exc)))
             return
         state = self.state
         state.engine_model, state.served_name = root, name
@@ -132,7 +133,7 @@ class EngineWatch:
                     if resp.status != 200:
                         raise ValueError(f"status {resp.status}: {str(doc)[:200]}")
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-                log.warning("the sampling-defaults probe failed: %s", exc)
+                log.warning("the sampling-defaults probe failed: %s", redact(str(exc)))
                 return None
             outcomes.append(probe_outcome(doc))
         if outcomes[0] is None or outcomes[0] != outcomes[1]:

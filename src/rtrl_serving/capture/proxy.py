@@ -29,7 +29,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rtrl.core.events import GENERATION_SCHEMA, GENERATIONS_DIR, new_interaction_id
-from rtrl.core.store import ObjectStore, open_store
+from rtrl.core.store import ObjectStore, open_store, redact
 from rtrl_serving.capture.collect import Collector
 from rtrl_serving.capture.config import CaptureConfig
 from rtrl_serving.capture.engine import EngineWatch
@@ -129,7 +129,7 @@ class CaptureProxy:
         )
         self.recorder.engine = self.watch.state
         self.spool.start()
-        log.info("capturing for %s as writer %s", self.config.engine, self.spool.writer_id)
+        log.info("capturing for %s as writer %s", redact(self.config.engine), self.spool.writer_id)
         self._watcher = asyncio.create_task(self._watch_engine())
 
     async def _watch_engine(self) -> None:
@@ -221,10 +221,11 @@ class CaptureProxy:
         raise AssertionError("unreachable")
 
     def _unreachable(self, exc: Exception) -> web.Response:
-        log.warning("the engine at %s is unreachable: %s", self.config.engine, exc)
+        engine = redact(self.config.engine)
+        log.warning("the engine at %s is unreachable: %s", engine, redact(str(exc)))
         error = {
             "error": {
-                "message": f"rtrl-capture: the engine at {self.config.engine} is unreachable",
+                "message": f"rtrl-capture: the engine at {engine} is unreachable",
                 "type": "BadGateway",
                 "param": None,
                 "code": 502,

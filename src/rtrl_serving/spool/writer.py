@@ -152,8 +152,6 @@ class GroupCommitWriter:
                 stopping = self._stopping
             if batch:
                 self._write(batch)
-                with self._cond:  # now in the open segment's size (or lost, counted)
-                    self._inflight_bytes = 0
             now = time.monotonic()
             if self._unsynced and (stopping or now - self._last_sync >= self.commit_s):
                 self._sync()
@@ -193,9 +191,13 @@ class GroupCommitWriter:
             while view:
                 written = os.write(self._open.fd, view)
                 view = view[written:]
-            self._open.size += len(data)
+            with self._cond:  # from in flight to the segment's size in one step
+                self._open.size += len(data)
+                self._inflight_bytes = 0
             self.error = None
         except OSError as exc:
+            with self._cond:
+                self._inflight_bytes = 0
             # The records are lost (ENOSPC, EIO): counted, and their waiters told. The open
             # segment may hold part of the batch: close it; its torn tail is dropped on ship.
             self.error = f"cannot write the spool segment: {exc.strerror or exc}"
