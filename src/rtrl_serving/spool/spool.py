@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rtrl.core.store import ObjectStore
 from rtrl_serving.spool.records import truncate_torn_tail
-from rtrl_serving.spool.segments import CLOSED_SUFFIX, OPEN_SUFFIX, SegmentDir
+from rtrl_serving.spool.segments import OPEN_SUFFIX, SegmentDir
 from rtrl_serving.spool.shipper import EventKind, Shipper, remove_scratch
 from rtrl_serving.spool.writer import GroupCommitWriter
 
@@ -159,7 +159,3 @@ class Spool:
             commits=w.commits,
         )
 
-
-def closed_segment_count(directory: Path) -> int:
-    """Closed segments waiting in a spool directory (for tests and tools)."""
-    return sum(1 for _ in Path(directory, "segments").glob(f"*{CLOSED_SUFFIX}"))
