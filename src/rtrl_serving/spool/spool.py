@@ -158,4 +158,3 @@ class Spool:
             backlog_segments=self.shipper.backlog(),
             commits=w.commits,
         )
-
