@@ -128,3 +128,19 @@ the cluster-wide ClusterRole. */}}
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+
+{{/* Labels selecting the feedback service's pods: a name of their own, so the operator's
+     selectors (name and instance) never match them. */}}
+{{- define "rtrl-operator.feedbackSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rtrl-operator.name" . }}-feedback
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rtrl-operator.feedbackImage" -}}
+{{- $image := .Values.feedback.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}

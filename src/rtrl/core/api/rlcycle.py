@@ -58,6 +58,7 @@ MAX_ORGS = 1000
 # server's integers end).
 MAX_INTERACTIONS = 10**12
 MAX_TOKENS = 10**15
+MAX_FIDELITY_ROWS = 4096
 
 # An endpoint URL, and the rule that keeps credentials out of it: userinfo (``user:pass@``)
 # before the host. A URL with it would put a secret in the RLCycle, in every pod's
@@ -148,6 +149,35 @@ class PopulationSpec(ApiModel):
     )
 
 
+class FidelitySpec(ApiModel):
+    """The stage's fidelity gate: per partition (checkpoint, date, hour) of the serving
+    checkpoint, a few rows' log-probs are recomputed with that checkpoint under each row's
+    sampling parameters and compared with what the engine logged. A partition that
+    disagrees (another checkpoint served it, or its temperature or log-prob mode is not what
+    its rows say) is quarantined. Defaults pass a bfloat16 engine's rounding and catch a
+    wrong checkpoint or temperature."""
+
+    sample_rows: int = Field(
+        8,
+        ge=0,
+        le=MAX_FIDELITY_ROWS,
+        description="Rows recomputed per partition (one forward pass of the serving "
+        "checkpoint each); 0 turns the gate off.",
+    )
+    max_mean_abs_delta: float = Field(
+        0.1,
+        gt=0,
+        le=100,
+        description="Mean |recomputed - logged| log-prob per token (nats) above which a "
+        "partition is quarantined.",
+    )
+    max_unsupported_fraction: Probability = Field(
+        0.02,
+        description="Share of logged tokens outside the recomputed top-p/top-k above which a "
+        "partition is quarantined.",
+    )
+
+
 class DataSpec(ApiModel):
     """Where the interaction shards are and which of them a cycle may train on."""
 
@@ -192,6 +222,11 @@ class DataSpec(ApiModel):
     )
     population: PopulationSpec | None = Field(
         None, description="Restrict learning to part of the user population."
+    )
+    fidelity: FidelitySpec = Field(
+        default_factory=FidelitySpec,
+        description="Check that the logged log-probs are the serving checkpoint's, under each "
+        "row's sampling parameters.",
     )
 
 

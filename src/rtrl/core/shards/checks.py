@@ -18,6 +18,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rtrl.core.shards import sampling
+from rtrl.core.shards.sampling import SAMPLING_OUT_OF_RANGE, UNKNOWN_LOGPROBS_MODE
 from rtrl.core.shards.schema import COMPLETION_LIST_COLUMNS, NON_NULL_COLUMNS, TOKEN_ID_COLUMNS
 
 BoolArray = npt.NDArray[np.bool_]
@@ -164,6 +166,33 @@ def check_signals(batch: pa.RecordBatch, flags: RowFlags) -> None:
     flags.flag(SIGNAL_OUT_OF_RANGE, more_invalid)
 
 
+def check_sampling(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """The sampling parameters within what an engine accepts, the log-prob mode one of the
+    known two (:mod:`rtrl.core.shards.sampling`); null values pass. A batch without the
+    optional columns (projected away by the caller) is not checked."""
+    names = batch.schema.names
+    if "temperature" in names and "top_p" in names and "top_k" in names:
+        bad = sampling.out_of_range(batch)
+        if bad is not None and bad.any():
+            flags.flag(SAMPLING_OUT_OF_RANGE, bad)
+            first = int(np.flatnonzero(bad)[0])
+            values = {n: batch.column(n)[first].as_py() for n in ("temperature", "top_p", "top_k")}
+            flags.details.setdefault(
+                SAMPLING_OUT_OF_RANGE,
+                (first, ", ".join(f"{n}={v}" for n, v in values.items())),
+            )
+    if "logprobs_mode" in names:
+        unknown = sampling.unknown_mode(batch)
+        if unknown is not None and unknown.any():
+            flags.flag(UNKNOWN_LOGPROBS_MODE, unknown)
+            first = int(np.flatnonzero(unknown)[0])
+            mode = batch.column("logprobs_mode")[first].as_py()
+            flags.details.setdefault(
+                UNKNOWN_LOGPROBS_MODE,
+                (first, f"logprobs_mode {mode!r}, expected one of {sampling.LOGPROBS_MODES}"),
+            )
+
+
 def check_token_ids(batch: pa.RecordBatch, flags: RowFlags, vocab_size: int | None) -> None:
     """Token ids must be embeddable: never negative, and below ``vocab_size`` when the
     vocabulary of the model to be trained is known. (Null ids are check_nulls' business.)"""
@@ -203,6 +232,7 @@ def check_rows(batch: pa.RecordBatch, vocab_size: int | None = None) -> RowFlags
     check_logprobs(batch, flags)
     check_signals(batch, flags)
     check_token_ids(batch, flags, vocab_size)
+    check_sampling(batch, flags)
     check_utf8(batch, flags)
     return flags
 

@@ -22,6 +22,7 @@ from rtrl.core.shards.checks import (
     SIGNAL_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
 )
+from rtrl.core.shards.sampling import SAMPLING_OUT_OF_RANGE, UNKNOWN_LOGPROBS_MODE
 
 UNREADABLE = "unreadable"
 MISSING_COLUMN = "missing_column"
@@ -37,6 +38,8 @@ ROW_REASONS: tuple[str, ...] = (
     LOGPROB_NON_FINITE,
     SIGNAL_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
+    SAMPLING_OUT_OF_RANGE,
+    UNKNOWN_LOGPROBS_MODE,
     INVALID_UTF8,
     DUPLICATE_INTERACTION_ID,
 )
