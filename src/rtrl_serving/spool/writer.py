@@ -13,8 +13,11 @@ machine, all queued during one fsync. Callers that must not acknowledge before d
 (the feedback service) wait for the record's future, which resolves after its fsync; the
 capture proxy does not wait.
 
-Segments rotate when they reach a size or an age (counted from their first record), so
-events are shipped within about that age of being served. The next segment is opened as the
+A record is written by the caller itself when the segment is free (a write to the page cache:
+microseconds), so that nothing is left in memory once ``append`` returns, and queued for the
+writer thread only while a rotation or the syncer holds the segment. Segments rotate when they
+reach a size or an age (counted from their first record), so events are shipped within about
+that age of being served. The next segment is opened as the
 previous one closes (and the first one at start), so no record waits for a new file.
 """
 
@@ -131,11 +134,26 @@ class GroupCommitWriter:
             if held + len(record) > self.max_bytes:
                 self.stats.dropped_full += 1
                 raise SpoolFull(f"the spool holds {held} bytes, its limit is {self.max_bytes}")
-            self._pending.append((record, future))
-            self._pending_bytes += len(record)
             self.stats.appended += 1
             self.stats.appended_bytes += len(record)
-            self._queued.notify()
+            # Written here and now when the segment is free (the common case: a write to the
+            # page cache, microseconds), so that a record is on its way to disk before the
+            # caller goes on; queued for the writer thread while a rotation or the syncer's
+            # dup holds it. (Taking _io without blocking cannot invert the lock order.)
+            direct = not self._pending and self._open is not None and self._io.acquire(False)
+            if direct:
+                self._inflight_bytes += len(record)
+            else:
+                self._pending.append((record, future))
+                self._pending_bytes += len(record)
+                self._queued.notify()
+        if direct:
+            try:
+                self._write_locked([(record, future)])
+            finally:
+                self._io.release()
+            with self._lock:
+                self._queued.notify()  # the writer checks whether the segment is due to close
         return future
 
     def _unshipped_locked(self) -> int:
@@ -169,13 +187,14 @@ class GroupCommitWriter:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._stopping:
+                while not self._pending and not self._stopping and not self._rotation_due():
                     timeout = self._rotation_deadline()
                     if timeout is not None and timeout <= 0:
                         break
                     self._queued.wait(timeout)
                 batch, self._pending = self._pending, []
-                self._inflight_bytes, self._pending_bytes = self._pending_bytes, 0
+                self._inflight_bytes += self._pending_bytes
+                self._pending_bytes = 0
                 stopping = self._stopping
             if batch:
                 self._write(batch)
@@ -206,35 +225,39 @@ class GroupCommitWriter:
         return _Open(number, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
 
     def _write(self, batch: list[tuple[bytes, Waiter]]) -> None:
-        data = b"".join(record for record, _ in batch)
         with self._io:
-            try:
-                if self._open is None:  # a write error closed the last one
-                    self._open = self._new_segment()
-                view = memoryview(data)
-                while view:
-                    written = os.write(self._open.fd, view)
-                    view = view[written:]
-            except OSError as exc:
-                self._lost(batch, exc)
-                return
-            with self._lock:  # from in flight to the segment's size in one step
-                self._open.size += len(data)
-                if self._open.first is None:
-                    self._open.first = time.monotonic()
-                self._inflight_bytes = 0
-                self._unsynced.extend(future for _, future in batch)
-                self._written.notify()
-            self.error = None
+            self._write_locked(batch)
 
-    def _lost(self, batch: list[tuple[bytes, Waiter]], exc: OSError) -> None:
+    def _write_locked(self, batch: list[tuple[bytes, Waiter]]) -> None:
+        """Write ``batch`` (its bytes counted in flight) to the open segment; ``_io`` held."""
+        data = b"".join(record for record, _ in batch)
+        try:
+            if self._open is None:  # a write error closed the last one
+                self._open = self._new_segment()
+            view = memoryview(data)
+            while view:
+                written = os.write(self._open.fd, view)
+                view = view[written:]
+        except OSError as exc:
+            self._lost(batch, exc, len(data))
+            return
+        with self._lock:  # from in flight to the segment's size in one step
+            self._open.size += len(data)
+            if self._open.first is None:
+                self._open.first = time.monotonic()
+            self._inflight_bytes -= len(data)
+            self._unsynced.extend(future for _, future in batch)
+            self._written.notify()
+        self.error = None
+
+    def _lost(self, batch: list[tuple[bytes, Waiter]], exc: OSError, size: int) -> None:
         """A write failed (ENOSPC, EIO; ``_io`` held): the batch is lost, counted, its waiters
         told; the segment is closed as far as the disk lets it (its torn tail is dropped when
         shipped or recovered) and the next write opens a fresh one."""
         self.error = f"cannot write the spool segment: {exc.strerror or exc}"
         log.error("%s; %d records lost", self.error, len(batch))
         with self._lock:
-            self._inflight_bytes = 0
+            self._inflight_bytes -= size
             self.stats.dropped_io += len(batch)
         for _, future in batch:
             if future is not None:
