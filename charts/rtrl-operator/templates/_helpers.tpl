@@ -94,6 +94,10 @@ the grants differ in either direction. No wildcards.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+# The seal CronJob of an RLCycle with spec.capture.
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +72,17 @@ def sealed_batches(
     generations: Sequence[Path],
     *,
     final_after: timedelta,
+    sealed_at: datetime,
     counts: Counter[str],
     batch_size: int,
 ) -> Iterator[pa.RecordBatch]:
-    """The shard rows (SEALED_SCHEMA) of the decisions, in their order. ``feedback_at`` is
-    ``created_at + final_after``: when the row's last signal became final."""
+    """The shard rows (SEALED_SCHEMA) of the decisions, in their order.
+
+    ``feedback_at`` is when the row became available to train on: its last signal's
+    maturity (``created_at + final_after``) or, later, the seal itself (``sealed_at``). A
+    cycle stages the rows that became ready since the previous one started; with the
+    maturity alone, a row sealed after a cycle started but ready (by its maturity) before
+    it would be missed by that cycle (not yet sealed) and by the next (ready too early)."""
     opened: _FileRows | None = None
     opened_index = -1
     try:
@@ -94,7 +100,7 @@ def sealed_batches(
                 piece = decided.slice(start, end - start)
                 for taken, which in opened.take(rows[start:end]):
                     signals = piece.slice(which.start, which.stop - which.start)
-                    batch = _row_batch(taken, signals, final_after, counts)
+                    batch = _row_batch(taken, signals, final_after, sealed_at, counts)
                     if batch.num_rows:
                         yield batch
     finally:
@@ -106,6 +112,7 @@ def _row_batch(
     generation: pa.RecordBatch,
     signals: pa.RecordBatch,
     final_after: timedelta,
+    sealed_at: datetime,
     counts: Counter[str],
 ) -> pa.RecordBatch:
     created = generation.column("created_at")
@@ -113,7 +120,9 @@ def _row_batch(
     for field in SEALED_SCHEMA:
         if field.name == "feedback_at":
             final = pc.add(created, pa.scalar(final_after, pa.duration("us")))
-            columns[field.name] = final.cast(field.type)
+            sealed = pa.scalar(sealed_at, final.type)
+            later = pc.if_else(pc.greater(final, sealed), final, sealed)
+            columns[field.name] = later.cast(field.type)
         elif field.name in SIGNALS:
             columns[field.name] = signals.column(field.name).cast(field.type)
         else:

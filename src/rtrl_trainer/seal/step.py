@@ -293,6 +293,7 @@ def _join_and_write(  # noqa: PLR0917 (one hour's inputs and outputs)
         join.decisions(BATCH_ROWS),
         generations,
         final_after=config.longest_maturity,
+        sealed_at=config.now,
         counts=counts,
         batch_size=BATCH_ROWS,
     )

@@ -126,7 +126,8 @@ def test_an_hour_is_joined_by_the_rules_and_each_is_counted(
     assert (a["tool_calls"], a["latency_ms"]) == (3, 900.0)
     assert a["asked_clarification"] is None  # observed before it was served: not used
     assert a["edits_proposed"] == 2  # the conflicting id: the first received
-    assert a["feedback_at"] == a["created_at"] + timedelta(hours=1)
+    # ready to train on when it was sealed: after its last signal's maturity (1 h)
+    assert a["feedback_at"] == NOW > a["created_at"] + timedelta(hours=1)
     assert (a["temperature"], a["top_p"], a["logprobs_mode"]) == (
         pytest.approx(0.7), pytest.approx(0.95), "processed_logprobs",
     )  # fmt: skip
@@ -178,7 +179,7 @@ def test_an_hour_waits_until_every_maturity_and_the_delay_have_passed(
     assert result["counts"]["late"] == 0
     rows = sealed_rows(shards)
     assert 0.1 in {r["edit_persisted"] for r in rows.values()}  # observed at 70m: in time
-    assert all(r["feedback_at"] == r["created_at"] + timedelta(hours=2) for r in rows.values())
+    assert all(r["feedback_at"] == H + timedelta(hours=4) for r in rows.values())
 
 
 def test_a_rerun_writes_nothing_and_counts_feedback_after_the_marker(

@@ -78,3 +78,22 @@ def test_a_sealed_file_gone_fails_the_stage(
     err = capsys.readouterr().err
     assert "sealed-2026120310-00000.parquet is listed by the seal marker" in err
     assert "_sealed/date=2026-12-03/hour=10.json but is not in the store" in err
+
+
+def test_rows_sealed_after_a_cycle_began_are_the_next_cycle_s(tmp_path: Path) -> None:
+    """Hour H is sealable at H+2h10m but sealed late, after cycle 1 began; cycle 2 stages
+    its rows. (With feedback_at at the rows' maturity, H+1h-ish, they were before cycle 2's
+    --since and after cycle 1 had read: staged by neither.)"""
+    events, shards = LocalStore(tmp_path / "events"), LocalStore(tmp_path / "shards")
+    write_events(events, "generations", H, [generation(H + i * M) for i in range(5)])
+    cycle1, sealed_at = H + timedelta(hours=2, minutes=15), H + timedelta(hours=2, minutes=30)
+    cycle2 = NOW
+    (tmp_path / "shards").mkdir()
+    code, first = stage(shards, tmp_path / "c1", "--sealed", "--now", cycle1.isoformat())
+    assert code == 0 and first["rows_read"] == 0  # nothing sealed yet
+    assert main(["seal", "--events", events.uri, "--shards", shards.uri,
+                 "--now", sealed_at.isoformat()]) == 0  # fmt: skip
+    code, second = stage(shards, tmp_path / "c2", "--sealed", "--since", cycle1.isoformat(),
+                         "--now", cycle2.isoformat())  # fmt: skip
+    assert code == 0
+    assert second["interactions_used"] == 5

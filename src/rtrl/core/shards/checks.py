@@ -37,6 +37,13 @@ TOKEN_OUT_OF_RANGE = "token_out_of_range"
 # it would fail whoever reads it as text.
 INVALID_UTF8 = "invalid_utf8"
 DUPLICATE_INTERACTION_ID = "duplicate_interaction_id"
+# A time no interaction can have (a writer's unit error, a corrupt value): Parquet holds any
+# 64-bit count of microseconds, but whoever turns it into a date (Python's datetime ends in
+# year 9999) fails, and the window and maturity arithmetic would be meaningless.
+TIME_OUT_OF_RANGE = "time_out_of_range"
+EARLIEST = int(np.datetime64("2000-01-01T00:00:00", "us").astype(np.int64))
+LATEST = int(np.datetime64("9999-12-31T23:59:59", "us").astype(np.int64))
+_TIME_COLUMNS = ("created_at", "feedback_at")
 
 _LIST_COLUMNS = ("prompt_ids", *COMPLETION_LIST_COLUMNS)
 _COUNT_COLUMNS = ("tool_calls", "invalid_tool_calls", "edits_proposed")
@@ -166,6 +173,23 @@ def check_signals(batch: pa.RecordBatch, flags: RowFlags) -> None:
     flags.flag(SIGNAL_OUT_OF_RANGE, more_invalid)
 
 
+def check_times(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """Interaction times between 2000 and the end of year 9999 (null ones are
+    check_nulls' business)."""
+    for name in _TIME_COLUMNS:
+        array = batch.column(name)
+        micros = _numbers(array.cast(pa.int64()), EARLIEST)
+        outside = (micros < EARLIEST) | (micros > LATEST)
+        if outside.any():
+            flags.flag(TIME_OUT_OF_RANGE, outside)
+            first = int(np.flatnonzero(outside)[0])
+            flags.details.setdefault(
+                TIME_OUT_OF_RANGE,
+                (first, f"{name} is {int(micros[first])} microseconds since 1970, outside "
+                        "the years 2000-9999"),
+            )  # fmt: skip
+
+
 def check_sampling(batch: pa.RecordBatch, flags: RowFlags) -> None:
     """The sampling parameters within what an engine accepts, the log-prob mode one of the
     known two (:mod:`rtrl.core.shards.sampling`); null values pass. A batch without the
@@ -231,6 +255,7 @@ def check_rows(batch: pa.RecordBatch, vocab_size: int | None = None) -> RowFlags
     check_list_lengths(batch, flags)
     check_logprobs(batch, flags)
     check_signals(batch, flags)
+    check_times(batch, flags)
     check_token_ids(batch, flags, vocab_size)
     check_sampling(batch, flags)
     check_utf8(batch, flags)
