@@ -37,7 +37,7 @@ class Progress:
     def done(self, label: str, kind: str, seconds: float, ok: bool) -> None:
         self.last[kind] = seconds
         mark = "done" if ok else "FAILED"
-        if kind == "serve" and ok and not self.verbose:
+        if kind in ("serve", "seal") and ok and not self.verbose:
             if not self.quiet:  # the bar was shown while it ran; it leaves no line
                 sys.stderr.write("\r\x1b[K")
             return

@@ -5,15 +5,21 @@ The operator's own planning core (:func:`rtrl.planning.plan`) decides every step
 Jobs it creates run their real ``rtrl-job`` commands as subprocesses on a ``file://``
 store. Only the users are simulated (``python -m rtrl_demo.serve``, docs/demo.md). Simulated time
 advances in ticks; in each tick the users interact with whatever the target and canary
-Deployments serve at that moment, split by a hash of their user id.
+Deployments serve at that moment, split by a hash of their user id, through the inlet a
+deployment has: a real ``rtrl-capture`` sidecar in front of each arm's model server (with the
+env the operator injected in the pod template), a real ``rtrl-feedback`` for their feedback,
+and the seal CronJob's ``rtrl-job seal``, run here at the simulated time, writing the shards
+the cycles stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import datetime, timedelta
@@ -22,13 +28,17 @@ from typing import Any
 
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
+from rtrl.planning.manifests import capture as cap
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
+from rtrl.planning.manifests.seal import seal_args, seal_name
+from rtrl.planning.plan import validate_spec
 from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 from rtrl_localkube.podprocess import BIN, run_pod
 
 from .console import Progress, colour, cycle_table, final_summary, head_to_head_table
 from .fleet import SERVE, ServingFleet
+from .inlet import sidecar_env
 from .scenario import (
     CONTAINER,
     DEPLOYMENT,
@@ -37,6 +47,7 @@ from .scenario import (
     HISTORY,
     NAME,
     SCENARIOS,
+    SEAL_LAG,
     T0,
     TICK_MINUTES,
     deployment_manifest,
@@ -44,6 +55,9 @@ from .scenario import (
 )
 from .summary import analysis_metrics, summary
 from .traces import answer_mix
+
+# A served arm: checkpoint id, model URI, env of its pods' rtrl-capture container.
+ServedArm = tuple[str, str, dict[str, str]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +107,7 @@ class Demo:
         self.fleet = ServingFleet(self.env, self.work)
         self.tick = timedelta(minutes=args.tick_minutes)
         self.reported: set[str] = set()
+        self.sealed_through: datetime | None = None  # the last hour the seal found final
         # the canary's share of the users at each serving tick of the cycles
         self.weights: list[dict[str, Any]] = []
 
@@ -120,27 +135,44 @@ class Demo:
         if result.exit_code:
             raise RuntimeError(f"{label} failed (log {result.log}):\n{result.message}")
 
-    def arms(self) -> tuple[tuple[str, str], tuple[str, str] | None, float]:
+    def arms(self) -> tuple[ServedArm, ServedArm | None, float]:
+        """What the target and canary Deployments serve now, each with the env of its
+        pods' capture sidecar, and the canary's share of the pods."""
         target = self.cluster.get("Deployment", DEPLOYMENT)
         canary = self.cluster.get("Deployment", f"{DEPLOYMENT}-canary")
-        stable = (
-            str(env_value(target, CONTAINER, CHECKPOINT_ID_ENV)),
-            str(env_value(target, CONTAINER, "MODEL_URI")),
-        )
+        stable = self.served_arm(target, cap.STABLE)
         if canary is None:
             return stable, None, 0.0
-        arm = (
-            str(env_value(canary, CONTAINER, CHECKPOINT_ID_ENV)),
-            str(env_value(canary, CONTAINER, "MODEL_URI")),
-        )
         n_stable = int(target["spec"].get("replicas", 1)) if target else 1
         n_canary = int(canary["spec"].get("replicas", 1))
-        return stable, arm, n_canary / (n_stable + n_canary)
+        return stable, self.served_arm(canary, cap.CANARY), n_canary / (n_stable + n_canary)
 
-    def serve_tick(
-        self, arms: tuple[tuple[str, str], tuple[str, str] | None, float] | None = None
-    ) -> None:
-        """The users interact for one tick with what is deployed now (or with ``arms``)."""
+    def served_arm(self, deployment: dict[str, Any] | None, arm: str) -> ServedArm:
+        checkpoint = str(env_value(deployment, CONTAINER, CHECKPOINT_ID_ENV))
+        uri = str(env_value(deployment, CONTAINER, "MODEL_URI"))
+        template = ((deployment or {}).get("spec") or {}).get("template") or {}
+        sidecar = cap.container(template, cap.SIDECAR)
+        if sidecar is None:  # before the operator's first round has injected it
+            return self.arm_of(checkpoint, uri, arm)
+        return checkpoint, uri, sidecar_env(sidecar)
+
+    def arm_of(self, checkpoint: str, uri: str, arm: str) -> ServedArm:
+        """An arm the Deployments do not hold (the head-to-head's base, the history before
+        the operator's first round), its sidecar as the operator would inject it."""
+        sidecar = cap.sidecar(self.spec(), {}, rlcycle=NAME, arm=arm, checkpoint=checkpoint,
+                              model_uri=uri)  # fmt: skip
+        return checkpoint, uri, sidecar_env(sidecar.container)
+
+    def spec(self) -> Any:
+        manifest = self.cluster.get("RLCycle", NAME) or {}
+        spec, problem = validate_spec(manifest.get("spec"))
+        if spec is None:
+            raise RuntimeError(f"the demo's RLCycle is invalid: {problem}")
+        return spec
+
+    def serve_tick(self, arms: tuple[ServedArm, ServedArm | None, float] | None = None) -> None:
+        """The users interact for one tick with what is deployed now (or with ``arms``);
+        then the seal runs, as its CronJob would, if an hour has become final."""
         stable, canary, share = arms or self.arms()
         if arms is None:
             self.weights.append(
@@ -153,34 +185,70 @@ class Demo:
                 }
             )
         argv = [
-            *SERVE, f"--shards={self.store}interactions/",
-            f"--serving={stable[0]}={stable[1]}", f"--users={self.args.users}",
+            *SERVE, f"--events={self.spec().capture.events}",
+            f"--serving={stable[0]}={stable[1]}", f"--serving-env={json.dumps(stable[2])}",
+            f"--users={self.args.users}",
             f"--start={iso(self.cluster.now)}", f"--duration={int(self.tick.total_seconds())}s",
             f"--seed={self.args.seed * 100_003 + self.serve_calls}",
-            f"--population-seed={self.args.seed}",
+            f"--population-seed={self.args.seed}", f"--work={self.work / 'deployment'}",
         ]  # fmt: skip
         label = f"serve {stable[0]}"
         if canary is not None:
-            argv += [f"--canary={canary[0]}={canary[1]}", f"--canary-share={share:.3f}"]
+            argv += [f"--canary={canary[0]}={canary[1]}", f"--canary-env={json.dumps(canary[2])}",
+                     f"--canary-share={share:.3f}"]  # fmt: skip
             label += f" | {canary[0]} {share:.0%}"
         self.job(argv, f"{iso(self.cluster.now)[11:16]} {label}", "serve")
         self.cluster.now += self.tick
+        self.seal()
+
+    def seal(self, now: datetime | None = None) -> None:
+        """``rtrl-job seal`` as the operator's CronJob runs it, ``--now`` the simulated
+        clock; only when an hour has become final since the last run (a run seals every
+        final hour not sealed yet, so skipping the runs in between loses nothing)."""
+        now = now or self.cluster.now
+        final = (now - SEAL_LAG).replace(minute=0, second=0, microsecond=0)
+        if self.sealed_through is not None and final <= self.sealed_through:
+            return
+        cron = self.cluster.get("CronJob", seal_name(NAME))
+        if cron is not None:
+            job_spec = copy.deepcopy(cron["spec"]["jobTemplate"]["spec"])
+        else:  # before the operator's first round has created it: its container's args
+            container = {"command": ["rtrl-job"], "args": seal_args(self.spec())}
+            job_spec = {"template": {"spec": {"containers": [container]}}}
+        job = {"metadata": {"name": f"seal-{self.serve_calls}"}, "spec": job_spec}
+        self.serve_calls += 1
+        label = f"{iso(now)[11:16]} seal"
+        result = run_pod(
+            job, lambda _: None, self.work / "logs", extra_env=self.env,
+            extra_args=[f"--now={iso(now)}"],
+            on_tick=functools.partial(self.progress.tick, label, "seal"),
+        )  # fmt: skip
+        self.progress.done(label, "seal", result.seconds, result.exit_code == 0)
+        self.timings["seal"] = self.timings.get("seal", 0.0) + result.seconds
+        if result.exit_code:
+            raise RuntimeError(f"{label} failed (log {result.log}):\n{result.message}")
+        self.sealed_through = final
 
     def reward_view(self, checkpoint: str) -> str:
-        """drop-invalid-tool-calls: the shards the reward pipeline sees, without the
-        interactions that had an invalid tool call (the blog's bug, demo only)."""
+        """drop-invalid-tool-calls: the blog's broken reward pipeline, downstream of the
+        seal: a copy of the sealed shards without the interactions that had an invalid tool
+        call (the inlet keeps them: they reach the correct reward as a negative), with the
+        seal's markers, so that the stage reads it ``--sealed`` as it reads the shards."""
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         src = self.root / "interactions"
         dst = self.root / "reward-view" / checkpoint
-        for path in sorted(src.rglob("*.parquet")):
+        for path in sorted(src.rglob("*")):
             target = dst / path.relative_to(src)
-            if target.exists():
+            if not path.is_file() or target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.suffix != ".parquet":  # the seal's markers
+                shutil.copyfile(path, target)
                 continue
             table = pq.read_table(path)
             keep = pc.fill_null(pc.equal(table["invalid_tool_calls"], 0), True)
-            target.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(table.filter(keep), target)
         return str(dst.as_uri()) + "/"
 
@@ -318,8 +386,9 @@ class Demo:
         final = str(env_value(target, CONTAINER, CHECKPOINT_ID_ENV))
         if final == "demo-0":
             return None
-        base = ("demo-0", f"{self.store}models/demo-0/")
-        arm = (final, str(env_value(target, CONTAINER, "MODEL_URI")))
+        # the base on the stable arm, the final checkpoint (serving now) on the canary's
+        base = self.arm_of("demo-0", f"{self.store}models/demo-0/", cap.STABLE)
+        arm = self.arm_of(final, str(env_value(target, CONTAINER, "MODEL_URI")), cap.CANARY)
         start = self.cluster.now
         while self.cluster.now < start + HEAD_TO_HEAD:
             self.serve_tick((base, arm, 0.5))
@@ -344,7 +413,9 @@ class Demo:
         }
 
     def _head_to_head_job(self, out: str, final: str, start: datetime, config: Path) -> None:
-        maturity = timedelta(minutes=45)  # beyond the 40-minute cap on feedback delays
+        # every hour of the head-to-head sealed: all its feedback final
+        maturity = SEAL_LAG + timedelta(hours=1)
+        self.seal(self.cluster.now + maturity)
         self.job(
             [
                 "rtrl-job", "analyze", f"--shards={self.store}interactions/",

@@ -13,6 +13,15 @@ DEPLOYMENT = "demo-serve"
 CONTAINER = "server"
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 TICK_MINUTES = 20
+# When the users' feedback is final (spec.capture.maturity, every signal): past the sim's
+# longest feedback delay (rtrl_demo.sim.FEEDBACK_DELAY_MAX_S, 40 minutes), so no reaction is
+# late. The seal waits SEAL_DELAY more (the sidecars ship each tick's events before the
+# tick ends, so a minute is plenty), and an hour is sealed SEAL_LAG after it began.
+SIGNAL_MATURITY = timedelta(minutes=45)
+SEAL_DELAY = timedelta(minutes=1)
+SEAL_LAG = timedelta(hours=1) + SIGNAL_MATURITY + SEAL_DELAY
+SIGNALS = ("editPersisted", "dissatisfiedFollowup", "askedClarification", "editsProposed",
+           "toolCalls", "invalidToolCalls", "latencyMs")  # fmt: skip
 HISTORY = timedelta(hours=2)
 # The final head-to-head: the base model against the last promoted checkpoint, 50/50.
 HEAD_TO_HEAD = timedelta(hours=2)
@@ -96,11 +105,24 @@ def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
                     "invalidToolCallRate": {"maxRelativeRise": 0.10},
                 },
             },
+            # rtrl's inlet: the capture sidecar in each serving pod, the feedback service on
+            # the same events root, and the seal CronJob writing data.shards (the stage
+            # then reads --sealed)
+            "capture": {
+                "events": f"{store}events/",
+                "image": "rtrl-serving:demo",
+                "maturity": {name: _minutes(SIGNAL_MATURITY) for name in SIGNALS},
+                "seal": {"delay": _minutes(SEAL_DELAY)},
+            },
             "storage": {"artifacts": f"{store}artifacts/"},
             "jobs": {"backoffLimit": 0, "backoff": "1s"},
             "historyLimit": 20,
         },
     }
+
+
+def _minutes(span: timedelta) -> str:
+    return f"{int(span.total_seconds() // 60)}m"
 
 
 def deployment_manifest(uri: str, checkpoint: str) -> dict[str, Any]:

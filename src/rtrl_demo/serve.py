@@ -1,10 +1,12 @@
-"""``python -m rtrl_demo.serve``: the demo's serving fleet and its users, in one step.
+"""``python -m rtrl_demo.serve``: the demo's deployment and its users, in one step.
 
-Real interactions come from a vLLM Deployment and a logging pipeline; the demo has
-neither, so this step samples real completions from the serving checkpoint (and the
-canary's, for the users the split sends there), lets the simulated users of
-:mod:`rtrl_demo.sim` judge them, and writes the interactions as shard rows with the
-serving log-probs, exactly as the logging pipeline would (``checkpoint=<id>/date=/hour=``).
+A tick is what a deployment sees in a time window: each arm (the stable checkpoint, and the
+canary's for the users the split sends there) is served by the demo's model server behind a
+real ``rtrl-capture`` sidecar (:mod:`rtrl_demo.inlet`), the simulated users of
+:mod:`rtrl_demo.sim` ask it over HTTP and POST their feedback to a real ``rtrl-feedback``
+(:mod:`rtrl_demo.users`). Nothing here writes a shard: the sidecars write generation events,
+the feedback service feedback events, and the seal (``rtrl-job seal``, run by the demo as
+the operator's CronJob) turns them into the shards the cycles stage.
 
 ``--base-out URI`` instead builds the demo's base model: a tiny GPT-2 pre-trained on the
 task format (plausible actions, ignorant of the users' preferences), committed like a
@@ -13,9 +15,9 @@ checkpoint.
 ``--requests`` keeps one process up for many of those runs, as a serving fleet stays up
 between the demo's ticks: each line on stdin is a JSON request ``{"argv": [...], "log":
 PATH}`` (``argv``: this command's arguments), run with its output in ``log``, answered by a
-line ``{"exit": N}`` on stdout. torch and transformers are imported once instead of for every
-tick, most of what a tick of a tiny model costs; the answers are the same as a process per
-run would give, since every run seeds its own generators.
+line ``{"exit": N}`` on stdout. torch is imported once, and the arms (model servers and
+sidecars) and the feedback service stay up between ticks; an arm no longer named is
+stopped as its pod would be (the sidecar drains and ships its events).
 """
 
 from __future__ import annotations
@@ -36,19 +38,33 @@ from rtrl.core.api.common import parse_duration
 from rtrl.core.store import open_store
 
 from . import sim
+from .inlet import CLOCK_HEADER, Inlet
+from .users import Headers, Visit, interact
 
 PROG = "python -m rtrl_demo.serve"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Simulate users of the serving (and canary) checkpoint for a time window and write "
-        "their interactions as shards; or, with --base-out, build the demo's base model."
+        "Simulate users of the serving (and canary) checkpoint for a time window, through "
+        "rtrl-capture and rtrl-feedback; or, with --base-out, build the demo's base model."
     )
     parser.add_argument("--base-out", metavar="URI", help="build the base model here and exit")
-    parser.add_argument("--shards", metavar="URI", help="shard root to write interactions to")
+    parser.add_argument(
+        "--events", metavar="URI", help="events root (spec.capture.events) of the feedback"
+    )
     parser.add_argument("--serving", metavar="ID=URI", help="the stable checkpoint")
+    parser.add_argument(
+        "--serving-env", metavar="JSON", help="env of the stable pod's rtrl-capture container"
+    )
     parser.add_argument("--canary", metavar="ID=URI", help="the canary checkpoint, if any")
+    parser.add_argument(
+        "--canary-env", metavar="JSON", help="env of the canary pod's rtrl-capture container"
+    )
+    parser.add_argument("--work", metavar="DIR", help="spools and logs of the deployment")
+    parser.add_argument("--user-header", default="X-Rtrl-User")
+    parser.add_argument("--session-header", default="X-Rtrl-Session")
+    parser.add_argument("--org-header", default="X-Rtrl-Org")
     parser.add_argument("--canary-share", type=float, default=0.0, help="canary share 0..1")
     parser.add_argument("--users", type=int, default=200, help="simulated users")
     parser.add_argument("--start", metavar="ISO8601", help="start of the window")
@@ -147,122 +163,81 @@ def _load(uri: str, tmp: Path) -> Any:
     return GPT2LMHeadModel.from_pretrained(dest).eval()  # type: ignore[no-untyped-call]
 
 
-def generate(
-    model: Any, prompts: list[list[int]], seed: int
-) -> list[tuple[list[int], list[float]]]:
-    """Sample a completion per prompt (temperature 1, at most MAX_NEW_TOKENS, until EOS) and
-    the log-prob of each sampled token: what a serving engine returns and logs."""
-    torch = _torch()
-    gen = torch.Generator().manual_seed(seed)
-    out: list[tuple[list[int], list[float]]] = []
-    batch = 256
-    with torch.no_grad():
-        for start in range(0, len(prompts), batch):
-            chunk = prompts[start : start + batch]
-            # group by length: no padding, no attention masks to get wrong
-            by_len: dict[int, list[int]] = {}
-            for i, p in enumerate(chunk):
-                by_len.setdefault(len(p), []).append(i)
-            results: dict[int, tuple[list[int], list[float]]] = {}
-            for _, idx in sorted(by_len.items()):
-                ids = torch.tensor([chunk[i] for i in idx])
-                done = torch.zeros(len(idx), dtype=torch.bool)
-                toks: list[list[int]] = [[] for _ in idx]
-                lps: list[list[float]] = [[] for _ in idx]
-                for _ in range(sim.MAX_NEW_TOKENS):
-                    # no KV cache: six tokens of a tiny model, recomputed, are cheaper than
-                    # the cache API churn of transformers
-                    res = model(input_ids=ids, use_cache=False)
-                    logp = torch.log_softmax(res.logits[:, -1].float(), dim=-1)
-                    nxt = torch.multinomial(logp.exp(), 1, generator=gen)[:, 0]
-                    chosen = logp.gather(1, nxt[:, None])[:, 0]
-                    for j in range(len(idx)):
-                        if not done[j]:
-                            toks[j].append(int(nxt[j]))
-                            lps[j].append(float(chosen[j]))
-                    done |= nxt == sim.EOS
-                    if bool(done.all()):
-                        break
-                    ids = torch.cat([ids, nxt[:, None]], dim=1)
-                for j, i in enumerate(idx):
-                    results[i] = (toks[j], lps[j])
-            out.extend(results[i] for i in range(len(chunk)))
-    return out
+def _interpreted(text: str | None, flag: str) -> dict[str, str]:
+    if not text:
+        return {}
+    env = json.loads(text)
+    if not isinstance(env, dict):
+        raise ValueError(f"{flag}: expected a JSON object of env values")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+# The deployment this process serves through, kept up across the requests of a
+# ``--requests`` fleet: one per process.
+_INLETS: list[Inlet] = []
+
+
+def _inlet(work: Path) -> Inlet:
+    if not _INLETS:
+        _INLETS.append(Inlet(work, os.environ))
+    return _INLETS[0]
+
+
+def close_inlet() -> None:
+    while _INLETS:
+        _INLETS.pop().close()
 
 
 def serve(args: argparse.Namespace) -> int:
-    import pyarrow as pa
-
-    from rtrl.core.shards import INTERACTION_SCHEMA, write_shards
-
-    if not (args.shards and args.serving and args.start):
-        print("rtrl_demo.serve: --shards, --serving and --start are required", file=sys.stderr)
+    if not (args.events and args.serving and args.start):
+        print("rtrl_demo.serve: --events, --serving and --start are required", file=sys.stderr)
         return 2
     start = datetime.fromisoformat(args.start.replace("Z", "+00:00")).astimezone(UTC)
     duration = parse_duration(args.duration)
-    arms = [_parse_arm(args.serving)]
+    arms = [(*_parse_arm(args.serving), "stable", _interpreted(args.serving_env, "--serving-env"))]
     share = args.canary_share if args.canary else 0.0
     if args.canary:
-        arms.append(_parse_arm(args.canary))
+        arms.append((*_parse_arm(args.canary), "canary",
+                     _interpreted(args.canary_env, "--canary-env")))  # fmt: skip
     users = sim.make_users(
         args.users, args.seed if args.population_seed is None else args.population_seed
     )
     rng = random.Random(f"serve:{args.seed}:{args.start}")
-    # Who interacts, when, with what task; then each arm answers its users' prompts.
-    plan: list[tuple[sim.User, sim.Task, datetime, int]] = []
+    # Who interacts, when, with what task, through which arm.
     # The split is by a hash of the user id: the users with the lowest hashes, as many as
     # the canary's share of the population, are in the canary arm.
     ranked = sorted(users, key=lambda u: u.arm_fraction())
     canary_users = (
         {u.user_id for u in ranked[: round(share * len(users))]} if args.canary else set()
     )
+    visits: list[Visit] = []
     for user in users:
         n = sum(1 for _ in range(20) if rng.random() < user.rate * duration / 3600 / 20)
         arm = 1 if user.user_id in canary_users else 0
         for _ in range(n):
             created = start + timedelta(seconds=rng.uniform(0, duration))
-            plan.append((user, sim.make_task(rng), created, arm))
-    plan.sort(key=lambda item: item[2])
-    rows: list[dict[str, Any]] = []
+            visits.append(Visit(user, sim.make_task(rng), created, arm, rng.randrange(2**62)))
+    visits.sort(key=lambda v: v.created)
+    inlet = _inlet(Path(args.work).resolve() if args.work else Path(tempfile.gettempdir()))
+    feedback, token = inlet.feedback_service(args.events)
     with tempfile.TemporaryDirectory() as tmp:
-        for arm, (ckpt, uri) in enumerate(arms):
-            mine = [item for item in plan if item[3] == arm]
-            if not mine:
-                continue
-            model = _load(uri, Path(tmp))
-            answers = generate(model, [t.prompt for _, t, _, _ in mine], seed=rng.randrange(2**31))
-            for (user, task, created, _), (completion, logprobs) in zip(mine, answers, strict=True):
-                signals = sim.judge(task, user, completion, rng)
-                delay = min(
-                    rng.expovariate(1 / sim.FEEDBACK_DELAY_MEAN_S), sim.FEEDBACK_DELAY_MAX_S
-                )
-                rows.append(
-                    {
-                        "interaction_id": f"{ckpt}-{uuid.UUID(int=rng.getrandbits(128)).hex}",
-                        "checkpoint_id": ckpt,
-                        "user_id": user.user_id,
-                        "org": user.org,
-                        "created_at": created,
-                        "feedback_at": created + timedelta(seconds=delay),
-                        "prompt_ids": task.prompt,
-                        "completion_ids": completion,
-                        "completion_logprobs": logprobs,
-                        "completion_mask": [True] * len(completion),
-                        "task_kind": task.kind,
-                        **signals,
-                    }
-                )
-            print(f"served {len(mine)} interactions with {ckpt}", file=sys.stderr)
-    if rows:
-        schema = INTERACTION_SCHEMA.append(pa.field("task_kind", pa.string()))
-        table = pa.Table.from_pylist(rows, schema=schema)
-        # One file per partition and window; the window's start in its name keeps files of
-        # different windows of the same hour apart (the writer numbers from part-00000).
-        tag = start.strftime("%Y%m%dT%H%M%S")
-        store = open_store(args.shards)
-        with tempfile.TemporaryDirectory() as tmp:
-            for key in write_shards(table, tmp):
-                store.put_file(key.replace("/part-", f"/part-{tag}-"), Path(tmp) / key)
+        held = []
+        for ckpt, uri, name, pod_env in arms:
+            # without the pod's env (a run of this step by hand), the sidecar's essentials
+            env = {"RTRL_CAPTURE_EVENTS": args.events, "RTRL_CHECKPOINT_ID": ckpt,
+                   "RTRL_MODEL_URI": uri, "RTRL_ARM": name, **pod_env}  # fmt: skip
+            held.append(inlet.arm(ckpt, uri, name, env, lambda u: _load(u, Path(tmp))))
+    inlet.keep_only({a.key for a in held})
+    headers = Headers(
+        user=args.user_header, session=args.session_header, org=args.org_header,
+        clock=CLOCK_HEADER,
+    )  # fmt: skip
+    served = interact(visits, [(a.url, a.name) for a in held], feedback, token, names=headers)
+    inlet.drain()
+    for i, a in enumerate(held):
+        n = sum(1 for s in served if s.visit.arm == i)
+        print(f"served {n} interactions with {a.key[0]} ({a.key[2]}) through {a.url}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -280,6 +255,7 @@ def serve_requests(requests: IO[str]) -> int:
         request = json.loads(line)
         code = _run_request(parser, [str(a) for a in request["argv"]], Path(request["log"]))
         replies.write(json.dumps({"exit": code}) + "\n")
+    close_inlet()
     return 0
 
 
@@ -317,10 +293,18 @@ def run(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def main_once(args: argparse.Namespace) -> int:
+    """One run in a process of its own: the deployment is stopped when it ends."""
+    try:
+        return run(args)
+    finally:
+        close_inlet()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description="the demo's model server and users")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return main_once(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

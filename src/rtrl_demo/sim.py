@@ -122,6 +122,13 @@ def make_task(rng: random.Random) -> Task:
     return Task(kind, lang, [BOS, *code, TASK[kind], LANG0 + lang])
 
 
+def task_kind(prompt: list[int]) -> str:
+    """The kind of task a prompt asks for (its ``TASK_<kind>`` token, second to last), or
+    ``unknown``: the shards hold the prompt, not the sim's task."""
+    by_token = {token: kind for kind, token in TASK.items()}
+    return by_token.get(prompt[-2], "unknown") if len(prompt) >= 2 else "unknown"
+
+
 def parse(completion: list[int]) -> tuple[str, int | None]:
     """The completion's action: (``edit``|``tool``|``invalid_tool``|``ask``|``noise``, k)."""
     body = completion[: completion.index(EOS)] if EOS in completion else list(completion)

@@ -39,13 +39,14 @@ def answer_mix(shards: Path) -> dict[str, dict[str, dict[str, Any]]]:
 
     counts: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
     for path in sorted(shards.rglob("*.parquet")):
-        table = pq.read_table(path, columns=["checkpoint_id", "task_kind", "completion_ids"])
-        for ckpt, kind, completion in zip(
+        table = pq.read_table(path, columns=["checkpoint_id", "prompt_ids", "completion_ids"])
+        for ckpt, prompt, completion in zip(
             table["checkpoint_id"].to_pylist(),
-            table["task_kind"].to_pylist(),
+            table["prompt_ids"].to_pylist(),
             table["completion_ids"].to_pylist(),
             strict=True,
         ):
+            kind = sim.task_kind(list(prompt or []))
             action, _ = sim.parse(list(completion or []))
             counts[str(ckpt)][str(kind)][action] += 1
             counts[str(ckpt)]["all"][action] += 1

@@ -1,6 +1,6 @@
 """The demo's serving fleet (``python -m rtrl_demo.serve --requests`` behind
-:class:`rtrl_demo.fleet.ServingFleet`): one process answers many ticks, each as a process of
-its own would, and a bad or crashed request fails that request only."""
+:class:`rtrl_demo.fleet.ServingFleet`): one process answers many ticks through the inlet, each
+as a process of its own would, and a bad or crashed request fails that request only."""
 
 from __future__ import annotations
 
@@ -17,13 +17,24 @@ from rtrl_demo.fleet import SERVE, ServingFleet
 ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def rows(root: Path) -> list[dict[str, object]]:
-    files = sorted(root.rglob("*.parquet"))
-    assert files, f"no shards under {root}"
-    return [row for path in files for row in pq.read_table(path).to_pylist()]
+def events(root: Path, kind: str) -> list[dict[str, object]]:
+    """The events of ``kind`` (generations, feedback) under an events root, without what
+    differs between runs by design: the ids the sidecar mints (UUIDv7: the serving time and
+    random bits), the writer, the pod and the real-time latency."""
+    files = sorted((root / kind).rglob("*.parquet"))
+    assert files, f"no {kind} events under {root}"
+    varying = {"interaction_id", "event_id", "pod", "latency_ms", "received_at", "writer"}
+    out = []
+    for path in files:
+        for row in pq.read_table(path).to_pylist():
+            out.append({k: v for k, v in row.items() if k not in varying})
+    return sorted(out, key=repr)
 
 
 def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> None:
+    """Every user's request goes through the real rtrl-capture and their feedback through
+    rtrl-feedback; the events are the same whether one fleet serves the ticks or a process
+    each does (each request's sampling and judgement are seeded by the request)."""
     fleet = ServingFleet(ENV, tmp_path / "fleet")
     base = (tmp_path / "store" / "base").as_uri() + "/"
     try:
@@ -31,21 +42,24 @@ def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> N
         assert built.exit_code == 0, built.message
         tick = [f"--serving=demo-0={base}", "--users=40", "--start=2026-01-05T06:00:00Z",
                 "--duration=3600s", "--seed=5"]  # fmt: skip
-        first = fleet.run([f"--shards={(tmp_path / 'a').as_uri()}/", *tick], tmp_path / "a.log")
-        again = fleet.run([f"--shards={(tmp_path / 'b').as_uri()}/", *tick], tmp_path / "b.log")
-        assert first.exit_code == again.exit_code == 0, (first.message, again.message)
+        first = fleet.run([f"--events={(tmp_path / 'a').as_uri()}/", *tick], tmp_path / "a.log")
+        assert first.exit_code == 0, first.message
         assert "served" in (tmp_path / "a.log").read_text()
     finally:
         fleet.close()
     alone = subprocess.run(
-        [*SERVE, f"--shards={(tmp_path / 'c').as_uri()}/", *tick],
+        [*SERVE, f"--events={(tmp_path / 'c').as_uri()}/", f"--work={tmp_path / 'w'}", *tick],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,
         check=False,
     )
     assert alone.returncode == 0, alone.stderr
-    assert rows(tmp_path / "a") == rows(tmp_path / "b") == rows(tmp_path / "c")
+    for kind in ("generations", "feedback"):
+        assert events(tmp_path / "a", kind) == events(tmp_path / "c", kind), kind
+    served = events(tmp_path / "a", "generations")
+    assert {r["checkpoint_id"] for r in served} == {"demo-0"}
+    assert all(r["checkpoint_verified"] and r["completion_logprobs"] for r in served)
 
 
 def test_a_bad_request_fails_alone_and_a_dead_fleet_is_restarted(tmp_path: Path) -> None:
@@ -53,7 +67,7 @@ def test_a_bad_request_fails_alone_and_a_dead_fleet_is_restarted(tmp_path: Path)
     try:
         missing = fleet.run(["--users=3"], tmp_path / "missing.log")
         assert missing.exit_code == 2
-        assert "--shards, --serving and --start are required" in missing.message
+        assert "--events, --serving and --start are required" in missing.message
         unknown = fleet.run(["--no-such-flag"], tmp_path / "unknown.log")
         assert unknown.exit_code == 2 and "unrecognized arguments" in unknown.message
         nested = fleet.run(["--requests"], tmp_path / "nested.log")
