@@ -15,22 +15,21 @@ the cycles stage.
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import os
-import shutil
 import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
 from rtrl.planning.manifests import capture as cap
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
-from rtrl.planning.manifests.seal import seal_args, seal_name
+from rtrl.planning.manifests.seal import seal_name
 from rtrl.planning.plan import validate_spec
 from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
@@ -38,7 +37,7 @@ from rtrl_localkube.podprocess import BIN, run_pod
 
 from .console import Progress, colour, cycle_table, final_summary, head_to_head_table
 from .fleet import SERVE, ServingFleet
-from .inlet import sidecar_env
+from .pipeline import ServedArm, events_root, injected_env, reward_view, seal_job, served_arm
 from .scenario import (
     CONTAINER,
     DEPLOYMENT,
@@ -55,9 +54,6 @@ from .scenario import (
 )
 from .summary import analysis_metrics, summary
 from .traces import answer_mix
-
-# A served arm: checkpoint id, model URI, env of its pods' rtrl-capture container.
-ServedArm = tuple[str, str, dict[str, str]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,30 +136,23 @@ class Demo:
         pods' capture sidecar, and the canary's share of the pods."""
         target = self.cluster.get("Deployment", DEPLOYMENT)
         canary = self.cluster.get("Deployment", f"{DEPLOYMENT}-canary")
-        stable = self.served_arm(target, cap.STABLE)
+        stable = served_arm(target, CONTAINER, cap.STABLE, self.spec)
         if canary is None:
             return stable, None, 0.0
         n_stable = int(target["spec"].get("replicas", 1)) if target else 1
         n_canary = int(canary["spec"].get("replicas", 1))
-        return stable, self.served_arm(canary, cap.CANARY), n_canary / (n_stable + n_canary)
-
-    def served_arm(self, deployment: dict[str, Any] | None, arm: str) -> ServedArm:
-        checkpoint = str(env_value(deployment, CONTAINER, CHECKPOINT_ID_ENV))
-        uri = str(env_value(deployment, CONTAINER, "MODEL_URI"))
-        template = ((deployment or {}).get("spec") or {}).get("template") or {}
-        sidecar = cap.container(template, cap.SIDECAR)
-        if sidecar is None:  # before the operator's first round has injected it
-            return self.arm_of(checkpoint, uri, arm)
-        return checkpoint, uri, sidecar_env(sidecar)
+        return (
+            stable,
+            served_arm(canary, CONTAINER, cap.CANARY, self.spec),
+            n_canary / (n_stable + n_canary),
+        )
 
     def arm_of(self, checkpoint: str, uri: str, arm: str) -> ServedArm:
         """An arm the Deployments do not hold (the head-to-head's base, the history before
         the operator's first round), its sidecar as the operator would inject it."""
-        sidecar = cap.sidecar(self.spec(), {}, rlcycle=NAME, arm=arm, checkpoint=checkpoint,
-                              model_uri=uri)  # fmt: skip
-        return checkpoint, uri, sidecar_env(sidecar.container)
+        return checkpoint, uri, injected_env(self.spec(), arm, checkpoint, uri)
 
-    def spec(self) -> Any:
+    def spec(self) -> RLCycleSpec:
         manifest = self.cluster.get("RLCycle", NAME) or {}
         spec, problem = validate_spec(manifest.get("spec"))
         if spec is None:
@@ -185,7 +174,7 @@ class Demo:
                 }
             )
         argv = [
-            *SERVE, f"--events={self.spec().capture.events}",
+            *SERVE, f"--events={events_root(self.spec())}",
             f"--serving={stable[0]}={stable[1]}", f"--serving-env={json.dumps(stable[2])}",
             f"--users={self.args.users}",
             f"--start={iso(self.cluster.now)}", f"--duration={int(self.tick.total_seconds())}s",
@@ -210,12 +199,7 @@ class Demo:
         if self.sealed_through is not None and final <= self.sealed_through:
             return
         cron = self.cluster.get("CronJob", seal_name(NAME))
-        if cron is not None:
-            job_spec = copy.deepcopy(cron["spec"]["jobTemplate"]["spec"])
-        else:  # before the operator's first round has created it: its container's args
-            container = {"command": ["rtrl-job"], "args": seal_args(self.spec())}
-            job_spec = {"template": {"spec": {"containers": [container]}}}
-        job = {"metadata": {"name": f"seal-{self.serve_calls}"}, "spec": job_spec}
+        job = seal_job(cron, self.spec(), f"seal-{self.serve_calls}")
         self.serve_calls += 1
         label = f"{iso(now)[11:16]} seal"
         result = run_pod(
@@ -228,29 +212,6 @@ class Demo:
         if result.exit_code:
             raise RuntimeError(f"{label} failed (log {result.log}):\n{result.message}")
         self.sealed_through = final
-
-    def reward_view(self, checkpoint: str) -> str:
-        """drop-invalid-tool-calls: the blog's broken reward pipeline, downstream of the
-        seal: a copy of the sealed shards without the interactions that had an invalid tool
-        call (the inlet keeps them: they reach the correct reward as a negative), with the
-        seal's markers, so that the stage reads it ``--sealed`` as it reads the shards."""
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        src = self.root / "interactions"
-        dst = self.root / "reward-view" / checkpoint
-        for path in sorted(src.rglob("*")):
-            target = dst / path.relative_to(src)
-            if not path.is_file() or target.exists():
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if path.suffix != ".parquet":  # the seal's markers
-                shutil.copyfile(path, target)
-                continue
-            table = pq.read_table(path)
-            keep = pc.fill_null(pc.equal(table["invalid_tool_calls"], 0), True)
-            pq.write_table(table.filter(keep), target)
-        return str(dst.as_uri()) + "/"
 
     def run_jobs(self) -> bool:
         ran = False
@@ -265,7 +226,7 @@ class Demo:
                     for a in job["spec"]["template"]["spec"]["containers"][0]["args"]
                     if a.startswith("--checkpoint=")
                 )
-                extra = [f"--shards={self.reward_view(ckpt)}"]
+                extra = [f"--shards={reward_view(self.root, ckpt)}"]
 
             def config_map(cm: str) -> dict[str, str] | None:
                 obj = self.cluster.get("ConfigMap", cm)
