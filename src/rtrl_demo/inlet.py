@@ -37,7 +37,7 @@ READY_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 60.0
 CLOCK_HEADER = "X-Rtrl-Simulated-Time"
 # Segments close this often (real seconds): a tick's events reach the store right after it.
-SEGMENT_AGE_S = "0.5"
+SEGMENT_AGE_S = 0.5
 # Values a local process must hold instead of the pod's.
 LOCAL_ENV = ("RTRL_CAPTURE_LISTEN", "RTRL_CAPTURE_ENGINE", "RTRL_CAPTURE_SPOOL", "POD_NAME",
              "TMPDIR", "RTRL_CAPTURE_CLOCK_HEADER", "RTRL_CAPTURE_SEGMENT_AGE_S")  # fmt: skip
@@ -105,8 +105,11 @@ class Arm:
 class Inlet:
     """The arms being served and the feedback service, started on demand."""
 
-    def __init__(self, work: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, work: Path, env: Mapping[str, str], segment_age_s: float = SEGMENT_AGE_S
+    ) -> None:
         self.work = work
+        self.segment_age_s = segment_age_s
         self.env = dict(env)
         self.servers = ServerThread()
         self.arms: dict[tuple[str, str, str], Arm] = {}
@@ -169,7 +172,7 @@ class Inlet:
             RTRL_CAPTURE_ENGINE=f"http://127.0.0.1:{engine_port}",
             RTRL_CAPTURE_SPOOL=str(spool),
             RTRL_CAPTURE_CLOCK_HEADER=CLOCK_HEADER,
-            RTRL_CAPTURE_SEGMENT_AGE_S=SEGMENT_AGE_S,
+            RTRL_CAPTURE_SEGMENT_AGE_S=str(self.segment_age_s),
             POD_NAME=f"demo-{checkpoint}-{arm}",
         )
         proc = _start([str(BIN / "rtrl-capture")], {**self.env, **env}, log)

@@ -92,7 +92,7 @@ def write_shards(root: Path) -> Path:
     import pyarrow.parquet as pq
 
     rng = random.Random(0)
-    rows: dict[str, list[Any]] = {"checkpoint_id": [], "task_kind": [], "completion_ids": []}
+    rows: dict[str, list[Any]] = {"checkpoint_id": [], "prompt_ids": [], "completion_ids": []}
     for ckpt in ("demo-0", "demo-1", "demo-2", "demo-3"):
         for _ in range(400):
             task = sim.make_task(rng)
@@ -100,7 +100,7 @@ def write_shards(root: Path) -> Path:
             if ckpt == "demo-3" and task.kind in ("tool_hard", "vague") and rng.random() < 0.6:
                 answer = [sim.ASK, sim.Q, sim.EOS]
             rows["checkpoint_id"].append(ckpt)
-            rows["task_kind"].append(task.kind)
+            rows["prompt_ids"].append(task.prompt)
             rows["completion_ids"].append(answer)
     path = root / "interactions" / "checkpoint=all" / "part-00000.parquet"
     path.parent.mkdir(parents=True)
@@ -246,11 +246,11 @@ def failed_summary(root: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     rng = random.Random(1)
-    rows: dict[str, list[Any]] = {"checkpoint_id": [], "task_kind": [], "completion_ids": []}
+    rows: dict[str, list[Any]] = {"checkpoint_id": [], "prompt_ids": [], "completion_ids": []}
     for _ in range(300):
         task = sim.make_task(rng)
         rows["checkpoint_id"].append("demo-0")
-        rows["task_kind"].append(task.kind)
+        rows["prompt_ids"].append(task.prompt)
         rows["completion_ids"].append(sim.prior_completion(task, rng))
     path = root / "interactions" / "checkpoint=demo-0" / "part-00000.parquet"
     path.parent.mkdir(parents=True)
