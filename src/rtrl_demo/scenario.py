@@ -22,7 +22,10 @@ SEAL_DELAY = timedelta(minutes=1)
 SEAL_LAG = timedelta(hours=1) + SIGNAL_MATURITY + SEAL_DELAY
 SIGNALS = ("editPersisted", "dissatisfiedFollowup", "askedClarification", "editsProposed",
            "toolCalls", "invalidToolCalls", "latencyMs")  # fmt: skip
-HISTORY = timedelta(hours=2)
+# Served before the first cycle: the seal makes an hour trainable SEAL_LAG after it began,
+# so three hours give the first cycle two sealed hours (before the inlet: two hours, ~1.5
+# of them matured).
+HISTORY = timedelta(hours=3)
 # The final head-to-head: the base model against the last promoted checkpoint, 50/50.
 HEAD_TO_HEAD = timedelta(hours=2)
 # Superseded: promoted, then replaced by a later promotion
