@@ -147,7 +147,8 @@ demo: install
 
 # From a clone to a cycle on this machine (docs/helm.md, "Try it on this machine"): the local
 # control plane, a local S3, the chart, a real vLLM, simulated users. It runs until Ctrl-C or
-# `make quickstart-down` (which signals it by the pid it wrote; it then stops all it started).
+# `make quickstart-down` (which signals it by the pid it wrote, and waits until it has stopped
+# all it started and removed that file).
 QUICKSTART_DIR ?= .quickstart
 quickstart: install $(VLLM_STAMP) tools controlplane
 	$(BIN)/python -m rtrl_localkube.quickstart --dir $(QUICKSTART_DIR) $(QUICKSTART_ARGS)
@@ -155,7 +156,7 @@ quickstart: install $(VLLM_STAMP) tools controlplane
 quickstart-down:
 	@pid=$$(cat $(QUICKSTART_DIR)/quickstart.pid 2>/dev/null) && kill -TERM $$pid 2>/dev/null \
 	&& { echo "make quickstart-down: stopping the quick start (pid $$pid)"; \
-	     while kill -0 $$pid 2>/dev/null; do sleep 1; done; } \
+	     while [ -e $(QUICKSTART_DIR)/quickstart.pid ] && kill -0 $$pid 2>/dev/null; do sleep 1; done; } \
 	|| echo "make quickstart-down: no quick start runs in $(QUICKSTART_DIR)"
 
 lint: $(STAMP)

@@ -41,18 +41,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
 
-from rtrl.core.api.names import RUNNING_PHASES
-
 from . import quickstart_manifests as qm
 from .controlplane import ControlPlane
-from .controlplane_setup import binaries_dir
-from .engine import EngineError, check_installed
 from .kubelet import Kubelet
 from .quickstart_machine import (
     ACCESS_KEY,
@@ -61,7 +56,9 @@ from .quickstart_machine import (
     SECRET_KEY,
     QuickstartError,
     claim,
+    decided_checkpoint,
     local_s3,
+    prerequisites,
     say,
     service_urls,
     wait_for,
@@ -84,20 +81,6 @@ SERVING_TIMEOUT = 20 * 60.0  # vLLM's first start on a loaded 2-core machine
 SEAL_TIMEOUT = 5 * 60.0
 DECISION_TIMEOUT = 45 * 60.0
 FEEDBACK_PORT = 8082  # the chart's feedback.port
-
-
-def prerequisites() -> Path:
-    """The control plane's binaries; every other missing piece raises with its make target."""
-    binaries = binaries_dir()
-    if binaries is None:
-        raise QuickstartError("the control plane is not built: run `make controlplane`")
-    for name in ("helm", "kubectl"):
-        tool(name)  # FileNotFoundError: run `make tools`
-    try:
-        check_installed()
-    except EngineError as exc:
-        raise QuickstartError(str(exc)) from None
-    return binaries
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -156,7 +139,8 @@ class Quickstart:
                          "--type=merge", "-p", '{"spec":{"suspend":false}}')  # fmt: skip
             decision = self.wait_decision(operator)
             self.mark("decision")
-            self.summary(decision)
+            self.show_status()
+            self.summary(decision, staying=not exit_after_decision)
             if not exit_after_decision:
                 self.stop.wait()
             say("stopping: the operator, the pods, the control plane, the S3")
@@ -301,35 +285,31 @@ class Quickstart:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 watch.wait(5)
 
-    def checkpoint_phase(self) -> tuple[str, str] | None:
-        """The first cycle's Checkpoint (its name, its phase) once its phase is final."""
-        try:
-            found = self.cp.request(
-                "GET", f"/apis/rtrl.io/v1alpha1/namespaces/{qm.NAMESPACE}/checkpoints"
-            )
-        except urllib.error.URLError:
-            return None
-        for item in found["items"]:
-            name = item["metadata"]["name"]
-            phase = (item.get("status") or {}).get("phase")
-            if name != qm.BASE and phase not in RUNNING_PHASES:
-                return name, str(phase)
-        return None
-
     def wait_decision(self, operator: OperatorProcess) -> str:
         def decided() -> tuple[str, str] | None:
             if operator.proc.poll() is not None:
                 raise QuickstartError(f"the operator exited:\n{operator.output()[-3000:]}")
-            return self.checkpoint_phase()
+            return decided_checkpoint(self.cp)
 
         name, phase = wait_for("the cycle's decision", decided, DECISION_TIMEOUT, 3, self.stop)
         time.sleep(3)  # the watch's last lines
         say(f"decision: Checkpoint {name} {phase}")
         return str(phase)
 
-    def summary(self, decision: str) -> None:
+    def show_status(self) -> None:
+        """``kubectl rtrl status``: the cycle, the canary's A/B table, why it decided."""
+        with contextlib.suppress(QuickstartError):
+            print(self.run_cmd("kubectl", "rtrl", "status", qm.RLCYCLE, "-n", qm.NAMESPACE),
+                  flush=True)  # fmt: skip
+
+    def summary(self, decision: str, *, staying: bool) -> None:
         kubeconfig = self.cp.admin_kubeconfig
         times = ", ".join(f"{k} {v / 60:.1f} min" for k, v in self.timings.items())
+        stop = (
+            "Stop everything: Ctrl-C here, or `make quickstart-down`."
+            if staying
+            else "(--exit-after-decision: stopping everything now.)"
+        )
         print(
             f"""
 The cycle ended {decision} ({times}).
@@ -343,7 +323,7 @@ Next, in another terminal:
   kubectl rtrl rollback {qm.RLCYCLE} -n {qm.NAMESPACE}   # back to the previous checkpoint
   kubectl get pods,jobs,cronjobs -n {qm.NAMESPACE}
 The examples it applied: {self.root / "examples"}; pod logs: {self.root / "kubelet"}.
-Stop everything: Ctrl-C here, or `make quickstart-down`.
+{stop}
 """,
             flush=True,
         )
@@ -372,8 +352,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop everything once the cycle has decided")  # fmt: skip
     args = parser.parse_args(argv)
     stop = threading.Event()
+
+    def interrupt(*_: object) -> None:
+        """Ctrl-C or SIGTERM (``make quickstart-down``): stop at once, whatever step runs
+        (the exception unwinds it, and the run's ExitStack stops what it started); a
+        second signal during that cleanup is ignored, so the cleanup finishes."""
+        if not stop.is_set():
+            stop.set()
+            say("stopping: the operator, the pods, the control plane, the S3")
+            raise QuickstartError("stopped")
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, interrupt)
     root = args.dir.resolve()
     try:
         binaries = prerequisites()
@@ -382,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
             exit_after_decision=args.exit_after_decision
         )
     except (QuickstartError, FileNotFoundError) as exc:
+        if stop.is_set():  # asked to stop: everything it started is stopped
+            say("stopped")
+            return 0
         print(f"quickstart: {exc}", file=sys.stderr)
         return 1
     finally:

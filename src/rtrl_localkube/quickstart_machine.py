@@ -17,9 +17,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.names import RUNNING_PHASES
+
 from . import quickstart_manifests as qm
 from .controlplane import ControlPlane
+from .controlplane_setup import binaries_dir
+from .engine import EngineError, check_installed
 from .kubelet import Kubelet
+from .tools import tool
 
 PID_FILE = "quickstart.pid"  # `make quickstart-down` signals this process
 MARKER = ".rtrl-quickstart"
@@ -33,6 +38,20 @@ class QuickstartError(RuntimeError):
 
 def say(text: str) -> None:
     print(f"[{datetime.now(UTC):%H:%M:%S}] {text}", flush=True)
+
+
+def prerequisites() -> Path:
+    """The control plane's binaries; every other missing piece raises with its make target."""
+    binaries = binaries_dir()
+    if binaries is None:
+        raise QuickstartError("the control plane is not built: run `make controlplane`")
+    for name in ("helm", "kubectl"):
+        tool(name)  # FileNotFoundError: run `make tools`
+    try:
+        check_installed()
+    except EngineError as exc:
+        raise QuickstartError(str(exc)) from None
+    return binaries
 
 
 @contextlib.contextmanager
@@ -89,6 +108,21 @@ def service_urls(cp: ControlPlane, kubelet: Kubelet, namespace: str, service: st
                 continue  # deleted meanwhile
             urls.append(f"http://127.0.0.1:{network.host_port(pod, ports[0])}")
     return urls
+
+
+def decided_checkpoint(cp: ControlPlane) -> tuple[str, str] | None:
+    """The first cycle's Checkpoint (its name, its phase) once its phase is final: the
+    cycle has decided (promoted, rolled back, rejected or failed)."""
+    try:
+        found = cp.request("GET", f"/apis/rtrl.io/v1alpha1/namespaces/{qm.NAMESPACE}/checkpoints")
+    except urllib.error.URLError:
+        return None
+    for item in found["items"]:
+        name = item["metadata"]["name"]
+        phase = (item.get("status") or {}).get("phase")
+        if name != qm.BASE and phase not in RUNNING_PHASES:
+            return name, str(phase)
+    return None
 
 
 def wait_for(
