@@ -13,9 +13,8 @@ quickstart-down``:
    stand-in, which runs vLLM's image as ``.venv-vllm`` and every rtrl image as this
    checkout's environment;
 3. ``helm install`` of ``charts/rtrl-operator`` with the feedback service, its store
-   credentials and bearer tokens in Secrets; the operator runs with the chart's
-   arguments under the chart's ServiceAccount token, as a local process (its image is
-   not built here: its pod waits in ErrImagePull);
+   credentials and bearer tokens in Secrets; the chart's operator pod runs ``rtrl
+   operator`` (its image's entrypoint) from this checkout as its ServiceAccount;
 4. ``kubectl apply`` of the examples as this machine needs them
    (:mod:`rtrl_localkube.quickstart_manifests`, written under ``<dir>/examples`` to read):
    vLLM behind the capture sidecar the operator injects, the Service, the base Checkpoint
@@ -52,7 +51,6 @@ from .kubelet import Kubelet
 from .quickstart_machine import (
     ACCESS_KEY,
     PID_FILE,
-    REGION,
     SECRET_KEY,
     QuickstartError,
     claim,
@@ -64,7 +62,7 @@ from .quickstart_machine import (
     wait_for,
 )
 from .quickstart_users import CLOCK_HEADER, Served, Users
-from .tools import Cli, OperatorProcess, tool
+from .tools import Cli, tool
 
 DEFAULT_DIR = qm.REPO / ".quickstart"
 RELEASE, RELEASE_NAMESPACE = "rtrl", "rtrl-system"
@@ -114,13 +112,11 @@ class Quickstart:
                     cp,
                     self.root / "kubelet",
                     extra_env=KUBELET_ENV,
-                    unavailable_images=(f"{OPERATOR_IMAGE}*",),
                 )
             )
             self.cp, self.kubelet, self.cli = cp, kubelet, Cli(cp.admin_kubeconfig)
             self.install_chart(endpoint)
-            operator = self.start_operator(endpoint)
-            stack.callback(operator.stop)
+            self.wait_operator()
             self.apply_examples(endpoint)
             self.mark("applied")
             users = Users(self.serving_urls, "", self.token)
@@ -137,7 +133,7 @@ class Quickstart:
             live.start()
             self.run_cmd("kubectl", "patch", "rlc", qm.RLCYCLE, "-n", qm.NAMESPACE,
                          "--type=merge", "-p", '{"spec":{"suspend":false}}')  # fmt: skip
-            decision = self.wait_decision(operator)
+            decision = self.wait_decision()
             self.mark("decision")
             self.show_status()
             self.summary(decision, staying=not exit_after_decision)
@@ -181,19 +177,12 @@ class Quickstart:
         self.run_cmd("kubectl", "wait", "--for=condition=Established", "crd/rlcycles.rtrl.io",
                      "crd/checkpoints.rtrl.io", "--timeout=60s", show=False)  # fmt: skip
 
-    def start_operator(self, endpoint: str) -> OperatorProcess:
-        """``rtrl operator`` with the chart Deployment's arguments, under its
-        ServiceAccount's token (so the chart's RBAC is what it may do), as a process."""
-        account = f"{RELEASE}-operator"
-        operator = OperatorProcess(
-            self.cp, self.root / "operator", service_account=(RELEASE_NAMESPACE, account),
-            args=["--all-namespaces", "--standalone"],
-            env={"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                 "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION},
-        )  # fmt: skip
-        say(f"operator: `rtrl operator --all-namespaces` as ServiceAccount {account} "
-            f"(log: {operator.log})")  # fmt: skip
-        return operator
+    def wait_operator(self) -> None:
+        """The chart's operator pod, Ready (its /healthz answers)."""
+        say("waiting for the operator's pod (the chart's Deployment) to be ready")
+        self.run_cmd("kubectl", "-n", RELEASE_NAMESPACE, "rollout", "status",
+                     f"deployment/{RELEASE}-operator", "--timeout=5m")  # fmt: skip
+        self.mark("operator")
 
     def apply_examples(self, endpoint: str) -> None:
         folder = self.root / "examples"
@@ -285,13 +274,9 @@ class Quickstart:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 watch.wait(5)
 
-    def wait_decision(self, operator: OperatorProcess) -> str:
-        def decided() -> tuple[str, str] | None:
-            if operator.proc.poll() is not None:
-                raise QuickstartError(f"the operator exited:\n{operator.output()[-3000:]}")
-            return decided_checkpoint(self.cp)
-
-        name, phase = wait_for("the cycle's decision", decided, DECISION_TIMEOUT, 3, self.stop)
+    def wait_decision(self) -> str:
+        name, phase = wait_for("the cycle's decision", lambda: decided_checkpoint(self.cp),
+                               DECISION_TIMEOUT, 3, self.stop)  # fmt: skip
         time.sleep(3)  # the watch's last lines
         say(f"decision: Checkpoint {name} {phase}")
         return str(phase)

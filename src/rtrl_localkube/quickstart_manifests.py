@@ -165,6 +165,7 @@ def chart_values(endpoint: str, *, credentials: str, tokens: str) -> list[str]:
         "--set", f"storage.credentialsSecret={credentials}",
         "--set", f"storage.endpointUrl={endpoint}",
         "--set", "storage.region=us-east-1",
+        "--set", "operator.resyncSeconds=10",
         "--set", "feedback.enabled=true",
         "--set", "feedback.replicas=1",
         "--set", f"feedback.events={EVENTS}",

@@ -107,7 +107,6 @@ class Users:
         urls = self.endpoints()
         if not urls:
             raise RuntimeError("the Service has no ready endpoint")
-        client = openai.OpenAI(base_url=self.random.choice(urls), api_key="unused", timeout=120)
         headers = {
             USER_HEADER: f"user-{user}",
             SESSION_HEADER: f"user-{user}-session-{self.random.randrange(3)}",
@@ -116,14 +115,16 @@ class Users:
         if at is not None:
             headers[CLOCK_HEADER] = at.isoformat()
         extra: dict[str, Any] = {"tools": TOOLS} if case.tools else {}
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=list(case.messages),  # type: ignore[arg-type]
-            max_tokens=96,
-            temperature=1.0,
-            extra_headers=headers,
-            **extra,
-        )
+        url = self.random.choice(urls)
+        with openai.OpenAI(base_url=url, api_key="unused", timeout=120) as client:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=list(case.messages),  # type: ignore[arg-type]
+                max_tokens=96,
+                temperature=1.0,
+                extra_headers=headers,
+                **extra,
+            )
         answer = raw.parse()
         interaction = raw.headers[INTERACTION_HEADER]
         good = good_answer(case, answer.choices[0].message)

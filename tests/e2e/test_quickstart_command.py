@@ -102,6 +102,7 @@ def test_make_quickstart_reaches_a_decision(tmp_path: Path) -> None:
     )  # fmt: skip
     took = time.monotonic() - started
     out = result.stdout + result.stderr
+    (tmp_path / "quickstart.out").write_text(out)  # what the user saw, kept for a failure
     assert result.returncode == 0, out[-8000:]
     # the steps, as the user reads them
     for line in (
@@ -115,7 +116,7 @@ def test_make_quickstart_reaches_a_decision(tmp_path: Path) -> None:
     ):
         assert line in out, (line, out[-8000:])
     replayed = re.search(
-        r"(\d+) served in \d+s \((\d+) answers the users kept\), (\d+) feedback", out
+        r"(\d+) served in \d+s \(\d+ answers the users kept\), (\d+) feedback", out
     )
     assert replayed is not None, out[-8000:]
     served, feedback = map(int, replayed.groups())

@@ -154,3 +154,22 @@ def test_the_directory_is_claimed_only_when_it_is_a_quickstarts(tmp_path: Path) 
     with pytest.raises(QuickstartError, match="not a quick start's"):
         claim(theirs)
     assert (theirs / "thesis.tex").read_text() == "keep"
+
+
+def test_live_users_go_on_through_failures_and_stop_when_told() -> None:
+    """A Service with no ready endpoint (a pod rolling) fails requests: they are counted
+    and the users go on asking until stopped."""
+    import threading
+
+    stop = threading.Event()
+    users = Users(lambda: [], "", "t")
+    posted: list[list[Served]] = []
+    thread = threading.Thread(target=users.keep_asking, args=(stop, posted.append),
+                              kwargs={"every": 0.01})  # fmt: skip
+    thread.start()
+    deadline = datetime.now(UTC) + timedelta(seconds=10)
+    while users.failures < 3 and datetime.now(UTC) < deadline:
+        stop.wait(0.01)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive() and users.failures >= 3 and posted == []
