@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from rtrl.core.redaction import redact
 from rtrl.core.store.base import (
     MANIFEST_NAME,
     Manifest,
@@ -23,7 +24,6 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     join_key,
-    redact,
 )
 
 __all__ = [

@@ -36,6 +36,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from rtrl.core.redaction import redact
 from rtrl.core.store.base import (
     ObjectInfo,
     ObjectNotFound,
@@ -43,7 +44,6 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     check_prefix,
-    redact,
 )
 from rtrl.core.store.credentials import file_credentials
 from rtrl.core.store.local import TEMP_PREFIX
