@@ -63,8 +63,8 @@ help:
 	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
 	@echo "make browser  install Debian's chromium and tmux for the tests that need them (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
-	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
-	@echo "make push-images REGISTRY=...  docker push of both"
+	@echo "make images REGISTRY=...  docker build of the operator, trainer and serving images (docs/helm.md)"
+	@echo "make push-images REGISTRY=...  docker push of the three"
 
 install: $(STAMP) $(CPU_OPS)
 
@@ -159,23 +159,25 @@ crds: $(STAMP)
 	$(BIN)/rtrl crds
 	$(BIN)/rtrl crds --out charts/rtrl-operator/files/crds
 
-# The operator and trainer images (docs/helm.md, "Images"), named $(REGISTRY)/rtrl-operator and
-# $(REGISTRY)/rtrl-trainer and tagged with the chart's appVersion: the tag the chart's
-# Deployment defaults to. No venv needed: only docker and the repository.
+# The operator, trainer and serving images (docs/helm.md, "Images"), named
+# $(REGISTRY)/rtrl-operator, $(REGISTRY)/rtrl-trainer and $(REGISTRY)/rtrl-serving and tagged
+# with the chart's appVersion: the tag the chart's Deployments default to. No venv needed:
+# only docker and the repository.
 REGISTRY ?=
 DOCKER ?= docker
 APP_VERSION = $(shell sed -n 's/^appVersion: *//p' charts/rtrl-operator/Chart.yaml | tr -d '"')
-IMAGE_NAMES := rtrl-operator rtrl-trainer
+IMAGE_NAMES := rtrl-operator rtrl-trainer rtrl-serving
 
 images: docker-engine
 	$(DOCKER) build -f images/operator/Dockerfile -t $(REGISTRY)/rtrl-operator:$(APP_VERSION) .
 	$(DOCKER) build -f images/trainer/Dockerfile -t $(REGISTRY)/rtrl-trainer:$(APP_VERSION) .
+	$(DOCKER) build -f images/serving/Dockerfile -t $(REGISTRY)/rtrl-serving:$(APP_VERSION) .
 
 push-images: docker-engine
 	$(foreach name,$(IMAGE_NAMES),$(DOCKER) push $(REGISTRY)/$(name):$(APP_VERSION) &&) true
 
 docker-engine:
-	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator and \$$REGISTRY/rtrl-trainer" >&2; exit 1; }
+	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator, \$$REGISTRY/rtrl-trainer and \$$REGISTRY/rtrl-serving" >&2; exit 1; }
 	@test -n "$(APP_VERSION)" || { echo "make images: no appVersion in charts/rtrl-operator/Chart.yaml" >&2; exit 1; }
 	@command -v $(DOCKER) >/dev/null || { echo "make images: $(DOCKER) is not installed: the images need Docker (or DOCKER=podman)" >&2; exit 1; }
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "make images: no Docker engine is reachable ($(DOCKER) info failed): start the daemon, or point DOCKER_HOST at one" >&2; exit 1; }

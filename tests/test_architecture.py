@@ -47,6 +47,7 @@ CHECKPOINT_STEP = (
     "rtrl.core.shards",
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
+    "rtrl_trainer.logprobs",
     "rtrl_trainer.progress",
     "rtrl_trainer.runner",
     "rtrl_trainer.spec_file",
@@ -164,9 +165,16 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer.checkpoint_io": room(
         "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"
     ),
+    "rtrl_trainer.logprobs": room(
+        "log-probs under the distribution each row was sampled from (temperature, top-p/top-k "
+        "as vLLM computes them)",
+        "rtrl.core.shards",
+    ),
     "rtrl_trainer.stage": room(
         "the stage step: select, reward, advantage and write the training set",
         *CORE,
+        "rtrl_trainer.checkpoint_io",
+        "rtrl_trainer.logprobs",
         "rtrl_trainer.monitors",
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
@@ -189,6 +197,7 @@ ROOMS: dict[str, Room] = {
         *CORE,
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
+        "rtrl_trainer.read_ahead",
         "rtrl_trainer.runner",
         "rtrl_trainer.spec_file",
     ),

@@ -26,12 +26,13 @@ name, or its pod name) and an outcome of :mod:`rtrl_localkube.outcomes`. ``never
 patterns of pod (or Deployment) names whose containers run but never pass readiness.
 
 Pods behind a headless Service find their peers by name, from the Service's EndpointSlices,
-and each Job's ``MASTER_PORT`` is a free port of its own (``podnet.py``). :meth:`Kubelet.kill`
+each Job's ``MASTER_PORT`` is a free port of its own, and a port a pod declares that another
+live pod holds is moved to a free one (``podnet.py``: the stable and the canary pod of one
+Deployment both listen). :meth:`Kubelet.kill`
 signals a pod's processes, as the OOM killer or a crash would.
 
 Not done, on purpose: readiness and liveness probes (a running container is ready), init
-containers, resource limits, port conflicts between pods other than the rendezvous port (all
-pods share the host's network namespace), and ``runAsUser`` unless a test sets
+containers, resource limits, and ``runAsUser`` unless a test sets
 ``runner.identities`` (processes run as the kubelet's user; with it, as the
 securityContext's user and capabilities: pods.py).
 """

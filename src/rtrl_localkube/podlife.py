@@ -69,16 +69,29 @@ class PodLife:
         self.worker = worker
         self.pod = worker.pod
         self.started = now_rfc3339()
-        self.containers = list(self.pod["spec"].get("containers") or [])
+        # as they listen on this machine (podnet.py: a port another pod holds is moved)
+        network = kubelet.runner.network
+        self.containers = [
+            c if network is None else network.container(self.pod, c)
+            for c in self.pod["spec"].get("containers") or []
+        ]
         self.states: dict[str, dict[str, Any]] = {
             c["name"]: {"waiting": {"reason": "ContainerCreating"}} for c in self.containers
         }
         self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
         self.lock = threading.Lock()
+        # Each container's thread reports the pod's status: a report is built and sent under
+        # this lock, so the last one sent holds the newest state (two sent concurrently could
+        # arrive in the other order, the stale one last, and stay).
+        self.reporting = threading.Lock()
         names = workload_names(self.pod)
         self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
 
     def report(self, phase: str) -> None:
+        with self.reporting:
+            self._report(phase)
+
+    def _report(self, phase: str) -> None:
         with self.lock:
             running = all("running" in s for s in self.states.values())
             ready = running and not self.never_ready and phase == "Running"

@@ -26,10 +26,12 @@ How a pod spec maps onto this machine:
   **rewritten** to that directory wherever it starts an argument or an env value, or follows
   ``=`` in one (``--config=/etc/rtrl/step.json``). Paths a program builds itself from a mount
   path it did not receive this way are not rewritten.
-- Networking: one network namespace for all pods. Hostnames ``<job>-<i>.<subdomain>[...]``
-  (an Indexed Job's pods behind a headless Service, e.g. ``MASTER_ADDR``) in env values and
-  args become ``127.0.0.1``. ``status.podIP`` is the address the pod's status reports (the
-  kubelet's, from a pod CIDR), which nothing listens on.
+- Networking: one network namespace for all pods; a port a pod declares that another pod
+  holds is moved to a free one, in its args and env (``podnet.py``). Hostnames
+  ``<job>-<i>.<subdomain>[...]`` (an Indexed Job's pods behind a headless Service, e.g.
+  ``MASTER_ADDR``) in env values and args become ``127.0.0.1``. ``status.podIP`` is the
+  address the pod's status reports (the kubelet's, from a pod CIDR), which nothing listens
+  on.
 - Output: stdout and stderr go to one log file per container; with
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's termination message
   is the last 20 lines / 4096 bytes of that output.
@@ -193,7 +195,7 @@ class PodRunner(PodSources):
         argv = [rewrite_for_local(expand_vars(str(w), env), mounts, job) for w in words]
         if "/" not in argv[0] and (BIN / argv[0]).exists():
             argv[0] = os.fspath(BIN / argv[0])
-        return argv
+        return argv if self.network is None else self.network.args(pod, argv)
 
     def identity(
         self, pod: Mapping[str, Any], container: Mapping[str, Any]

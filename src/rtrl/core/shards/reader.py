@@ -128,8 +128,11 @@ class OpenShard:
 
 
 @contextlib.contextmanager
-def open_parquet(store: ObjectStore, shard: ShardFile) -> Iterator[OpenShard]:
-    """Open one shard for reading, closing the store's reader afterwards.
+def open_parquet(
+    store: ObjectStore, shard: ShardFile, *, stream: bool = False
+) -> Iterator[OpenShard]:
+    """Open one shard for reading, closing the store's reader afterwards; ``stream``: read
+    through a small buffer, never a row group whole (a reader of a few rows).
 
     Any failure of the file itself (gone since it was listed, truncated, not Parquet at all,
     a footer beyond :mod:`~rtrl.core.shards.limits` or contradicting itself) is a
@@ -152,7 +155,7 @@ def open_parquet(store: ObjectStore, shard: ShardFile) -> Iterator[OpenShard]:
             if metadata.num_row_groups != len(footer.row_groups):
                 raise FooterError("unreadable", "pyarrow reads another footer than rtrl")
             largest = max((group.total_byte_size for group in footer.row_groups), default=0)
-            prebuffer = largest <= PREBUFFER_LIMIT
+            prebuffer = largest <= PREBUFFER_LIMIT and not stream
             parquet = pq.ParquetFile(
                 handle,
                 metadata=metadata,
@@ -265,7 +268,8 @@ def iter_batches(
     """Canonical record batches of every shard under ``source`` (a store, a store URI or a
     local directory), file by file in key order, without validating rows.
 
-    ``columns`` projects (default: all canonical columns; extra columns are passed through
+    ``columns`` projects (default: the required canonical columns; an optional canonical
+    one asked for is read as nulls from a file that lacks it; extra columns are passed through
     in their own types); ``partitions`` prunes files by their Hive path. Raises
     :class:`ShardError` on the first file that cannot be used.
     """
