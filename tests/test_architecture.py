@@ -93,7 +93,10 @@ ROOMS: dict[str, Room] = {
         "rtrl.crdgen",
     ),
     "rtrl.planning": room(
-        "the operator's decisions: plan(observed, now) -> actions", "rtrl.core.api", pure=True
+        "the operator's decisions: plan(observed, now) -> actions",
+        "rtrl.core.api",
+        "rtrl.core.redaction",
+        pure=True,
     ),
     "rtrl.settings": room(
         "the operator's settings, read once from the environment", "rtrl.core.api"

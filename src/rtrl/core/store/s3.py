@@ -45,7 +45,7 @@ from rtrl.core.store.base import (
     check_key,
     check_prefix,
 )
-from rtrl.core.store.credentials import file_credentials
+from rtrl.core.store.credentials import FileCredentials, file_credentials
 from rtrl.core.store.local import TEMP_PREFIX
 from rtrl.core.store.retries import (
     BODY_ATTEMPTS_ENV,
@@ -126,9 +126,10 @@ class S3Store(ObjectStore):
 
     ``client`` replaces the client this store would build (tests, or sharing one client);
     the endpoint, region, botocore retry and timeout arguments then do not apply to it
-    (``body_attempts`` does). A store built
-    without one reads :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set
-    (StoreError if they cannot be read), boto3's default chain otherwise.
+    (``body_attempts`` does). A store built without one uses ``credentials`` when given
+    (the operator reading a step's result with the RLCycle's own Secret), else reads
+    :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set (StoreError if
+    they cannot be read), boto3's default chain otherwise.
     """
 
     def __init__(
@@ -149,6 +150,7 @@ class S3Store(ObjectStore):
         read_timeout: float = 60.0,
         page_size: int = 1000,
         read_buffer_size: int = 256 * 1024,
+        credentials: FileCredentials | None = None,
     ) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid S3 bucket name {bucket!r}")
@@ -190,8 +192,9 @@ class S3Store(ObjectStore):
                 request_checksum_calculation="when_required" if custom else None,
                 response_checksum_validation="when_required" if custom else None,
             )
-            # Given explicitly, file credentials win over anything in the environment.
-            creds = file_credentials()
+            # Given explicitly, credentials win over anything in the environment: the
+            # argument's (the operator reading with an RLCycle's own Secret), else the files'.
+            creds = credentials if credentials is not None else file_credentials()
             # A session per store: sessions are not thread-safe, the client built from one is.
             session = (
                 boto3.session.Session(botocore_session=core)
