@@ -10,9 +10,11 @@ every token's log-prob under the row's distribution (rtrl_trainer.logprobs) and 
 summarised: quantiles, mean |log w|, max |log w|. Also printed: what the stage's fidelity
 gate would conclude at its default bounds.
 
-    .venv/bin/python bench/logprob_fidelity.py [--rows 64] [--tokens 32] [--json]
+    .venv/bin/python bench/logprob_fidelity.py [--rows 64] [--tokens 32] [--json] [--model llama]
 
-Needs the vLLM environment: ``.venv-vllm`` (``make vllm``) or ``RTRL_VLLM_PYTHON``.
+``--model llama`` serves the tests' tiny Llama instead (rtrl_localkube/tinymodel.py). The
+engine is rtrl_localkube.engine's, so it needs the vLLM environment: ``.venv-vllm`` (``make
+vllm``) or ``RTRL_VLLM_PYTHON``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -34,19 +32,14 @@ import numpy as np
 import torch
 
 from rtrl.core.api.rlcycle import FidelitySpec
+from rtrl_localkube import tinymodel
+from rtrl_localkube.engine import Engine as LocalEngine
+from rtrl_localkube.engine import EngineError, EngineSpec, check_installed
 from rtrl_trainer.logprobs import Sampling, sampled_logprobs
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {"T=1": (1.0, 1.0, -1), "T=0.7": (0.7, 1.0, -1), "T=0.7 p=0.9 k=40": (0.7, 0.9, 40)}
 QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
-
-
-def _vllm_python() -> str:
-    named = os.environ.get("RTRL_VLLM_PYTHON")
-    path = Path(named) if named else REPO / ".venv-vllm" / "bin" / "python"
-    if not path.exists():
-        raise SystemExit("no vLLM environment: make vllm, or set RTRL_VLLM_PYTHON")
-    return os.fspath(path)
 
 
 def _model(directory: Path) -> None:
@@ -61,29 +54,15 @@ def _model(directory: Path) -> None:
 
 
 class Engine:
+    """The real vLLM (rtrl_localkube.engine: .venv-vllm, processed log-probs, eager mode) on
+    ``model`` in ``dtype``; ``complete`` posts one completion request."""
+
     def __init__(self, model: Path, dtype: str, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = log.open("wb")
-        self.process = subprocess.Popen(
-            [_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model",
-             os.fspath(model), "--served-model-name", "tiny", "--dtype", dtype,
-             "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--max-model-len",
-             "256", "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
-        )  # fmt: skip
-        self.started = time.monotonic()
-        while True:
-            if self.process.poll() is not None:
-                raise SystemExit(f"vLLM ({dtype}) exited: see {log}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                break
-            except OSError:
-                time.sleep(2)
-        self.startup = time.monotonic() - self.started
+        spec = EngineSpec(model=os.fspath(model), served_model_name="tiny", dtype=dtype,
+                          max_model_len=256, tool_call_parser=None)  # fmt: skip
+        self.engine = LocalEngine(spec, log).start()
+        self.port = self.engine.port
+        self.startup = self.engine.startup_seconds or 0.0
 
     def complete(self, prompt: list[int], setting: tuple[float, float, int], seed: int,
                  tokens: int) -> tuple[list[int], list[float]]:  # fmt: skip
@@ -101,12 +80,7 @@ class Engine:
         return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
     def stop(self) -> None:
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.log.close()
+        self.engine.stop()
 
 
 def _summary(log_w: np.ndarray) -> dict[str, Any]:
@@ -156,13 +130,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--model", choices=("gpt2", "llama"), default="gpt2",
+        help="gpt2: random weights, entropy ~3 nats; llama: the tests' tiny model, trained "
+        "to fixed answers (sharp distributions)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        check_installed()
+    except EngineError as exc:
+        raise SystemExit(str(exc)) from None
     from transformers import AutoModelForCausalLM
 
-    results: dict[str, Any] = {"rows": args.rows, "tokens_per_row": args.tokens}
+    results: dict[str, Any] = {
+        "model": args.model,
+        "rows": args.rows,
+        "tokens_per_row": args.tokens,
+    }
     with tempfile.TemporaryDirectory(prefix="rtrl-bench-logprobs-") as tmp:
-        model = Path(tmp) / "model"
-        _model(model)
+        if args.model == "llama":
+            model = tinymodel.built()  # rtrl_localkube/tinymodel.py: what the tests serve
+        else:
+            model = Path(tmp) / "model"
+            _model(model)
         trainer = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         for dtype in ("float32", "bfloat16"):
             engine = Engine(model, dtype, Path(tmp) / f"{dtype}.log")

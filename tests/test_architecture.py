@@ -238,7 +238,8 @@ ROOMS: dict[str, Room] = {
     # --- neither image: Kubernetes on one machine, and the demo ----------------------------
     "rtrl_localkube": room(
         "Kubernetes on one machine: the demo's in-memory cluster, the API emulator, the real "
-        "control plane's launcher and its kubelet and Gateway stand-ins",
+        "control plane's launcher and its kubelet and Gateway stand-ins, the real vLLM "
+        "engine's launcher and the tiny model it serves",
         "rtrl.core.api",
         "rtrl.core.store",
         "rtrl.planning",

@@ -8,8 +8,10 @@ interpreter is ``$RTRL_VLLM_PYTHON`` (the Makefile exports it), else the checkou
 
 The flags rtrl recommends (:func:`server_argv`): ``--dtype`` (float32 keeps the engine's
 log-probs equal to the trainer's; the default downcasts a float32 checkpoint to bfloat16),
-``--logprobs-mode processed_logprobs`` (the distribution actually sampled from, see
-:mod:`rtrl_localkube.sampling`), ``--served-model-name``, and on a CPU ``--enforce-eager``
+``--logprobs-mode processed_logprobs`` (the log-probs of the distribution actually sampled
+from: ``log_softmax(truncate(logits / T))``, top-k and top-p applied and renormalised; the
+exact rule is in docs/serving.md and tests/rtrl_localkube/test_engine.py),
+``--served-model-name``, and on a CPU ``--enforce-eager``
 (no graph capture: a shorter start) and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB; the default
 takes a large share of the machine's memory). ``--model`` takes a directory or an
 ``s3://`` URI; for S3 vLLM streams the files with ``runai-model-streamer`` (installed in
@@ -220,8 +222,12 @@ class Engine:
         return self._proc.pid if self._proc else None
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: this process's, the CPU defaults, the spec's."""
-        return {**os.environ, **CPU_ENV, **dict(self.spec.env)}
+        """The server's environment: this process's, the CPU defaults, a directory of its own
+        for the files vLLM pulls from object storage, then the spec's. (vLLM pulls an
+        ``s3://`` model's config and tokenizer into ``$VLLM_ASSETS_CACHE`` under a hash of the
+        URI: two engines on one URI would otherwise write the same files at once.)"""
+        assets = self.log_path.parent / f"vllm-assets-{self.port}"
+        return {**os.environ, **CPU_ENV, "VLLM_ASSETS_CACHE": str(assets), **dict(self.spec.env)}
 
     def start(self) -> Engine:
         """Start the server and wait until ``/health`` answers 200 (EngineError if it exits

@@ -17,7 +17,9 @@ containers (see ``src/rtrl_localkube/pods.py`` for how a pod spec maps onto this
   reason and termination message), restarting containers as ``restartPolicy`` says.
 - A container whose image matches ``unavailable_images`` waits with ``ErrImagePull``, as a
   pull from an unreachable registry would; every other image "is" this machine's environment
-  (the trainer image's ``rtrl-job`` is ``.venv/bin/rtrl-job``).
+  (the trainer image's ``rtrl-job`` is ``.venv/bin/rtrl-job``), except vLLM's official
+  image (``vllm/vllm-openai:*``), which is the vLLM venv of ``make vllm`` (``pods.py``).
+- A container with an ``httpGet``/``tcpSocket`` readiness probe is ready once it passes.
 - A pod being deleted gets its processes stopped (SIGTERM, SIGKILL after the grace period),
   then the kubelet confirms the deletion (``gracePeriodSeconds: 0``).
 
@@ -31,8 +33,9 @@ live pod holds is moved to a free one (``podnet.py``: the stable and the canary 
 Deployment both listen). :meth:`Kubelet.kill`
 signals a pod's processes, as the OOM killer or a crash would.
 
-Not done, on purpose: readiness and liveness probes (a running container is ready), init
-containers, resource limits, and ``runAsUser`` unless a test sets
+Not done, on purpose: liveness and startup probes, ``exec`` and ``grpc`` readiness probes
+(such a container is ready once it runs), init containers, resource limits, and
+``runAsUser`` unless a test sets
 ``runner.identities`` (processes run as the kubelet's user; with it, as the
 securityContext's user and capabilities: pods.py).
 """

@@ -22,15 +22,18 @@ What it is:
   there.
 
 :func:`publish` commits it through rtrl's store code exactly as the train step commits a
-checkpoint (files 0644, manifest with sizes and sha256 last). The checkpoint is rebuilt
-identically from the same seed on the same machine; tests read it back through the store,
-never assume the bytes.
+checkpoint (files 0644, manifest with sizes and sha256 last). A build is kept in a cache
+keyed on this code, the seed and the libraries' versions (:func:`built`): a machine builds
+it once. Tests read the committed files back through the store, never assume the bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -248,25 +251,62 @@ def _mismatches(model: Any, tokenizer: Any) -> list[str]:
     return wrong
 
 
-def publish(uri: str, *, seed: int = 0) -> Manifest:
-    """Build the model and commit it under ``uri`` (``s3://`` or ``file://``) the way the
+def cache_dir() -> Path:
+    """Where built models are kept: ``$RTRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/rtrl``, else
+    ``~/.cache/rtrl`` (as the Makefile keeps mypy's cache)."""
+    configured = os.environ.get("RTRL_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtrl"
+
+
+def cache_key(seed: int) -> str:
+    """What a build depends on: this module's and the tokenizer's source, the seed, and the
+    versions of the libraries that train and save it."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    for module in (Path(__file__), Path(__file__).with_name("tinytokenizer.py")):
+        digest.update(module.read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "safetensors"):
+        digest.update(f"{package}=={version(package)}".encode())
+    digest.update(f"seed={seed}".encode())
+    return digest.hexdigest()[:16]
+
+
+def built(seed: int = 0, cache: Path | None = None) -> Path:
+    """The model's directory in the cache, built first if it is not there. A build is
+    written beside and renamed into place, so a reader never sees half of one and two
+    builders racing each keep a complete one."""
+    root = (cache or cache_dir()) / "tinymodel"
+    directory = root / cache_key(seed)
+    if (directory / "tinymodel.json").exists():
+        return directory
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        build(scratch / "model", seed=seed)
+        for path in (scratch / "model").iterdir():
+            os.chmod(path, 0o644)
+        with contextlib.suppress(OSError):  # another builder won: keep its copy
+            (scratch / "model").rename(directory)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return directory
+
+
+def publish(uri: str, *, seed: int = 0, cache: Path | None = None) -> Manifest:
+    """Commit the model (:func:`built`) under ``uri`` (``s3://`` or ``file://``) the way the
     train step commits a checkpoint: every file 0644, the manifest last. A prefix already
     committed is left as it is (idempotent)."""
     store = open_store(uri)
     existing = store.committed("")
     if existing is not None:
         return existing
-    with tempfile.TemporaryDirectory(prefix="rtrl-tinymodel-") as tmp:
-        directory = Path(tmp) / "model"
-        build(directory, seed=seed)
-        files = {}
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                os.chmod(path, 0o644)
-                files[path.relative_to(directory).as_posix()] = path
-        return store.commit(
-            "", files, {"kind": "checkpoint", "committedBy": "rtrl_localkube.tinymodel"}
-        )
+    directory = built(seed, cache)
+    files = {path.name: path for path in sorted(directory.iterdir()) if path.is_file()}
+    metadata = {"kind": "checkpoint", "committedBy": "rtrl_localkube.tinymodel"}
+    return store.commit("", files, metadata)
 
 
 def fetch(uri: str, directory: Path) -> Path:

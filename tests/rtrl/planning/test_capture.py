@@ -103,6 +103,9 @@ def test_the_sidecar_is_injected_into_the_target_with_the_contracts_env() -> Non
         "RTRL_CAPTURE_USER_HEADER": "X-Rtrl-User",
         "RTRL_CAPTURE_SESSION_HEADER": "X-Rtrl-Session",
         "RTRL_CAPTURE_ORG_HEADER": "X-Rtrl-Org",
+        # read from the example engine's --logprobs-mode and --dtype
+        "RTRL_CAPTURE_LOGPROBS_MODE": "processed_logprobs",
+        "RTRL_CAPTURE_SERVING_DTYPE": "float32",
         "RTRL_RLCYCLE": "composer",
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "TMPDIR": "/tmp",
@@ -139,7 +142,8 @@ def test_an_unchanged_spec_patches_nothing_even_after_the_server_defaulted_the_s
     sidecar.update(terminationMessagePath="/dev/termination-log", imagePullPolicy="IfNotPresent")
     sidecar["resources"]["requests"]["cpu"] = "500m"
     sidecar["readinessProbe"]["successThreshold"] = 1
-    sidecar["env"][8]["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
+    pod_name = next(e for e in sidecar["env"] if e["name"] == "POD_NAME")
+    pod_name["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
     patches = len(world.target_patches())
     for _ in range(3):
         world.now += timedelta(minutes=1)

@@ -346,7 +346,9 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     env = {
         e["name"]: e["value"] for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    assert env == {"MODEL_URI": ck["spec"]["uri"], "RTRL_CHECKPOINT_ID": "composer-1"}
+    # the candidate's URI and id; the rest of the template's env (the store's region) kept
+    assert env == {"MODEL_URI": ck["spec"]["uri"], "RTRL_CHECKPOINT_ID": "composer-1",
+                   "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
     labels = canary["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "composer" and labels["rtrl.io/arm"] == "canary"
     status = world.rlcycle["status"]
