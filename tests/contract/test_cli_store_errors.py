@@ -1,7 +1,8 @@
 """Every store path of every CLI (``rtrl shards validate``, ``rtrl-job stage|train|eval|
-analyze``), given what a user may paste or a cluster may hold: a presigned https URL or a
-store URI with a signed query or credentials as a URI, an endpoint with credentials or a
-query, a bucket that does not exist, an endpoint that answers nothing. Whatever the path,
+analyze|seal``, and the servers ``rtrl-capture`` and ``rtrl-feedback`` as they start), given
+what a user may paste or a cluster may hold: a presigned https URL or a store URI with a
+signed query or credentials as a URI, an endpoint with credentials or a query, a bucket
+that does not exist, an endpoint that answers nothing. Whatever the path,
 the command ends in one line naming the problem, exit 2 for usage (1 where a step's store
 failed at run time, which a rerun may fix), and nothing secret is printed anywhere: no
 presigned query value, no userinfo, no access key of the environment.
@@ -10,11 +11,14 @@ Found broken (issue 32): ``rtrl-job stage --shards 'https://user:pass@host/x?X-A
 Signature=...'`` echoed the URL whole (so did analyze, and ``rtrl shards validate
 --checkpoint``); a store URI with a query given to stage or analyze, and an endpoint with
 credentials given to ``rtrl shards validate`` (from the flag or $AWS_ENDPOINT_URL), ended in
-a traceback."""
+a traceback. Later, with the servers: ``rtrl-capture`` given an endpoint with credentials in
+$AWS_ENDPOINT_URL ended in a traceback, and ``rtrl-feedback --endpoint-url`` with a signed
+query started serving (every write then failing)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +68,9 @@ def dirs(tmp_path: Path) -> dict[str, str]:
         out[name] = (tmp_path / name).as_uri() + "/"
     for name in ("out", "out2", "out3"):
         out[name] = (tmp_path / name).as_uri() + "/"
+    out["spool"] = str(tmp_path / "spool")
+    (tmp_path / "token").write_text("a-feedback-token\n")
+    out["token"] = str(tmp_path / "token")
     return out
 
 
@@ -83,6 +90,27 @@ def commands(d: dict[str, str], uri: str) -> Iterator[tuple[str, list[str]]]:
     analyze = [job, "analyze", "--baseline", "a", "--canary", "b", *NOW]
     yield "analyze --shards", [*analyze, "--shards", uri, "--out", d["out"]]
     yield "analyze --out", [*analyze, "--shards", d["shards"], "--out", uri]
+    seal = [job, "seal", *NOW]
+    yield "seal --events", [*seal, "--events", uri, "--shards", d["out"]]
+    yield "seal --feedback-events", [*seal, "--events", d["shards"], "--feedback-events", uri,
+                                     "--shards", d["out"]]  # fmt: skip
+    yield "seal --shards", [*seal, "--events", d["shards"], "--shards", uri]
+
+
+def free_listen() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def server_commands(d: dict[str, str], uri: str) -> Iterator[tuple[str, list[str]]]:
+    """The servers' store: the events root they write to, checked as they start (a store
+    that fails later is retried, never a reason to exit: docs/serving.md)."""
+    spool, token = d["spool"], d["token"]
+    yield "rtrl-capture --events", [console_script("rtrl-capture"), "--events", uri, "--spool",
+                                    spool, "--listen", free_listen()]  # fmt: skip
+    yield "rtrl-feedback --events", [console_script("rtrl-feedback"), "--events", uri,
+                                     "--token-file", token, "--listen", free_listen()]  # fmt: skip
 
 
 SLOW_COMMANDS = ("train --parent", "train --data", "train --out", "eval --candidate")
@@ -98,10 +126,16 @@ def slow_commands(d: dict[str, str], uri: str) -> Iterator[tuple[str, list[str]]
                                "--heldout", d["heldout"], "--out", d["out"]]  # fmt: skip
 
 
-def check(argv: list[str], env: dict[str, str], codes: tuple[int, ...]) -> str:
+def check(
+    argv: list[str], env: dict[str, str], codes: tuple[int, ...], timeout: float = 300
+) -> str:
     """Run ``argv``: its exit code one of ``codes``, one line of error, no traceback, no
-    secret in anything it printed; the error line."""
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    secret in anything it printed; the error line. A server that is still running after
+    ``timeout`` took what it was given."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{argv[0]} started with it: {exc.stderr!r}") from None
     printed = done.stdout + done.stderr
     assert "Traceback" not in printed, printed[-3000:]
     leaked = [s for s in SECRETS if s in printed]
@@ -109,8 +143,14 @@ def check(argv: list[str], env: dict[str, str], codes: tuple[int, ...]) -> str:
     assert done.returncode in codes, (done.returncode, printed[-2000:])
     # The error is one line of the command's own (argparse puts its usage synopsis before
     # a usage error; train's DeepSpeed notes that it loaded its CPU op).
-    prog = "rtrl shards validate:" if argv[1] == "shards" else f"rtrl-job {argv[1]}:"
-    ours = [line for line in done.stderr.splitlines() if line.startswith((prog, f"{argv[1]}:"))]
+    script = Path(argv[0]).name
+    if script == "rtrl":
+        prefixes: tuple[str, ...] = ("rtrl shards validate:",)
+    elif script == "rtrl-job":
+        prefixes = (f"rtrl-job {argv[1]}:", f"{argv[1]}:")
+    else:
+        prefixes = (f"{script}:",)
+    ours = [line for line in done.stderr.splitlines() if line.startswith(prefixes)]
     assert len(ours) == 1, done.stderr
     return ours[0]
 
@@ -145,11 +185,45 @@ def test_an_endpoint_with_credentials_in_the_environment_is_one_line(
         assert "has credentials in it" in line, (name, line)
 
 
+SERVER_START = 60.0  # seconds: a server still up by then started with what it was given
+
+
+@pytest.mark.parametrize("kind", list(BAD_URIS))
+def test_the_servers_refuse_a_uri_with_a_secret_in_one_line_that_hides_it(
+    kind: str, env: dict[str, str], dirs: dict[str, str]
+) -> None:
+    for name, argv in server_commands(dirs, BAD_URIS[kind]):
+        line = check(argv, env, (2,), timeout=SERVER_START)
+        assert "***" in line or "must be an object-store URI" in line, (name, line)
+
+
+@pytest.mark.parametrize("kind", list(BAD_ENDPOINTS))
+def test_the_servers_refuse_an_endpoint_with_a_secret_in_one_line(
+    kind: str, env: dict[str, str], dirs: dict[str, str]
+) -> None:
+    """From the environment (the operator sets AWS_ENDPOINT_URL in the sidecar) and, for
+    rtrl-feedback, --endpoint-url."""
+    endpoint = BAD_ENDPOINTS[kind]
+    for name, argv in server_commands(dirs, "s3://bucket-a/events/"):
+        line = check(argv, env | {"AWS_ENDPOINT_URL": endpoint}, (2,), timeout=SERVER_START)
+        assert "endpoint" in line.lower(), (name, line)
+        if "feedback" in name:
+            line = check([*argv, "--endpoint-url", endpoint], env, (2,), timeout=SERVER_START)
+            assert "endpoint URL" in line, (name, line)
+
+
+# A seal with no generation events (--events is empty here) has no hour to join, so it
+# never reads the feedback root: only its URI is checked (the tests above).
+NEEDS_EVENTS = ("seal --feedback-events",)
+
+
 def test_a_bucket_that_does_not_exist_is_one_line(
     env: dict[str, str], dirs: dict[str, str], moto_endpoint: str
 ) -> None:
     env = env | {"AWS_ENDPOINT_URL": moto_endpoint}
     for name, argv in commands(dirs, "s3://no-such-bucket-32/prefix/"):
+        if name in NEEDS_EVENTS:
+            continue
         line = check(argv, env, (1, 2))
         assert "NoSuchBucket" in line, (name, line)
 
@@ -159,6 +233,8 @@ def test_an_endpoint_that_answers_nothing_is_one_line(
 ) -> None:
     env = env | {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
     for name, argv in commands(dirs, "s3://bucket-a/prefix/"):
+        if name in NEEDS_EVENTS:
+            continue
         line = check(argv, env, (1, 2))
         assert "Could not connect to the endpoint URL" in line, (name, line)
 

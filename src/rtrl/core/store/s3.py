@@ -85,13 +85,20 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
 
 def check_endpoint_url(endpoint_url: str) -> str:
     """``endpoint_url`` unchanged, or :class:`StoreError` when it carries credentials
-    (``http://KEY:SECRET@host``): botocore never signs with them, and a URL is shown in
-    errors, logs and the RLCycle itself."""
-    if "@" in urlsplit(endpoint_url).netloc:
+    (``http://KEY:SECRET@host``) or a query or fragment (a presigned URL pasted as the
+    endpoint): botocore never signs with them, and a URL is shown in errors, logs and the
+    RLCycle itself."""
+    parts = urlsplit(endpoint_url)
+    if "@" in parts.netloc:
         raise StoreError(
             f"endpoint URL {redact(endpoint_url)} has credentials in it (user:password@); "
             "S3 credentials come from storage.credentialsSecret or the pod's cloud role, "
             "never from the endpoint"
+        )
+    if parts.query or parts.fragment:
+        raise StoreError(
+            f"endpoint URL {redact(endpoint_url)} has a query or fragment; an S3 endpoint is "
+            "a scheme, a host and a port"
         )
     return endpoint_url
 
