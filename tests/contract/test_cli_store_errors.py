@@ -113,17 +113,17 @@ def server_commands(d: dict[str, str], uri: str) -> Iterator[tuple[str, list[str
                                      "--token-file", token, "--listen", free_listen()]  # fmt: skip
 
 
-SLOW_COMMANDS = ("train --parent", "train --data", "train --out", "eval --candidate")
-
-
 def slow_commands(d: dict[str, str], uri: str) -> Iterator[tuple[str, list[str]]]:
     """The steps that import torch (seconds each): one run per flag."""
     job = console_script("rtrl-job")
     yield "train --parent", [job, "train", "--parent", uri, "--data", d["data"], "--out", d["out"]]
     yield "train --data", [job, "train", "--parent", d["parent"], "--data", uri, "--out", d["out"]]
     yield "train --out", [job, "train", "--parent", d["parent"], "--data", d["data"], "--out", uri]
-    yield "eval --candidate", [job, "eval", "--candidate", uri, "--parent", d["parent"],
-                               "--heldout", d["heldout"], "--out", d["out"]]  # fmt: skip
+    flags = {"--candidate": d["parent"], "--parent": d["parent"], "--heldout": d["heldout"],
+             "--out": d["out"]}  # fmt: skip
+    for flag in flags:
+        given = {**flags, flag: uri}
+        yield f"eval {flag}", [job, "eval", *(a for kv in given.items() for a in kv)]
 
 
 def check(
