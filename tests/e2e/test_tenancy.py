@@ -16,7 +16,8 @@ operator holds its own S3 key in its environment, as the chart puts it there. Th
   and the operator reads its result through the endpoint with the RLCycle's own key,
   never the operator's (a proxy in front of S3 records every request's Authorization);
 - gets no webhook redirected: the webhook answers with a redirect to another address, and
-  nothing arrives there.
+  nothing arrives there; a webhook whose host the policy (webhookHosts) does not list is
+  refused, its URL never shown.
 
 Before the policy (cf54846^), each of these RLCycles started a cycle as asked, and the
 result reads were signed ``Credential=<the operator's key>``.
@@ -210,7 +211,8 @@ def test_a_namespace_user_makes_the_operator_do_only_what_the_policy_allows(  # 
             kube.create(secret("s3-creds", keys, LABEL))
             kube.create(secret("payments-creds", keys, None))
             url = f"http://127.0.0.1:{webhook.port}/hook"
-            kube.create(secret("hook", {"url": url}, LABEL))
+            direct = f"http://localhost:{landing.port}/direct"  # a host the policy does not list
+            kube.create(secret("hook", {"url": url, "direct": direct}, LABEL))
             policy = chart_policy(
                 {
                     "images": ["rtrl-trainer:*"],
@@ -218,7 +220,7 @@ def test_a_namespace_user_makes_the_operator_do_only_what_the_policy_allows(  # 
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
                     "maxResources": {"cpu": "4", "memory": "8Gi"},
                     "maxNodes": 1,
-                    "webhookHosts": ["*"],
+                    "webhookHosts": ["127.0.0.1"],
                 },
                 tmp_path,
                 admin,
@@ -327,7 +329,8 @@ def run_within_the_policy(
                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
                   "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
         storage=scene.storage(),
-        notifications=[{"name": "ops", "urlSecret": {"name": "hook", "key": "url"}}],
+        notifications=[{"name": "ops", "urlSecret": {"name": "hook", "key": "url"}},
+                       {"name": "elsewhere", "urlSecret": {"name": "hook", "key": "direct"}}],
     )  # fmt: skip
     doc["metadata"]["name"] = "composer"
     scene.user_applies(doc)
@@ -352,7 +355,11 @@ def run_within_the_policy(
     assert reads, seen
     assert all(f"Credential={RLCYCLE_KEY}/" in a for _, _, a in reads), reads
     assert not [a for _, _, a in seen if OPERATOR_KEY in a]
-    # The webhook heard of the cycle, answered with a redirect, and nothing followed it.
+    # The webhook heard of the cycle, answered with a redirect, and nothing followed it;
+    # the one whose host the policy does not list was refused, its URL never shown.
     kube.wait_for(lambda: webhook.requests, timeout=60, message=operator.output)
+    refused = "key direct: the URL's host is not one the operator's policy lets webhooks reach"
+    kube.wait_for(lambda: refused in operator.output(), timeout=60, message=operator.output)
     time.sleep(1)
     assert landing.requests == [], landing.requests
+    assert f":{landing.port}" not in operator.output()
