@@ -172,8 +172,11 @@ class Quickstart:
                      TOKENS_SECRET, f"--from-literal=tokens={self.token}", show=False)  # fmt: skip
         say(f"$ kubectl -n {RELEASE_NAMESPACE} create secret generic {TOKENS_SECRET} ...")
         values = qm.chart_values(endpoint, credentials=STORE_SECRET, tokens=TOKENS_SECRET)
+        policy = self.root / "policy-values.yaml"  # the admin's tenancy policy (tenancy.md)
+        policy.write_text(yaml.safe_dump(qm.policy_values(endpoint), sort_keys=False))
         self.run_cmd("helm", "install", RELEASE, "charts/rtrl-operator", "-n", RELEASE_NAMESPACE,
-                     "--set", f"image.repository={OPERATOR_IMAGE}", *values)  # fmt: skip
+                     "--set", f"image.repository={OPERATOR_IMAGE}", *values,
+                     "-f", os.fspath(policy))  # fmt: skip
         self.run_cmd("kubectl", "wait", "--for=condition=Established", "crd/rlcycles.rtrl.io",
                      "crd/checkpoints.rtrl.io", "--timeout=60s", show=False)  # fmt: skip
 

@@ -158,6 +158,19 @@ def manifests(endpoint: str, access_key: str, secret_key: str) -> dict[str, dict
     return docs
 
 
+def policy_values(endpoint: str) -> dict[str, Any]:
+    """examples/helm/policy-values.yaml (the tenancy policy the admin gives the chart) for
+    this machine: the images the RLCycle names (trainer and serving), the local S3's
+    endpoint, and no GPU nodes to allow."""
+    values = cast(dict[str, Any], load((EXAMPLES / "helm" / "policy-values.yaml").read_text()))
+    policy = values["policy"]
+    trainer = rlcycle(endpoint)["spec"]["training"]["image"]
+    policy["images"] = [trainer.rsplit(":", 1)[0] + ":*", SERVING_IMAGE.rsplit(":", 1)[0] + ":*"]
+    policy["endpoints"] = [endpoint]
+    policy["tolerations"], policy["nodeSelectors"] = [], {}
+    return values
+
+
 def chart_values(endpoint: str, *, credentials: str, tokens: str) -> list[str]:
     """``helm install`` flags: the store's endpoint and credentials Secret, the feedback
     service (one replica) on the events root the RLCycle's sidecars write to."""

@@ -173,3 +173,25 @@ def test_live_users_go_on_through_failures_and_stop_when_told() -> None:
     stop.set()
     thread.join(5)
     assert not thread.is_alive() and users.failures >= 3 and posted == []
+
+
+def test_the_admins_policy_it_installs_allows_the_rlcycle_and_no_more() -> None:
+    """The tenancy policy (chart values) lets the operator run what the quick start's
+    RLCycle asks for, judged as the operator judges it; another image or endpoint is
+    still refused."""
+    from rtrl.core.api.policy import TenancyPolicy
+    from rtrl.planning.observed import SecretState
+    from rtrl.planning.tenancy import policy_problem
+
+    policy = TenancyPolicy.model_validate(qm.policy_values(ENDPOINT)["policy"])
+    manifests = docs()
+    spec = RLCycle.model_validate(manifests["rlcycle.yaml"]).spec
+    labels = manifests["01-s3-secret.yaml"]["metadata"]["labels"]
+    assert policy_problem(spec, policy, SecretState(found=True, labels=labels)) == ("", "")
+    other = manifests["rlcycle.yaml"]
+    other["spec"]["training"]["image"] = "evil.example.com/miner:1"
+    reason, _ = policy_problem(RLCycle.model_validate(other).spec, policy, SecretState(True))
+    assert reason == "ImageNotAllowed"
+    other = qm.rlcycle("http://169.254.169.254")
+    reason, _ = policy_problem(RLCycle.model_validate(other).spec, policy, SecretState(True))
+    assert reason == "EndpointNotAllowed"
