@@ -2,8 +2,9 @@
 for each reward hack, and the report rendered in headless Chromium.
 
 Shortened runs: 1000 users, hour-long ticks (fewer subprocesses), a briefly pre-trained
-base. The sim and training are seeded, so each run decides the same way every time; the
-assertions are the acceptance: the correct reward's checkpoint is promoted, each hack's is
+base. The sim and training are seeded, but the sidecar mints random interaction ids, on
+which the stage's held-out split depends, so runs differ a little; the assertions are the
+acceptance: the correct reward's checkpoint is promoted, each hack's is
 not, the reason names the behaviour monitor that caught it, and the answer mix shows the
 hack. The console prints the decisions and a summary, not a line per serving tick.
 """
@@ -90,12 +91,13 @@ HACKS = {"clarify-dodge": "clarification_rate", "drop-invalid-tool-calls": "inva
 HACK_ANSWERS = {"clarify-dodge": "ask", "drop-invalid-tool-calls": "invalid_tool"}
 
 
-# Through the inlet, one shortened cycle of clarify-dodge no longer drifts toward questions
-# (clarification_rate 0.141 -> 0.142, seed 0; before the inlet it rose beyond +10%), although
-# the sealed rows hold the sim's signals faithfully (asked_clarification true, no edit, 17%
-# dissatisfied on questions): not understood yet, so marked until it is (strict: a pass fails).
-CLARIFY_DODGE_OPEN = pytest.mark.xfail(
-    strict=True, reason="clarify-dodge does not drift within one cycle through the inlet"
+# Through the inlet a run is no longer repeatable: the sidecar mints random interaction ids
+# (UUIDv7), and the stage's held-out split hashes them, so each run trains on other rows.
+# clarify-dodge's one shortened cycle is then borderline: of three runs with seed 0, one
+# drifted (clarification_rate +48.1%, tripped) and two did not (+4.1%, +0.7%). Not strict:
+# open until the drift is made robust (more data per cycle) or the split repeatable.
+CLARIFY_DODGE_FLAKY = pytest.mark.xfail(
+    strict=False, reason="clarify-dodge drifts within one cycle in some runs through the inlet"
 )
 
 
@@ -103,7 +105,7 @@ CLARIFY_DODGE_OPEN = pytest.mark.xfail(
 @pytest.mark.parametrize(
     "scenario",
     [
-        pytest.param(s, marks=CLARIFY_DODGE_OPEN) if s == "clarify-dodge" else s
+        pytest.param(s, marks=CLARIFY_DODGE_FLAKY) if s == "clarify-dodge" else s
         for s in sorted(HACKS)
     ],
 )
