@@ -1,8 +1,29 @@
-"""Calibration of the canary analysis in a realistic user population (work in progress)."""
+"""Calibration of the canary analysis in a realistic user population: false decisions of A/A
+canaries however often they are looked at, power and time to promote at the blog's effects,
+and the canaries that must not be promoted (a novelty bump, rows lost by a logging fault) or
+must be rolled back (a harm to heavy users, a latency regression behind a gain); today's
+analysis and the alternatives side by side on the same simulated canaries.
+
+The population and the timeline are :mod:`bench.analysis_population`'s (issue 31): 8,000
+users, lognormal activity (a few above 100x the median), 20% of them new during the canary,
+a user's activity on the day varying around their usual, per-user rates at an intra-user
+correlation of 0.1 (0.2) partly explained by org and prompt length and mostly lasting from
+day to day, daily drift of 10-20%, 10,000 interactions an hour, the operator's default steps
+(5% for 30 min, 25% for 1 h, then 50%), analyses at 0.5 h, 1.5 h and then every 15 minutes
+(5 in the "every 5 min" scenarios), maxDuration 24 h with the inconclusive policy rollback.
+
+Every look runs the analyze step's own functions (:mod:`bench.analysis_methods`); a
+fixed-horizon z-test of the same estimator, judged once at the first look where its power
+reaches the sequential test's, is the baseline for the interactions a decision costs.
+
+Run: ``python bench/analysis_calibration.py`` (see docs/benchmarks.md for the time it
+takes); ``--experiments 40`` for a quick look, ``--only NAME`` for some scenarios.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -10,198 +31,253 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "src")]
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from rtrl.core.api.rlcycle import AnalysisSpec, GuardrailsSpec  # noqa: E402
-from rtrl_trainer.analyze.estimate import Difference, difference  # noqa: E402
+from bench.analysis_methods import (  # noqa: E402
+    PRIMARY,
+    TODAY,
+    Analysis,
+    LookStats,
+    Method,
+    Outcome,
+    covariates_of,
+)
+from bench.analysis_population import BLOG, Canary, Look, Population, draw_users, simulate  # noqa: E402
+
 from rtrl_trainer.analyze.rule import (  # noqa: E402
-    CONTINUE,
     GOAL_WORSE,
     GUARDRAIL,
+    HELD,
     POLICY_ROLLBACK,
     PROMOTE,
     ROLLBACK,
     SRM,
-    judge,
-    plan,
 )
-from rtrl_trainer.analyze.srm import SRM_HOLD_P, srm_steps  # noqa: E402
 
-from bench.analysis_population import (  # noqa: E402
-    BLOG,
-    METRICS,
-    Canary,
-    Look,
-    Population,
-    simulate,
+AFTER = Method("group-sequential, predicted covariates, novelty rule, reconciliation")
+# without the capture proxy's counts: the rows-per-unit guardrail instead
+NO_CAPTURE = Method(
+    "... without the capture proxy's counts, rows-per-unit 2%", reconcile=False, rows_band=0.02
 )
-from bench.analysis_stats import own_history, srm_counts, unit_sums  # noqa: E402
+ABLATIONS = (
+    Method("mixture tau x2, own history", boundary="mixture", tau_scale=2.0, covariate="own",
+           novelty=False, reconcile=False),
+    Method("group-sequential rho 1, own history", covariate="own", novelty=False,
+           reconcile=False),
+    Method("group-sequential rho 2, own history", rho=2.0, covariate="own", novelty=False,
+           reconcile=False),
+    Method("group-sequential O'Brien-Fleming, own history", rho=0.0, covariate="own",
+           novelty=False, reconcile=False),
+    Method("group-sequential rho 1, predicted", novelty=False, reconcile=False),
+    Method("group-sequential rho 1, predicted, novelty", reconcile=False),
+)  # fmt: skip
 
 
-@dataclass
-class Outcome:
-    decision: np.ndarray
-    cause: np.ndarray
-    hours: np.ndarray
-    interactions: np.ndarray
-    first_better: np.ndarray
-    # per look: hours, matured interactions, fixed-horizon promote, fixed-horizon rollback
-    fixed: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-
-    @classmethod
-    def empty(cls, e: int) -> Outcome:
-        return cls(
-            np.full(e, CONTINUE), np.zeros(e, dtype=np.int64), np.full(e, np.inf),
-            np.zeros(e), np.full(e, np.inf),
-        )  # fmt: skip
-
-    def record(self, look: Look, decision: Any, cause: Any, better: Any) -> None:
-        decision = np.asarray(decision)
-        open_ = self.decision == CONTINUE
-        new = open_ & ((decision != CONTINUE) | look.last)
-        self.decision[new] = decision[new]
-        self.cause[new] = np.asarray(cause)[new]
-        self.hours[new] = look.hours
-        self.interactions[new] = look.matured[new]
-        b = np.asarray(better, dtype=bool) & np.isinf(self.first_better)
-        self.first_better[b] = look.hours
-
-    def join(self, other: Outcome) -> Outcome:
-        fixed = [
-            (h, np.concatenate([r, r2]), np.concatenate([p, p2]), np.concatenate([b, b2]))
-            for (h, r, p, b), (_, r2, p2, b2) in zip(self.fixed, other.fixed, strict=True)
-        ]
-        return Outcome(
-            *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in (
-                "decision", "cause", "hours", "interactions", "first_better"
-            )),
-            fixed=fixed,
-        )  # fmt: skip
+@dataclass(frozen=True)
+class Scenario:
+    canary: Canary
+    population: Population = field(default_factory=Population)
+    methods: tuple[Method, ...] = (TODAY, AFTER, NO_CAPTURE)
+    experiments: float = 1.0  # share of --experiments
 
 
-SPEC = AnalysisSpec()
-GUARDS = GuardrailsSpec()
+def scenarios() -> list[Scenario]:
+    icc2 = Population(icc=0.2)
+    every5 = 5 / 60
+    harm = {"edit": 1.0228, "dissatisfied": 1 - 0.0313, "latency": 1.103}
+    return [
+        Scenario(Canary("user A/A icc 0.1"), methods=(TODAY, *ABLATIONS, AFTER, NO_CAPTURE)),
+        Scenario(Canary("user A/B icc 0.1", effect=BLOG),
+                 methods=(TODAY, *ABLATIONS, AFTER, NO_CAPTURE)),
+        Scenario(Canary("user A/A icc 0.2"), icc2),
+        Scenario(Canary("user A/B icc 0.2", effect=BLOG), icc2),
+        Scenario(Canary("user A/A icc 0.1, looks every 5 min", interval_h=every5), experiments=0.5),
+        Scenario(Canary("user A/A icc 0.2, looks every 5 min", interval_h=every5), icc2,
+                 experiments=0.5),
+        Scenario(Canary("novelty: canary's first 2 h +6%", novelty="canary")),
+        Scenario(Canary("novelty: each user's first 2 h +6%", novelty="user")),
+        Scenario(Canary("A/A, 3% of canary rows lost (failed edits), user", row_loss=0.03,
+                        biased_loss=True)),
+        Scenario(Canary("A/A, 3% of canary rows lost (failed edits), request", unit="request",
+                        row_loss=0.03, biased_loss=True)),
+        Scenario(Canary("A/A, 3% of canary rows lost at random, request", unit="request",
+                        row_loss=0.03)),
+        Scenario(Canary("harm to the heaviest 1% of users (-15%)", heavy_harm=0.15)),
+        Scenario(Canary("latency +10.3% behind the blog's gains", effect=harm)),
+        Scenario(Canary("request A/A icc 0.1", unit="request"), experiments=0.5),
+        Scenario(Canary("request A/B icc 0.1", unit="request", effect=BLOG), experiments=0.5),
+        Scenario(Canary("user A/B icc 0.1, features explain nothing", effect=BLOG),
+                 Population(org_share=0.0, prompt_share=0.0), experiments=0.5),
+    ]  # fmt: skip
 
 
-class Mixture:
-    """Today's analysis: mSPRT mixture intervals, CUPED on each user's own history,
-    sample-ratio test on units with its promotion hold."""
-
-    label = "mixture (today)"
-
-    def __init__(self, unit: str, e: int) -> None:
-        self.unit = unit
-        self.metrics = plan(SPEC, GUARDS)
-        self.goal_alpha = next(m.alpha for m in self.metrics if m.name == "edit_persistence")
-        self.out = Outcome.empty(e)
-
-    def diffs(self, look: Look) -> dict[str, Difference]:
-        found = {}
-        for name in METRICS:
-            cov = own_history(look, name)
-            totals, gram, units = unit_sums(look.x[name], look.n[name], look.xx[name], cov, self.unit)
-            found[name] = difference(totals, gram, units, adjust=cov is not None)
-        return found
-
-    def look(self, look: Look) -> None:
-        diffs = self.diffs(look)
-        base, cand = srm_counts(look, self.unit)
-        srm = srm_steps(base, cand, look.shares, SPEC.srm_alpha)
-        j = judge(
-            self.metrics, diffs, srm_mismatch=srm.mismatch,
-            srm_suspect=np.asarray(srm.p_value) <= SRM_HOLD_P, max_duration_reached=look.last,
-        )  # fmt: skip
-        self.out.record(look, j.decision, j.cause, np.asarray(j.verdicts["edit_persistence"]) == 1)
-        self.out.fixed.append((look.hours, look.matured.copy(), *fixed_test(diffs, self.goal_alpha)))
-
-
-def fixed_test(diffs: dict[str, Difference], alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """(promote, rollback) of a fixed-horizon z-test on the goals at this look, the same
-    estimator, the sequential rule's logic (promote: edit persistence better, no goal worse)."""
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    worse: Any = False
-    better: Any = False
-    for name in ("edit_persistence", "dissatisfied_followup_rate", "latency_ms"):
-        d = diffs[name]
-        radius = z * np.sqrt(np.asarray(d.log_var))
-        up = np.asarray(d.log_ratio) - radius > 0
-        down = np.asarray(d.log_ratio) + radius < 0
-        worse = worse | (down if name == "edit_persistence" else up)
-        if name == "edit_persistence":
-            better = up
-    return np.asarray(better & ~worse), np.asarray(worse)
-
-
-def run_chunk(job: tuple[Population, Canary, int, int, tuple[str, ...]]) -> dict[str, Outcome]:
-    pop, canary, e, seed, labels = job
-    methods = {label: METHODS[label](canary.unit, e) for label in labels}
+def run_chunk(job: tuple[Scenario, int, int]) -> dict[str, Outcome]:
+    sc, e, seed = job
+    rng = np.random.default_rng(seed)
+    users = draw_users(rng, sc.population, e)
+    covs = covariates_of(users)
+    analyses = [Analysis(m, sc.canary.unit, e, sc.population.hours) for m in sc.methods]
+    reduction: dict[str, list[float]] = {}
 
     def on_look(look: Look) -> None:
-        for m in methods.values():
-            m.look(look)
+        stats = LookStats(look, sc.canary.unit, covs)
+        for a in analyses:
+            a.look(stats)
+        if look.decides and abs(look.hours - round(look.hours)) < 1e-9 and look.hours in (4, 8, 24):
+            for cov in ("own", "predicted"):
+                new, old = stats.split(PRIMARY, cov)
+                reduction.setdefault(f"{cov} new {look.hours:g}h", []).append(new)
+                reduction.setdefault(f"{cov} returning {look.hours:g}h", []).append(old)
 
-    simulate(np.random.default_rng(seed), pop, canary, e, on_look)
-    return {label: m.out for label, m in methods.items()}
+    simulate(rng, sc.population, sc.canary, e, on_look, users=users)
+    outs = {a.method.label: a.out for a in analyses}
+    for out in outs.values():
+        out.reduction = {k: list(v) for k, v in reduction.items()}
+    return outs
 
 
-METHODS: dict[str, Any] = {"mixture": Mixture}
+# --- summaries with standard errors ----------------------------------------------------------
 
 
 def proportion(mask: np.ndarray) -> tuple[float, float]:
     p = float(np.mean(mask))
-    return p, math.sqrt(p * (1 - p) / mask.size)
+    return p, math.sqrt(max(p * (1 - p), 0.25 / mask.size) / mask.size)
+
+
+def bootstrap_se(values: np.ndarray, stat: Any, rng: np.random.Generator, reps: int = 400) -> float:
+    if values.size < 2:
+        return math.nan
+    draws = [stat(values[rng.integers(0, values.size, values.size)]) for _ in range(reps)]
+    finite = np.asarray([d for d in draws if np.isfinite(d)])
+    return float(np.std(finite)) if finite.size > 1 else math.nan
+
+
+def summarise(out: Outcome, rng: np.random.Generator) -> dict[str, Any]:
+    promote = out.decision == PROMOTE
+    evidence = (out.decision == ROLLBACK) & (out.cause != POLICY_ROLLBACK)
+    promoted_hours = out.hours[promote]
+    fig: dict[str, Any] = {"n": int(out.decision.size)}
+    fig["promoted"] = proportion(promote)
+    fig["rolled_back_on_evidence"] = proportion(evidence)
+    fig["false_decision"] = proportion(promote | evidence)
+    for name, cause in (("srm", SRM), ("guardrail", GUARDRAIL), ("goal_worse", GOAL_WORSE)):
+        fig[f"rollback_{name}"] = proportion((out.decision == ROLLBACK) & (out.cause == cause))
+    med = float(np.median(promoted_hours)) if promoted_hours.size else math.nan
+    fig["median_hours_to_promote"] = (med, bootstrap_se(promoted_hours, np.median, rng))
+    fig["mean_interactions"] = (
+        float(np.mean(out.interactions)),
+        float(np.std(out.interactions) / math.sqrt(out.interactions.size)),
+    )
+    fig["held_for_a_guardrail"] = proportion(out.cause == HELD)
+    fig["reduction"] = {k: float(np.mean(v)) for k, v in out.reduction.items()}
+    return fig
+
+
+def fixed_horizon(out: Outcome, power: float, rng: np.random.Generator) -> dict[str, Any]:
+    """The first decision look at which the fixed-horizon test of the same estimator reaches
+    ``power``, its interactions, and the sequential test's interactions over them (with a
+    bootstrap standard error over canaries)."""
+
+    def ratio(idx: np.ndarray) -> float:
+        target = float(np.mean(out.decision[idx] == PROMOTE))
+        for _, rows, promote, _ in out.fixed:
+            if np.mean(promote[idx]) >= target:
+                return float(np.mean(out.interactions[idx]) / np.mean(rows[idx]))
+        return math.nan
+
+    all_ = np.arange(out.decision.size)
+    for hours, rows, promote, _ in out.fixed:
+        if np.mean(promote) >= power:
+            draws = [ratio(rng.integers(0, all_.size, all_.size)) for _ in range(200)]
+            finite = [d for d in draws if np.isfinite(d)]
+            return {
+                "hours": hours, "interactions": float(np.mean(rows)),
+                "power": float(np.mean(promote)), "ratio": ratio(all_),
+                "ratio_se": float(np.std(finite)) if len(finite) > 1 else math.nan,
+            }  # fmt: skip
+    return {"hours": math.inf, "interactions": math.inf, "power": math.nan, "ratio": math.nan,
+            "ratio_se": math.nan}  # fmt: skip
+
+
+def cell(value: tuple[float, float], digits: int = 3) -> str:
+    v, se = value
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:.{digits}f} ± {se:.{digits}f}" if math.isfinite(se) else f"{v:.{digits}f}"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--experiments", type=int, default=40)
-    parser.add_argument("--chunk", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", type=int, default=400)
+    parser.add_argument("--chunk", type=int, default=25)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=31)
-    parser.add_argument("--only", default="")
-    parser.add_argument("--persistence", type=float, default=0.95)
-    parser.add_argument("--sigma", type=float, default=1.3)
+    parser.add_argument("--only", action="append", help="scenarios whose name contains this")
+    parser.add_argument("--methods", choices=("all", "today-after"), default="all")
+    parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args()
-    pop = Population(persistence=args.persistence, activity_sigma=args.sigma)
-    scenarios = [
-        Canary("user A/A"),
-        Canary("user A/B", effect=BLOG),
-        Canary("novelty (canary's first 2 h)", novelty="canary"),
-        Canary("novelty (each user's first 2 h)", novelty="user"),
-        Canary("biased 3% row loss, user", row_loss=0.03, biased_loss=True),
-        Canary("biased 3% row loss, request", unit="request", row_loss=0.03, biased_loss=True),
-    ]
-    scenarios = [s for s in scenarios if args.only in s.name]
+    chosen = [s for s in scenarios() if not args.only or any(o in s.canary.name for o in args.only)]
+    if args.methods == "today-after":
+        chosen = [replace(s, methods=(TODAY, AFTER, NO_CAPTURE)) for s in chosen]
     rng = np.random.default_rng(args.seed)
     jobs = []
-    for sc in scenarios:
-        for begin in range(0, args.experiments, args.chunk):
-            size = min(args.chunk, args.experiments - begin)
-            jobs.append((pop, sc, size, int(rng.integers(2**63)), tuple(METHODS)))
+    for sc in chosen:
+        total = max(1, round(args.experiments * sc.experiments))
+        for begin in range(0, total, args.chunk):
+            jobs.append((sc, min(args.chunk, total - begin), int(rng.integers(2**63))))
     clock = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         parts = list(pool.map(run_chunk, jobs))
-    print(f"simulated in {time.perf_counter() - clock:.0f} s")
-    for sc in scenarios:
-        mine = [part for job, part in zip(jobs, parts, strict=True) if job[1] is sc]
-        for label in METHODS:
-            out = mine[0][label]
+    seconds = time.perf_counter() - clock
+    pop = Population()
+    print(
+        f"# analysis calibration: {pop.users:,} users (lognormal activity sd {pop.activity_sigma}, "
+        f"day-to-day sd {pop.activity_day_sigma}), {pop.new_share:.0%} new during the canary, "
+        f"{pop.traffic:,.0f} interactions/h, maturity {pop.maturity:g} h, per-user rates "
+        f"{pop.persistence:.0%} lasting, org and prompt length explaining "
+        f"{pop.org_share:.0%} and {pop.prompt_share:.0%} of their lasting part, daily drift "
+        f"{pop.drift[0]:.0%}-{pop.drift[1]:.0%}; steps 5%/30m, 25%/1h, 50%; maxDuration "
+        f"{pop.hours:g} h; alpha 0.05; {len(jobs)} chunks in {seconds:.0f} s"
+    )
+    report: dict[str, Any] = {}
+    for sc in chosen:
+        mine = [part for job, part in zip(jobs, parts, strict=True) if job[0] is sc]
+        print(f"\n## {sc.canary.name} ({sum(j[1] for j in jobs if j[0] is sc)} canaries)")
+        report[sc.canary.name] = {}
+        for method in sc.methods:
+            out = mine[0][method.label]
             for other in mine[1:]:
-                out = out.join(other[label])
-            promote = out.decision == PROMOTE
-            evidence = (out.decision == ROLLBACK) & (out.cause != POLICY_ROLLBACK)
-            p, se = proportion(promote)
-            r, rse = proportion(evidence)
-            hours = np.median(out.hours[promote]) if promote.any() else math.nan
-            print(f"{sc.name:40} {label:16} promote {p:.3f} ± {se:.3f}  rollback {r:.3f} ± {rse:.3f}"
-                  f"  median h {hours:.1f}  mean interactions {np.mean(out.interactions):,.0f}")
+                out = out.join(other[method.label])
+            fig = summarise(out, rng)
+            if sc.canary.effective:
+                fig["fixed_horizon"] = fixed_horizon(out, fig["promoted"][0], rng)
+            report[sc.canary.name][method.label] = fig
+            line = (
+                f"{method.label:70} promoted {cell(fig['promoted'])}  rolled back "
+                f"{cell(fig['rolled_back_on_evidence'])} (srm {fig['rollback_srm'][0]:.3f}, "
+                f"guardrail {fig['rollback_guardrail'][0]:.3f}, "
+                f"goal {fig['rollback_goal_worse'][0]:.3f})"
+                f"  median h {cell(fig['median_hours_to_promote'], 1)}  interactions "
+                f"{fig['mean_interactions'][0]:,.0f}"
+            )
+            if "fixed_horizon" in fig:
+                fh = fig["fixed_horizon"]
+                line += (f"  fixed horizon: {fh['hours']:g} h {fh['interactions']:,.0f} "
+                         f"(ratio {fh['ratio']:.2f} ± {fh['ratio_se']:.2f})")  # fmt: skip
+            print(line)
+        reduction = report[sc.canary.name][sc.methods[-1].label]["reduction"]
+        print("  variance reduction of edit persistence (new / returning users): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in reduction.items()
+        ))  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=float))
     return 0
 
 

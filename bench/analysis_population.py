@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from rtrl_trainer.analyze.covariates import prompt_bin
+
 BLOCK_H = 5 / 60
 STEPS: tuple[tuple[int, float | None], ...] = ((5, 0.5), (25, 1.0), (50, None))
 BASE = {"edit": 0.45, "dissatisfied": 0.10, "edit_rate": 0.80, "clarification": 0.05}
@@ -81,6 +83,8 @@ class Population:
     users: int = 8000
     new_share: float = 0.2
     activity_sigma: float = 1.3
+    # how much a user's activity on the canary's day differs from their usual (log-scale sd)
+    activity_day_sigma: float = 0.5
     traffic: float = 10_000.0  # interactions per hour, the whole day's mean
     icc: float = 0.1
     org_share: float = 0.2
@@ -92,6 +96,7 @@ class Population:
     persistence: float = 0.95
     pre_hours: float = 168.0
     feedback_missing: float = 0.05
+    engine_errors: float = 0.005  # requests served with an error: never logged as rows
     maturity: float = 1.0  # hours
     hours: float = 24.0
 
@@ -116,11 +121,6 @@ class Canary:
     def effective(self) -> bool:
         """Whether the canary is better (promotion is right) for the power figures."""
         return bool(self.effect) and self.effect.get("edit", 1.0) > 1.0
-
-
-def normal_cdf(x: Any) -> Any:
-    erfc = np.vectorize(math.erfc, otypes=[np.float64])
-    return 0.5 * erfc(-np.asarray(x, dtype=np.float64) / math.sqrt(2))
 
 
 def _expit(x: Any) -> Any:
@@ -149,9 +149,6 @@ def logit_normal(mean: float, icc: float) -> tuple[float, float]:
     return a, b
 
 
-PROMPT_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384)  # the analysis's prompt-length bins
-
-
 @dataclass
 class Users:
     """The static population of ``e`` canaries (arrays ``[e, u]``)."""
@@ -162,14 +159,15 @@ class Users:
     bucket: np.ndarray
     org: np.ndarray
     first_bin: np.ndarray  # prompt-length bin of the first request in the canary
+    pre_first_bin: np.ndarray  # ... of the first request before the canary
     heavy: np.ndarray  # among the heaviest heavy_top
     p: dict[str, np.ndarray]  # base rates
     lat_mean: np.ndarray  # mean latency of one request (ms)
     lat_var: np.ndarray
-    # pre-exposure sums per user: metric -> (x, xx, n); and per (org, prompt bin) [e, O, B]
+    # pre-exposure sums per user: metric -> (x, xx, n)
     pre: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-    pre_table: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     pre_rate: np.ndarray  # rows per hour on the stable arm before the canary
+    pre_rows: np.ndarray  # rows on the stable arm before the canary
     drift: dict[str, tuple[np.ndarray, np.ndarray]]  # amplitude, phase per canary
 
 
@@ -177,17 +175,21 @@ def draw_users(rng: np.random.Generator, pop: Population, e: int) -> Users:
     u = pop.users
     shape = (e, u)
     activity = rng.lognormal(0.0, pop.activity_sigma, size=shape)
+    sd = pop.activity_day_sigma
+    today = activity * rng.lognormal(-sd * sd / 2, sd, size=shape)
     new = rng.random(shape) < pop.new_share
     arrive = np.where(new, rng.uniform(0, pop.hours, size=shape), 0.0)
     presence = np.where(new, (pop.hours - arrive) / pop.hours, 1.0)
-    rate = activity * pop.traffic / (activity * presence).sum(axis=1, keepdims=True)
+    scale = pop.traffic / (today * presence).sum(axis=1, keepdims=True)
+    rate = today * scale
+    usual = activity * scale  # the rate on an average day: the history's
     heavy = activity >= np.quantile(activity, 1 - 0.01, axis=1, keepdims=True)
     ranks = np.arange(1, pop.orgs + 1, dtype=np.float64) ** -1.1
     org = rng.choice(pop.orgs, size=shape, p=ranks / ranks.sum())
     z_prompt = rng.standard_normal(shape)
     log_typical = math.log(PROMPT_MEDIAN) + PROMPT_USER_SD * z_prompt
-    first_len = np.exp(log_typical + PROMPT_ROW_SD * rng.standard_normal(shape))
-    first_bin = np.searchsorted(np.asarray(PROMPT_EDGES, dtype=np.float64), first_len)
+    first_bin = prompt_bin(np.exp(log_typical + PROMPT_ROW_SD * rng.standard_normal(shape)))
+    pre_first_bin = prompt_bin(np.exp(log_typical + PROMPT_ROW_SD * rng.standard_normal(shape)))
     rest = 1 - pop.org_share - pop.prompt_share
     assert rest >= 0
 
@@ -223,47 +225,27 @@ def draw_users(rng: np.random.Generator, pop: Population, e: int) -> Users:
     lat_mean_pre = np.exp(base_mu + sd_user * before).mean(axis=0)
     lat_var_pre = (math.exp(sd_req**2) - 1) * lat_mean_pre**2
 
-    # History on the stable arm: each returning user's rows over pre_hours, spread over the
-    # prompt-length bins of their own prompts; the analysis sees per-user and per (org, bin)
-    # sums (no drift: a week of daily sines averages out).
-    k_pre = np.where(new, 0, rng.poisson(rate * pop.pre_hours))
-    edges = np.log(np.asarray(PROMPT_EDGES, dtype=np.float64))
-    cdf = normal_cdf((edges[None, None, :] - log_typical[..., None]) / PROMPT_ROW_SD)
-    probs = np.diff(np.concatenate([np.zeros((*shape, 1)), cdf, np.ones((*shape, 1))], -1), axis=-1)
-    counts = rng.multinomial(k_pre, np.clip(probs, 0, None) / probs.sum(-1, keepdims=True))
-    bins = len(PROMPT_EDGES) + 1
+    # History on the stable arm: each returning user's rows over pre_hours at their usual
+    # rate, outcomes at the mean of their days' rates (no drift: a week of daily sines
+    # averages out); the analysis sees each user's sums.
+    k_pre = np.where(new, 0, rng.poisson(usual * pop.pre_hours))
+    n_pre = k_pre.astype(np.float64)
     pre: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    table: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    flat_cell = (org * bins)[..., None] + np.arange(bins)  # [e, u, B]
-    n_pre = counts.astype(np.float64)
-
-    def tabulate(x: np.ndarray, xx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = []
-        for values in (x, xx, n_pre):
-            t = np.zeros((e, pop.orgs * bins))
-            for i in range(e):
-                t[i] = np.bincount(flat_cell[i].ravel(), values[i].ravel(), pop.orgs * bins)
-            out.append(t.reshape(e, pop.orgs, bins))
-        return out[0], out[1], out[2]
-
     for name, key in BERNOULLI:
-        x = rng.binomial(counts, p_pre[key][..., None]).astype(np.float64)
-        pre[name] = (x.sum(-1), x.sum(-1), n_pre.sum(-1))
-        table[name] = tabulate(x, x)
-    m_ = lat_mean_pre[..., None]
-    v_ = lat_var_pre[..., None]
-    lat = np.maximum(rng.normal(n_pre * m_, np.sqrt(n_pre * v_)), 0.0)
-    lat_xx = n_pre * (v_ + m_**2)
-    pre["latency_ms"] = (lat.sum(-1), lat_xx.sum(-1), n_pre.sum(-1))
-    table["latency_ms"] = tabulate(lat, lat_xx)
+        x = rng.binomial(k_pre, p_pre[key]).astype(np.float64)
+        pre[name] = (x, x, n_pre)
+    lat = np.maximum(rng.normal(n_pre * lat_mean_pre, np.sqrt(n_pre * lat_var_pre)), 0.0)
+    pre["latency_ms"] = (lat, n_pre * (lat_var_pre + lat_mean_pre**2), n_pre)
     drift = {
         key: (rng.uniform(*pop.drift, size=(e, 1)), rng.uniform(0, 2 * math.pi, size=(e, 1)))
         for key in (*BASE, "latency")
     }
     return Users(
-        rate=rate, arrive=arrive, new=new, bucket=rng.integers(0, 100, size=shape), org=org,
-        first_bin=first_bin, heavy=heavy, p=p, lat_mean=lat_mean, lat_var=lat_var, pre=pre,
-        pre_table=table, pre_rate=k_pre / pop.pre_hours, drift=drift,
+        # sorted: users are exchangeable, and each arm's users are then contiguous
+        rate=rate, arrive=arrive, new=new, bucket=np.sort(rng.integers(0, 100, size=shape)),
+        org=org, first_bin=first_bin, pre_first_bin=pre_first_bin, heavy=heavy, p=p,
+        lat_mean=lat_mean, lat_var=lat_var, pre=pre, pre_rate=n_pre / pop.pre_hours,
+        pre_rows=n_pre, drift=drift,
     )  # fmt: skip
 
 
@@ -272,6 +254,7 @@ class Look:
     """What one analysis sees. Sums are ``[arm, step, e, u]`` over the steps so far."""
 
     hours: float
+    decides: bool  # the operator analyses at this grid point (else: only a look of the plan)
     last: bool  # at maxDuration
     steps: int
     shares: list[float]  # each step's canary share
@@ -282,6 +265,8 @@ class Look:
     settled_n: np.ndarray
     rows: np.ndarray  # rows created so far (assignment, no maturity)
     matured: np.ndarray  # [e] matured rows at this look, both arms
+    served: np.ndarray  # [arm, hour, e] requests each arm served (the capture proxy's count)
+    logged: np.ndarray  # [arm, hour, e] rows each arm logged
     users: Users
 
 
@@ -310,6 +295,9 @@ def simulate(
     settled_n = np.zeros((2, strata, size))
     rows = np.zeros((2, strata, size))
     first_block = np.full(size, -1)
+    hours = math.ceil(pop.hours)
+    served = np.zeros((2, hours, e))
+    logged_rows = np.zeros((2, hours, e))
     first_canary = np.full(size, -1)
     pending: list[tuple[float, list[tuple[str, int, int, np.ndarray, np.ndarray]]]] = []
     looks = look_times(canary.interval_h, pop.hours)
@@ -343,7 +331,10 @@ def simulate(
             kc = rng.binomial(kk, weight / 100)
         logged_any = np.zeros(idx.size, dtype=bool)
         entries: list[tuple[str, int, int, np.ndarray, np.ndarray]] = []
-        for arm, ka in ((0, kk - kc), (1, kc)):
+        hour = int(t0 + 1e-9)
+        for arm, served_k in ((0, kk - kc), (1, kc)):
+            np.add.at(served[arm, hour], ex, served_k.astype(np.float64))
+            ka = served_k - rng.binomial(served_k, pop.engine_errors)
             if arm == 1 and canary.row_loss and not canary.biased_loss:
                 ka = rng.binomial(ka, 1 - canary.row_loss)
             on = ka > 0
@@ -382,6 +373,7 @@ def simulate(
             lat_xx = mf * (var_ + mu_**2)
             logged = ka > 0
             logged_any[np.flatnonzero(on)[logged]] = True
+            np.add.at(logged_rows[arm, hour], exs, ka.astype(np.float64))
             np.add.at(rows[arm, s], ids, ka.astype(np.float64))
             entries.append(("m", arm, s, ids, mf))
             for name, v in values.items():
@@ -394,7 +386,9 @@ def simulate(
             first = first_block[ids]
             settled = (first >= 0) & (b >= first + settle_blocks)
             if settled.any():
-                entries.append(("settled_x", arm, s, ids[settled], values["edit_persistence"][settled]))
+                entries.append(
+                    ("settled_x", arm, s, ids[settled], values["edit_persistence"][settled])
+                )
                 entries.append(("settled_n", arm, s, ids[settled], mf[settled]))
         arrived = idx[logged_any]
         fresh = first_block[arrived] < 0
@@ -421,23 +415,26 @@ def simulate(
                     np.add.at(settled_n[arm, st], ids, v)
                 else:
                     np.add.at(x[name][arm, st], ids, v)
-        if look_index >= len(looks) or abs(looks[look_index] - now) > 1e-6:
+        on_grid = abs(now / canary.interval_h - round(now / canary.interval_h)) < 1e-6
+        decides = look_index < len(looks) and abs(looks[look_index] - now) < 1e-6
+        if not (on_grid or decides):
             continue
-        look_index += 1
+        look_index += int(decides)
         steps = step_of(now - 1e-9) + 1
 
-        def view(a: np.ndarray) -> np.ndarray:
+        def view(a: np.ndarray, steps: int = steps) -> np.ndarray:
             return a[:, :steps].reshape(2, steps, e, u)
 
         xx = {name: view(x[name]) for name in METRICS}  # Bernoulli rows: x^2 = x
         xx["latency_ms"] = view(xx_lat)
         on_look(
             Look(
-                hours=now, last=now >= pop.hours - 1e-9, steps=steps,
+                hours=now, decides=decides, last=now >= pop.hours - 1e-9, steps=steps,
                 shares=[STEPS[i][0] / 100 for i in range(steps)],
                 x={name: view(x[name]) for name in METRICS},
                 n={name: view(n[name]) for name in METRICS},
                 xx=xx, settled_x=view(settled_x), settled_n=view(settled_n),
                 rows=view(rows), matured=matured.copy(), users=users,
+                served=served, logged=logged_rows,
             )
         )  # fmt: skip
