@@ -277,7 +277,9 @@ def replay(
     """The boundaries of every look of one plan at once: ``fractions``, ``info`` and
     ``active`` are ``[looks, ...]``; returns ``[looks, ...]`` (``inf`` where no verdict)."""
     info = np.asarray(info, dtype=np.float64)
-    fractions = np.broadcast_to(np.asarray(fractions, dtype=np.float64), info.shape)
+    frac = np.asarray(fractions, dtype=np.float64)
+    frac = frac.reshape(frac.shape + (1,) * (info.ndim - frac.ndim))
+    fractions = np.broadcast_to(frac, info.shape)
     active = np.broadcast_to(np.asarray(active, dtype=bool), info.shape)
     tests = Boundaries(alpha, info.shape[1:], rho=rho)
     return np.stack([tests.look(fractions[k], info[k], active[k]) for k in range(info.shape[0])])
