@@ -218,10 +218,7 @@ def row_looks(
     units = cum[..., 9].sum(axis=-1)
     parts = []
     for group in groups:
-        mine = group[key]
-        part = np.zeros((cells, 10))
-        np.add.at(part, np.zeros(int(mine.sum()), dtype=np.int64), moments[mine])
-        parts.append(blocks(part))
+        parts.append(blocks(moments[group[key]].sum(axis=0)))
     return PerLook(totals.reshape(looks, 2, strata, Q), blocks(cum), units, tuple(parts))
 
 
