@@ -47,6 +47,7 @@ from bench.analysis_methods import (  # noqa: E402
     LookStats,
     Method,
     Outcome,
+    SharedBoundaries,
     covariates_of,
 )
 from bench.analysis_population import BLOG, Canary, Look, Population, draw_users, simulate  # noqa: E402
@@ -62,9 +63,11 @@ from rtrl_trainer.analyze.rule import (  # noqa: E402
 )
 
 AFTER = Method("group-sequential, predicted covariates, novelty rule, reconciliation")
-# without the capture proxy's counts: the rows-per-unit guardrail instead
-NO_CAPTURE = Method(
-    "... without the capture proxy's counts, rows-per-unit 2%", reconcile=False, rows_band=0.02
+# without the capture proxy's counts: nothing sees lost rows per user; per request the
+# rows-per-unit guardrail (each arm's rows against its share)
+NO_CAPTURE = Method("... without the capture proxy's counts", reconcile=False)
+NO_CAPTURE_REQUEST = Method(
+    "... without the capture proxy's counts, rows per share 2%", reconcile=False, rows_band=0.02
 )
 ABLATIONS = (
     Method("mixture tau x2, own history", boundary="mixture", tau_scale=2.0, covariate="own",
@@ -78,6 +81,9 @@ ABLATIONS = (
     Method("group-sequential rho 1, predicted", novelty=False, reconcile=False),
     Method("group-sequential rho 1, predicted, novelty", reconcile=False),
 )  # fmt: skip
+
+
+REQUEST_METHODS = (TODAY, AFTER, NO_CAPTURE_REQUEST)
 
 
 @dataclass(frozen=True)
@@ -106,13 +112,15 @@ def scenarios() -> list[Scenario]:
         Scenario(Canary("A/A, 3% of canary rows lost (failed edits), user", row_loss=0.03,
                         biased_loss=True)),
         Scenario(Canary("A/A, 3% of canary rows lost (failed edits), request", unit="request",
-                        row_loss=0.03, biased_loss=True)),
+                        row_loss=0.03, biased_loss=True), methods=REQUEST_METHODS),
         Scenario(Canary("A/A, 3% of canary rows lost at random, request", unit="request",
-                        row_loss=0.03)),
+                        row_loss=0.03), methods=REQUEST_METHODS),
         Scenario(Canary("harm to the heaviest 1% of users (-15%)", heavy_harm=0.15)),
         Scenario(Canary("latency +10.3% behind the blog's gains", effect=harm)),
-        Scenario(Canary("request A/A icc 0.1", unit="request"), experiments=0.5),
-        Scenario(Canary("request A/B icc 0.1", unit="request", effect=BLOG), experiments=0.5),
+        Scenario(Canary("request A/A icc 0.1", unit="request"), methods=REQUEST_METHODS,
+                 experiments=0.5),
+        Scenario(Canary("request A/B icc 0.1", unit="request", effect=BLOG),
+                 methods=REQUEST_METHODS, experiments=0.5),
         Scenario(Canary("user A/B icc 0.1, features explain nothing", effect=BLOG),
                  Population(org_share=0.0, prompt_share=0.0), experiments=0.5),
     ]  # fmt: skip
@@ -125,9 +133,10 @@ def run_chunk(job: tuple[Scenario, int, int]) -> dict[str, Outcome]:
     covs = covariates_of(users)
     analyses = [Analysis(m, sc.canary.unit, e, sc.population.hours) for m in sc.methods]
     reduction: dict[str, list[float]] = {}
+    shared = SharedBoundaries(e)
 
     def on_look(look: Look) -> None:
-        stats = LookStats(look, sc.canary.unit, covs)
+        stats = LookStats(look, sc.canary.unit, covs, shared)
         for a in analyses:
             a.look(stats)
         if look.decides and abs(look.hours - round(look.hours)) < 1e-9 and look.hours in (4, 8, 24):
@@ -225,7 +234,11 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [s for s in scenarios() if not args.only or any(o in s.canary.name for o in args.only)]
     if args.methods == "today-after":
-        chosen = [replace(s, methods=(TODAY, AFTER, NO_CAPTURE)) for s in chosen]
+        chosen = [
+            replace(s, methods=REQUEST_METHODS if s.canary.unit == "request"
+                    else (TODAY, AFTER, NO_CAPTURE))
+            for s in chosen
+        ]  # fmt: skip
     rng = np.random.default_rng(args.seed)
     jobs = []
     for sc in chosen:

@@ -94,11 +94,40 @@ class Outcome:
 COVARIATES = ("own", "predicted")
 
 
+class SharedBoundaries:
+    """The group-sequential tests of a chunk, shared by the methods that judge the same
+    metric with the same covariate, alpha and spending (their boundaries are identical):
+    each advances once per look."""
+
+    def __init__(self, e: int) -> None:
+        self.e = e
+        self.tests: dict[tuple[Any, ...], Boundaries] = {}
+        self.last: dict[tuple[Any, ...], tuple[float, np.ndarray]] = {}
+
+    def look(  # noqa: PLR0917 (the test's key and settings, then this look's data)
+        self, key: tuple[Any, ...], alpha: float, rho: float, hours: float, t: float,
+        diff: Difference, events: bool,
+    ) -> np.ndarray:  # fmt: skip
+        done = self.last.get(key)
+        if done is not None and done[0] == hours:
+            return done[1]
+        test = self.tests.get(key)
+        if test is None:
+            test = self.tests[key] = Boundaries(alpha, (self.e,), rho=rho)
+        enough, _ = judgeable(diff, events=events)
+        with np.errstate(all="ignore"):
+            z = test.look(t, 1 / np.asarray(diff.log_var), enough)
+        self.last[key] = (hours, z)
+        return z
+
+
 class LookStats:
     """Every metric's sums at one look, shared by the methods (computed on first use)."""
 
-    def __init__(self, look: Look, unit: str, covs: dict[str, dict[str, np.ndarray]]) -> None:
+    def __init__(self, look: Look, unit: str, covs: dict[str, dict[str, np.ndarray]],
+                 shared: SharedBoundaries | None = None) -> None:  # fmt: skip
         self.look, self.unit, self.covs = look, unit, covs
+        self.shared = shared if shared is not None else SharedBoundaries(look.matured.size)
         self._sums: dict[str, Sums] = {}
         self._diffs: dict[tuple[str, str], Difference] = {}
 
@@ -204,14 +233,13 @@ class Analysis:
                 d = diffs.get(metric.name)
                 if d is None:
                     continue
-                enough, _ = judgeable(d, events=metric.events)
-                with np.errstate(all="ignore"):
-                    z = self.tests[metric.name].look(t, 1 / np.asarray(d.log_var), enough)
+                key = (metric.name, cov, metric.alpha, m.rho)
+                z = stats.shared.look(key, metric.alpha, m.rho, look.hours, t, d, metric.events)
                 boundaries[metric.name] = (z, z)
             if settled is not None:
-                enough, _ = judgeable(settled, events=True)
-                with np.errstate(all="ignore"):
-                    settled_z = self.tests[SETTLED].look(t, 1 / np.asarray(settled.log_var), enough)
+                key = (SETTLED, cov, self.spec.alpha, m.rho)
+                settled_z = stats.shared.look(key, self.spec.alpha, m.rho, look.hours, t,
+                                              settled, True)  # fmt: skip
         if not look.decides:
             return
         metrics = self.metrics
@@ -221,6 +249,7 @@ class Analysis:
         srm = srm_steps(base, cand, look.shares, self.spec.srm_alpha)
         j = judge(
             metrics, diffs, boundaries=boundaries, settled=settled, settled_boundary=settled_z,
+            settled_alpha=self.spec.alpha,
             srm_mismatch=srm.mismatch,
             srm_suspect=(np.asarray(srm.p_value) <= SRM_HOLD_P) if m.srm_hold else False,
             max_duration_reached=look.last,

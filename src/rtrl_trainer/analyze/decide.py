@@ -3,6 +3,7 @@ in words, and one row per metric (:func:`decide`, what the analyze step calls)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ def decide(
         boundaries=verdict_z,
         settled=settled,
         settled_boundary=None if settled_boundary is None else settled_boundary[0],
+        settled_alpha=analysis.alpha,
         srm_mismatch=mismatch,
         srm_suspect=suspect,
         max_duration_reached=max_duration_reached,
@@ -190,6 +192,7 @@ def decide(
     settled_doc: dict[str, Any] | None = None
     if settled is not None and j.settled is not None:
         primary = next(m for m in metrics if m.name == PRIMARY)
+        primary = dataclasses.replace(primary, alpha=analysis.alpha)
         code = int(j.settled_verdict)
         cmp = j.settled
         sz = settled_boundary

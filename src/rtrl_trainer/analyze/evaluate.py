@@ -110,9 +110,8 @@ def evaluate(
             result.boundaries[metric.name] = boundary(d, metric.alpha, metric.events,
                                                       looks.fractions, rho)  # fmt: skip
         if settled_every is not None:
-            primary = next(m for m in metrics if m.name == PRIMARY)
             result.settled_boundary = boundary(
-                settled_every, primary.alpha, primary.events, looks.fractions, rho
+                settled_every, spec.alpha, True, looks.fractions, rho
             )
     return result
 

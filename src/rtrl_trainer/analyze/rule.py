@@ -222,6 +222,7 @@ def judge(
     boundaries: Mapping[str, tuple[Any, Any]] | None = None,
     settled: Difference | None = None,
     settled_boundary: Any = None,
+    settled_alpha: float = 0.05,
     srm_mismatch: Any = False,
     srm_suspect: Any = False,
     max_duration_reached: bool = False,
@@ -239,8 +240,10 @@ def judge(
        evidence is suspect (``srm_suspect``: p <= SRM_HOLD_P): then continue, the promotion
        held until the guardrail trips or its estimate comes back (the test trips or clears);
        and, with ``settled`` (the primary goal over the rows of users past their first
-       hours in the canary), unless that one is significantly better too (``HELD_NOVELTY``:
-       the effect may be a novelty);
+       hours in the canary), unless that one is significantly better too, at
+       ``settled_alpha`` (``HELD_NOVELTY``: the effect may be a novelty). It only ever
+       holds a promotion the primary goal earned at its own alpha, so it spends none of the
+       family's; its own alpha bounds the chance that a pure novelty is promoted;
     5. otherwise continue, or at the maximum duration the inconclusive policy: rollback;
        promote-if-non-inferior (promote when every goal's interval excludes a relative harm
        bigger than ``margin`` and no guardrail is ``beyond``, else rollback); hold
@@ -287,7 +290,7 @@ def judge(
     if settled is not None:
         primary = next(m for m in metrics if m.name == PRIMARY)
         cmp = compare(
-            settled, primary.alpha, primary.tau, events=primary.events,
+            settled, settled_alpha, primary.tau, events=primary.events,
             boundary=settled_boundary, boundary_abs=settled_boundary,
         )  # fmt: skip
         judgement.settled = cmp
