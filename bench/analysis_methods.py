@@ -212,7 +212,7 @@ class Analysis:
             SETTLED: Boundaries(self.primary.alpha, (e,), rho=method.rho)
         }
         self.out = Outcome.empty(e)
-        self.z: dict[str, np.ndarray] = {}
+        self.last: Any = None  # the last decision look's differences, boundaries, judgement
 
     def look(self, stats: LookStats) -> None:
         look, m = stats.look, self.method
@@ -254,6 +254,7 @@ class Analysis:
             srm_suspect=(np.asarray(srm.p_value) <= SRM_HOLD_P) if m.srm_hold else False,
             max_duration_reached=look.last,
         )  # fmt: skip
+        self.last = (diffs, boundaries, settled, settled_z, j)
         self.out.record(look, j.decision, j.cause, np.asarray(j.verdicts[PRIMARY]) == 1)
         self.out.fixed.append(
             (look.hours, look.matured.copy(), *fixed_test(diffs, self.primary.alpha))

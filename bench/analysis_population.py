@@ -279,8 +279,11 @@ def simulate(
     *,
     settle_hours: float = 2.0,
     users: Users | None = None,
+    record: Any = None,
 ) -> None:
-    """Run ``e`` canaries; call ``on_look(look)`` at every analysis."""
+    """Run ``e`` canaries; call ``on_look(look)`` at every look of the plan (and at the
+    operator's analyses); ``record(block, entries)``, if given, gets every block's rows as
+    sums per user and arm (the agreement check writes them out as shards)."""
     users = users if users is not None else draw_users(rng, pop, e)
     u = pop.users
     size = e * u
@@ -393,6 +396,8 @@ def simulate(
         arrived = idx[logged_any]
         fresh = first_block[arrived] < 0
         first_block[arrived[fresh]] = b
+        if record is not None:
+            record(b, entries)
         pending.append((t0 + BLOCK_H + pop.maturity, entries))
         now = t0 + BLOCK_H
         while pending and pending[0][0] <= now + 1e-9:
