@@ -108,7 +108,7 @@ def write_canary(
                              ("dissatisfied_followup_rate", "dissatisfied_followup"),
                              ("edit_rate", "edits_proposed"),
                              ("clarification_rate", "asked_clarification")):  # fmt: skip
-            k = int(round(pre[name][0][e, user]))
+            k = round(float(pre[name][0][e, user]))
             hits = np.zeros(n)
             hits[rng.permutation(n)[:k]] = 1
             values[column] = hits
@@ -164,7 +164,7 @@ def write_canary(
             for name in ("edit_persistence", "dissatisfied_followup_rate", "edit_rate",
                          "clarification_rate"):  # fmt: skip
                 hits = np.zeros(n)
-                k = int(round(v.get(name, 0.0)))
+                k = round(float(v.get(name, 0.0)))
                 hits[np.flatnonzero(matured)[rng.permutation(m)[:k]]] = 1
                 col[name] = hits
             latency = np.where(matured, v.get("latency_ms", 0.0) / max(m, 1), 0.0)
@@ -223,7 +223,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rtrl-agreement-") as tmp:
         # the shards first: writing the history settles its latency sums of squares
         simulate(np.random.default_rng(args.seed + 1), pop, canary, e, lambda look: None,
-                 users=users, record=lambda b, entries: blocks.setdefault(b, entries))  # fmt: skip
+                 users=users, record=blocks.setdefault)  # fmt: skip
         for i in range(e):
             write_canary(Path(tmp) / f"c{i}", users, i, blocks, pop)
         covs = covariates_of(users)
@@ -247,11 +247,14 @@ def main() -> int:
                 assert code == 0, doc["message"]
                 diffs, bounds, settled, settled_z, judgement = seen[hours]
                 largest = 0.0
-                rows = {m["name"]: m for m in doc["metrics"]}
+                rows = {
+                    m["name"]: (m, diffs[m["name"]], bounds[m["name"]][0]) for m in doc["metrics"]
+                }
+                if doc.get("settled") is not None:
+                    rows["settled"] = (doc["settled"], settled, settled_z)
                 lines = []
-                for name, row in rows.items():
-                    d = diffs[name]
-                    z = bounds[name][0][i]
+                for name, (row, d, zs) in rows.items():
+                    z = zs[i]
                     ours = {
                         "relative_difference": math.expm1(float(d.log_ratio[i])),
                         "boundary": float(z) if math.isfinite(z) else None,
@@ -265,7 +268,10 @@ def main() -> int:
                         if value is None or theirs is None:
                             continue
                         largest = max(largest, abs(value - theirs))
-                    verdict = VERDICTS[int(np.asarray(judgement.verdicts[name])[i])]
+                    codes = (
+                        judgement.settled_verdict if name == "settled" else judgement.verdicts[name]
+                    )
+                    verdict = VERDICTS[int(np.asarray(codes)[i])]
                     if verdict != row["verdict"]:
                         agree = False
                         lines.append(f"  {name}: verdict {verdict} here, {row['verdict']} there")
