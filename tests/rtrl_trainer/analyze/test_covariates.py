@@ -87,8 +87,10 @@ def test_features_that_predict_nothing_leave_the_difference_unbiased() -> None:
         k = rng.poisson(users["n"] / 7 + 0.5).astype(np.int64)
         unit = np.repeat(np.arange(600), k)
         x = (rng.random(unit.size) < users["p"][unit]).astype(np.float64)
-        d = difference(*cell_sums(unit, arm[unit], np.zeros(unit.size, dtype=np.int64), x,
-                                  np.ones(unit.size), covariate=covariate[unit], strata=1))  # fmt: skip
+        stratum = np.zeros(unit.size, dtype=np.int64)
+        sums = cell_sums(unit, arm[unit], stratum, x, np.ones(unit.size),
+                         covariate=covariate[unit], strata=1)  # fmt: skip
+        d = difference(*sums)
         estimates.append(d.difference)
         variances.append(d.var)
     estimates_ = np.asarray(estimates)
