@@ -57,8 +57,10 @@ class AnalyzeConfig:
     @property
     def settle_bins(self) -> int:
         """5-minute bins from a user's first row in the canary to their settled rows."""
-        seconds = parse_duration(self.rollout.analysis.novelty_window)
-        return -(-int(seconds * 1_000_000) // BIN_US)
+        window = self.rollout.analysis.novelty_window
+        if window is None:
+            return 0
+        return -(-int(parse_duration(window) * 1_000_000) // BIN_US)
 
     @property
     def step_plan(self) -> list[tuple[datetime, float | None]]:

@@ -598,11 +598,11 @@ class AnalysisSpec(ApiModel):
         "maxDuration is t to this power (0: O'Brien-Fleming's shape, which saves nearly all "
         "of it for the end; larger spends later).",
     )
-    novelty_window: Duration1d = Field(
+    novelty_window: Duration1d | None = Field(
         "2h",
         description="Promotion also needs the primary goal significantly better among the "
         "interactions of users at least this long after their first in the canary: a "
-        "novelty effect is not promoted (0s: off).",
+        "novelty effect is not promoted (null: off).",
     )
 
 
