@@ -52,7 +52,9 @@ from rtrl_trainer.analyze.rule import DECISIONS, VERDICTS  # noqa: E402
 from rtrl_trainer.cli import main as rtrl_job  # noqa: E402
 
 SINCE = datetime(2026, 1, 5, 0, 0, tzinfo=UTC)
-METHOD = Method("group-sequential, predicted covariates, novelty rule", reconcile=False)
+METHOD = Method(
+    "group-sequential, predicted, weighted, novelty rule", reconcile=False, weighted=True
+)
 # the prompt length written for each bin: its lower edge (bin 0: 100 tokens)
 LENGTHS = (100, *PROMPT_EDGES)
 
@@ -245,13 +247,16 @@ def main() -> int:
                 ])  # fmt: skip
                 doc = json.loads((out / "analysis.json").read_text())
                 assert code == 0, doc["message"]
-                diffs, bounds, settled, settled_z, judgement = seen[hours]
+                diffs, bounds, settled, settled_z, judgement, promote, promote_z = seen[hours]
                 largest = 0.0
                 rows = {
                     m["name"]: (m, diffs[m["name"]], bounds[m["name"]][0]) for m in doc["metrics"]
                 }
                 if doc.get("settled") is not None:
                     rows["settled"] = (doc["settled"], settled, settled_z)
+                weighted = rows["edit_persistence"][0].get("precision_weighted")
+                if weighted is not None:
+                    rows["weighted"] = (weighted, promote, promote_z)
                 lines = []
                 for name, (row, d, zs) in rows.items():
                     z = zs[i]
@@ -268,9 +273,10 @@ def main() -> int:
                         if value is None or theirs is None:
                             continue
                         largest = max(largest, abs(value - theirs))
-                    codes = (
-                        judgement.settled_verdict if name == "settled" else judgement.verdicts[name]
-                    )
+                    codes = {
+                        "settled": judgement.settled_verdict,
+                        "weighted": judgement.promote_verdict,
+                    }.get(name, judgement.verdicts.get(name))
                     verdict = VERDICTS[int(np.asarray(codes)[i])]
                     if verdict != row["verdict"]:
                         agree = False

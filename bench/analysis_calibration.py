@@ -62,10 +62,12 @@ from rtrl_trainer.analyze.rule import (  # noqa: E402
     SRM,
 )
 
-AFTER = Method("group-sequential, predicted covariates, novelty rule, reconciliation")
+AFTER = Method(
+    "group-sequential, predicted covariates, weighted, novelty rule, reconciliation", weighted=True
+)
 # without the capture proxy's counts: nothing sees lost rows per user; per request the
 # rows-per-unit guardrail (each arm's rows against its share)
-NO_CAPTURE = Method("... without the capture proxy's counts", reconcile=False)
+NO_CAPTURE = Method("... without the capture proxy's counts", reconcile=False, weighted=True)
 NO_CAPTURE_REQUEST = Method(
     "... without the capture proxy's counts, rows per share 2%", reconcile=False, rows_band=0.02
 )
@@ -80,6 +82,10 @@ ABLATIONS = (
            novelty=False, reconcile=False),
     Method("group-sequential rho 1, predicted", novelty=False, reconcile=False),
     Method("group-sequential rho 1, predicted, novelty", reconcile=False),
+    Method("group-sequential rho 1, predicted, weighted", novelty=False, reconcile=False,
+           weighted=True),
+    Method("group-sequential rho 2, predicted, weighted", rho=2.0, novelty=False,
+           reconcile=False, weighted=True),
 )  # fmt: skip
 
 
@@ -92,6 +98,21 @@ class Scenario:
     population: Population = field(default_factory=Population)
     methods: tuple[Method, ...] = (TODAY, AFTER, NO_CAPTURE)
     experiments: float = 1.0  # share of --experiments
+
+
+EXPLORE = (
+    TODAY,
+    Method("weighted, no novelty rule", novelty=False, reconcile=False, weighted=True),
+    Method("weighted, novelty rule at 0.05", reconcile=False, weighted=True),
+    Method("weighted, novelty rule at 0.10", reconcile=False, weighted=True, settled_alpha=0.1),
+    Method(
+        "weighted, novelty rule at 0.10, rho 2",
+        rho=2.0,
+        reconcile=False,
+        weighted=True,
+        settled_alpha=0.1,
+    ),
+)
 
 
 def scenarios() -> list[Scenario]:
@@ -229,10 +250,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--only", action="append", help="scenarios whose name contains this")
-    parser.add_argument("--methods", choices=("all", "today-after"), default="all")
+    parser.add_argument("--methods", choices=("all", "today-after", "explore"), default="all")
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args()
     chosen = [s for s in scenarios() if not args.only or any(o in s.canary.name for o in args.only)]
+    if args.methods == "explore":
+        chosen = [replace(s, methods=EXPLORE) for s in chosen]
     if args.methods == "today-after":
         chosen = [
             replace(s, methods=REQUEST_METHODS if s.canary.unit == "request"

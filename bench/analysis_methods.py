@@ -20,6 +20,7 @@ from rtrl_trainer.analyze.reconcile import logged_per_served, rows_per_share
 from rtrl_trainer.analyze.rule import CONTINUE, PROMOTE, Metric, judge, plan
 from rtrl_trainer.analyze.sequential import Boundaries
 from rtrl_trainer.analyze.srm import SRM_HOLD_P, srm_steps
+from rtrl_trainer.analyze.weights import random_effect, unit_weights
 
 PRIMARY = "edit_persistence"
 SETTLED = "edit_persistence (settled)"
@@ -38,6 +39,8 @@ class Method:
     tau_scale: float = 1.0  # mixture: the mixing sd, times the metric's tau
     covariate: str = "predicted"  # "own": each user's history (today); "none"
     novelty: bool = True  # promotion needs the effect among settled rows too
+    weighted: bool = False  # promotion on the precision-weighted primary (user unit)
+    settled_alpha: float = 0.05  # the novelty rule's test
     rows_band: float | None = None  # rows-per-unit guardrail: the relative drop or rise
     reconcile: bool = True  # logged rows against the capture proxy's served requests
     srm_hold: bool = True
@@ -149,6 +152,31 @@ class LookStats:
                                          bucket=look.users.bucket)  # fmt: skip
         return self._sums[name]
 
+    def weighted(self, name: str, covariate: str) -> Difference:
+        """The precision-weighted difference (:mod:`rtrl_trainer.analyze.weights`): each
+        user's rows scaled by ``1 / (1 + rho n)``, ``rho`` per group (with and without
+        history) from the look's own units, arms pooled."""
+        key = (name, covariate, "weighted")
+        if key not in self._diffs:
+            look = self.look
+            base = PRIMARY if name == SETTLED else name
+            if name == SETTLED:
+                x, n = look.settled_x, look.settled_n
+            else:
+                x, n = look.x[name], look.n[name]
+            c = self.covs[covariate][base]
+            groups = (look.users.pre_rows > 0).astype(np.int64)
+            xu, nu = x.sum(axis=(0, 1)), n.sum(axis=(0, 1))
+            _, rho = random_effect(xu, nu, c, groups, self.covs["within"][base])
+            w = unit_weights(nu, groups, rho)[None, None]
+            zero = np.zeros(look.users.rate.shape)
+            columns = [self.covs[v].get(base, zero) for v in COVARIATES]
+            sums = unit_sums(x * w, n * w, x * w, columns, unit=self.unit,
+                             bucket=look.users.bucket)  # fmt: skip
+            index = COVARIATES.index(covariate)
+            self._diffs[key] = difference(*sums.pick(index), adjust=True)
+        return self._diffs[key]
+
     def diff(self, name: str, covariate: str) -> Difference:
         key = (name, covariate)
         if key not in self._diffs:
@@ -223,7 +251,12 @@ class Analysis:
         }
         if m.reconcile:
             diffs[LOGGED] = reconciled(look, self.maturity)
-        settled = stats.diff(SETTLED, cov) if m.novelty else None
+        weighted = m.weighted and self.unit == "user"
+        settled = None
+        if m.novelty:
+            settled = stats.weighted(SETTLED, cov) if weighted else stats.diff(SETTLED, cov)
+        promote = stats.weighted(PRIMARY, cov) if weighted else None
+        promote_z = None
         boundaries = None
         settled_z = None
         if m.boundary == "gst":
@@ -236,9 +269,13 @@ class Analysis:
                 key = (metric.name, cov, metric.alpha, m.rho)
                 z = stats.shared.look(key, metric.alpha, m.rho, look.hours, t, d, metric.events)
                 boundaries[metric.name] = (z, z)
+            if promote is not None:
+                key = ("weighted", cov, self.primary.alpha, m.rho)
+                promote_z = stats.shared.look(key, self.primary.alpha, m.rho, look.hours, t,
+                                              promote, True)  # fmt: skip
             if settled is not None:
-                key = (SETTLED, cov, self.spec.alpha, m.rho)
-                settled_z = stats.shared.look(key, self.spec.alpha, m.rho, look.hours, t,
+                key = (SETTLED, cov, m.settled_alpha, m.rho, weighted)
+                settled_z = stats.shared.look(key, m.settled_alpha, m.rho, look.hours, t,
                                               settled, True)  # fmt: skip
         if not look.decides:
             return
@@ -249,12 +286,12 @@ class Analysis:
         srm = srm_steps(base, cand, look.shares, self.spec.srm_alpha)
         j = judge(
             metrics, diffs, boundaries=boundaries, settled=settled, settled_boundary=settled_z,
-            settled_alpha=self.spec.alpha,
+            settled_alpha=m.settled_alpha, promote=promote, promote_boundary=promote_z,
             srm_mismatch=srm.mismatch,
             srm_suspect=(np.asarray(srm.p_value) <= SRM_HOLD_P) if m.srm_hold else False,
             max_duration_reached=look.last,
         )  # fmt: skip
-        self.last = (diffs, boundaries, settled, settled_z, j)
+        self.last = (diffs, boundaries, settled, settled_z, j, promote, promote_z)
         self.out.record(look, j.decision, j.cause, np.asarray(j.verdicts[PRIMARY]) == 1)
         self.out.fixed.append(
             (look.hours, look.matured.copy(), *fixed_test(diffs, self.primary.alpha))
@@ -289,13 +326,14 @@ def covariates_of(users: Users) -> dict[str, dict[str, np.ndarray]]:
     """Per covariate variant, per metric: each user's covariate (a chunk's, once)."""
     own: dict[str, np.ndarray] = {}
     pred: dict[str, np.ndarray] = {}
+    within: dict[str, np.ndarray] = {}
     for name in METRICS:
         o = own_history(users, name)
         if o is not None:
             own[name] = o
             p = predicted(users, name)
             assert p is not None
-            pred[name] = p
+            pred[name], within[name] = p
     # rows per unit: the user's usual rate (rows an hour before the canary); the overall
     # mean for users without history (activity is not predicted from org or prompts)
     rate = users.pre_rate
@@ -303,7 +341,7 @@ def covariates_of(users: Users) -> dict[str, dict[str, np.ndarray]]:
         (users.pre_rows > 0).sum(-1, keepdims=True), 1
     )
     own[ROWS] = pred[ROWS] = np.where(users.pre_rows > 0, rate, overall)
-    return {"own": own, "predicted": pred}
+    return {"own": own, "predicted": pred, "within": within}
 
 
 PROMOTED = PROMOTE

@@ -106,20 +106,24 @@ def own_history(users: Users, name: str) -> np.ndarray | None:
     return np.where(sn > 0, sx / np.maximum(sn, 1), overall)
 
 
-def predicted(users: Users, name: str, *, features: bool = True) -> np.ndarray | None:
+def predicted(
+    users: Users, name: str, *, features: bool = True
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Each user's covariate from :mod:`rtrl_trainer.analyze.covariates`: a model of the
     metric fitted on the pre-exposure users' sums and features (org, first prompt's bin),
-    blended with the user's own history."""
+    blended with the user's own history; and the model's within-user variance per canary."""
     pre = users.pre.get(name)
     if pre is None:
         return None
     sx, sxx, sn = pre
     out = np.zeros(sx.shape)
+    within = np.zeros(sx.shape[0])
     for i in range(sx.shape[0]):
         orgs = users.org[i].astype(str)
         model = cov_model.fit(sx[i], sxx[i], sn[i], orgs, users.pre_first_bin[i], features=features)
         out[i] = cov_model.covariate(model, orgs, users.first_bin[i], sx[i], sn[i])
-    return out
+        within[i] = 0.0 if model is None else model.within
+    return out, within
 
 
 def srm_counts(look: Look, unit: str) -> tuple[list[Any], list[Any]]:

@@ -30,6 +30,7 @@ from rtrl_trainer.analyze import covariates as cov_model
 from rtrl_trainer.analyze.confidence import Estimate
 from rtrl_trainer.analyze.estimate import Difference, Q, difference, independent
 from rtrl_trainer.analyze.looks import Looks
+from rtrl_trainer.analyze.weights import random_effect, unit_weights
 from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import filled
 
@@ -140,14 +141,25 @@ class PerLook:
         return every._replace(part_reduction=last.part_reduction)
 
 
+@dataclass(frozen=True)
+class Weighting:
+    """Precision weights (:mod:`.weights`): each key's group (0: no history of its own, 1:
+    some) and the within-unit variance of one row."""
+
+    groups: np.ndarray
+    within: float
+
+
 def unit_looks(
     ledger: Ledger, keys: int, looks: int, covariate: np.ndarray, strata: int, *,
     counts: bool = False, groups: tuple[np.ndarray, ...] = (), select: np.ndarray | None = None,
+    weighting: Weighting | None = None,
 ) -> PerLook:  # fmt: skip
     """Per look: the totals and Gram matrix of the per-unit vectors ``(x, n, n c)`` per cell,
     ``c`` each key's covariate; ``counts``: the ledger holds rows per cell and a unit's
     ``n`` is 1 where it has any (rows per unit). ``groups``: masks over keys whose Gram
-    at the last look is wanted."""
+    at the last look is wanted. ``weighting``: each unit's vector scaled by its precision
+    weight at the look (the between-unit variance estimated from that look's units)."""
     key, look, data = ledger.entries(select)
     cells = 2 * strata
     order = np.argsort(look, kind="stable")
@@ -170,6 +182,19 @@ def unit_looks(
     grams = np.zeros((looks, cells * Q, cells * Q))
     totals = np.zeros((looks, cells * Q))
     units = np.zeros(looks)
+    every = np.arange(keys)
+
+    def weighted(ids: np.ndarray) -> np.ndarray:
+        v = vectors(ids)
+        if weighting is None:
+            return v
+        xs, ns = raw[:, :, 0].sum(axis=1), raw[:, :, 1].sum(axis=1)
+        _, rho = random_effect(xs, ns, covariate[:keys], weighting.groups[:keys],
+                               weighting.within)  # fmt: skip
+        w = unit_weights(ns, weighting.groups[:keys], rho)
+        result: np.ndarray = v * w[ids, None]
+        return result
+
     for j in range(looks):
         lo, hi = bounds[j], bounds[j + 1]
         if hi > lo:
@@ -180,11 +205,15 @@ def unit_looks(
             gram += new.T @ new - old.T @ old
             total += new.sum(axis=0) - old.sum(axis=0)
             active[ids] = np.any(new != 0, axis=1)
-        grams[j], totals[j], units[j] = gram, total, np.count_nonzero(active)
+        if weighting is not None:  # every unit's weight moves with the look's estimate
+            v = weighted(every[active])
+            grams[j], totals[j] = v.T @ v, v.sum(axis=0)
+        else:
+            grams[j], totals[j] = gram, total
+        units[j] = np.count_nonzero(active)
     parts = []
     for group in groups:
-        ids = np.flatnonzero(group[:keys])
-        v = vectors(ids)
+        v = weighted(np.flatnonzero(group[:keys] & active))
         parts.append(v.T @ v)
     return PerLook(totals.reshape(looks, 2, strata, Q), grams, units, tuple(parts))
 
@@ -272,6 +301,7 @@ class Covariates:
     values: dict[str, np.ndarray]
     returning: dict[str, np.ndarray]  # per metric: the key's user had pre-exposure rows
     pre_users: dict[str, int]
+    within: dict[str, float] = field(default_factory=dict)  # one row's variance, per metric
 
 
 def covariates(
@@ -284,6 +314,7 @@ def covariates(
     values: dict[str, np.ndarray] = {}
     returning: dict[str, np.ndarray] = {}
     fitted: dict[str, int] = {}
+    within: dict[str, float] = {}
     unit_org = np.array([str((window_first.get(u) or [0, ""])[1]) for u in users], dtype=object)
     unit_bin = np.array([int((window_first.get(u) or [0, "", 0])[2]) for u in users])
     for name, table in pre.sums.items():
@@ -297,7 +328,8 @@ def covariates(
         values[name] = cov_model.covariate(model, unit_org, unit_bin, own[:, 0], own[:, 2])
         returning[name] = own[:, 2] > 0
         fitted[name] = 0 if model is None else model.users
-    return Covariates(values, returning, fitted)
+        within[name] = 0.0 if model is None else model.within
+    return Covariates(values, returning, fitted, within)
 
 
 # --- the analysis's per-arm statistics ------------------------------------------------
@@ -543,7 +575,7 @@ class Arms:
 
     def per_look(
         self, name: str, covariate: np.ndarray, groups: tuple[np.ndarray, ...] = (),
-        select: np.ndarray | None = None,
+        select: np.ndarray | None = None, weighting: Weighting | None = None,
     ) -> PerLook:  # fmt: skip
         count = len(self.keys.ids)
         ledger = self.sums[name]
@@ -552,7 +584,7 @@ class Arms:
                              groups=groups, select=select)  # fmt: skip
         return unit_looks(
             ledger, count, self.looks.count, covariate, self.strata, groups=groups,
-            select=select, counts=name == ROWS_PER_UNIT,
+            select=select, counts=name == ROWS_PER_UNIT, weighting=weighting,
         )  # fmt: skip
 
     def settled(self) -> np.ndarray | None:

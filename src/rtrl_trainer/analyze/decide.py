@@ -113,6 +113,8 @@ def decide(
     boundaries: Mapping[str, Sequence[float]] | None = None,
     settled: Difference | None = None,
     settled_boundary: Sequence[float] | None = None,
+    promote: Difference | None = None,
+    promote_boundary: Sequence[float] | None = None,
 ) -> Analysis:
     """The decision for one canary from each arm's estimates, with reasons and metric rows
     (see :func:`judge` for the rule). ``boundaries``: per metric the group-sequential
@@ -132,6 +134,8 @@ def decide(
         settled=settled,
         settled_boundary=None if settled_boundary is None else settled_boundary[0],
         settled_alpha=analysis.alpha,
+        promote=promote,
+        promote_boundary=None if promote_boundary is None else promote_boundary[0],
         srm_mismatch=mismatch,
         srm_suspect=suspect,
         max_duration_reached=max_duration_reached,
@@ -189,6 +193,27 @@ def decide(
         if metric.band is not None:
             row["band"] = metric.band.to_k8s()
         rows.append(row)
+    if promote is not None and j.promote is not None:
+        primary = next(m for m in metrics if m.name == PRIMARY)
+        cmp, code = j.promote, int(j.promote_verdict)
+        pz = promote_boundary
+        judged = pz is None or math.isfinite(pz[0])
+        if pz is not None and not judged:
+            cmp = compare(promote, primary.alpha, primary.tau, events=primary.events,
+                          boundary=pz[2], boundary_abs=pz[3])  # fmt: skip
+        if all(math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary)):
+            lines.insert(
+                1, "precision-weighted " + describe(primary, cmp, code, kind=kind, judged=judged)
+            )
+            found_row: dict[str, Any] | None = next((r for r in rows if r["name"] == PRIMARY), None)
+            if found_row is not None:
+                found_row["precision_weighted"] = {
+                    "relative_difference": _finite(cmp.relative),
+                    "relative_ci_low": _finite(cmp.rel_low),
+                    "relative_ci_high": _finite(cmp.rel_high),
+                    "verdict": VERDICTS[code],
+                    "boundary": None if pz is None else _finite(pz[0]),
+                }
     settled_doc: dict[str, Any] | None = None
     if settled is not None and j.settled is not None:
         primary = next(m for m in metrics if m.name == PRIMARY)

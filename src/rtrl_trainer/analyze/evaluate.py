@@ -17,6 +17,7 @@ from rtrl_trainer.analyze.accumulate import (
     PRIMARY,
     ROWS_PER_UNIT,
     Arms,
+    Weighting,
 )
 from rtrl_trainer.analyze.confidence import judgeable
 from rtrl_trainer.analyze.estimate import Difference
@@ -46,6 +47,9 @@ class Evaluation:
     boundaries: dict[str, tuple[float, float, float, float]] | None
     settled: Difference | None = None
     settled_boundary: tuple[float, float, float, float] | None = None
+    # the primary goal precision-weighted (the evidence that promotes), and its boundaries
+    promote: Difference | None = None
+    promote_boundary: tuple[float, float, float, float] | None = None
     with_history: dict[str, int] = field(default_factory=dict)  # units with own history
     units: dict[str, int] = field(default_factory=dict)  # units with a covariate
     pre_users: dict[str, int] = field(default_factory=dict)  # users the model was fitted on
@@ -92,14 +96,29 @@ def evaluate(
             served["logged"][:, 1],
         )  # fmt: skip
     settled_every = None
+    promote_every = None
     select = arms.settled()
-    if select is not None and PRIMARY in every:
+    weighting = None
+    if PRIMARY in every:
         cov = covs.values.get(PRIMARY) if covs is not None else None
-        per = arms.per_look(PRIMARY, np.zeros(count) if cov is None else cov, select=select)
-        settled_every = per.difference(adjust=cov is not None)
+        within = covs.within.get(PRIMARY, 0.0) if covs is not None else 0.0
+        if (
+            spec.precision_weighting and arms.unit != AssignmentUnit.REQUEST
+            and cov is not None and covs is not None and within > 0
+        ):  # fmt: skip
+            weighting = Weighting(covs.returning[PRIMARY].astype(np.int64), within)
+            promote_every = arms.per_look(PRIMARY, cov, weighting=weighting).difference(True)
+        if select is not None:
+            per = arms.per_look(
+                PRIMARY, np.zeros(count) if cov is None else cov, select=select,
+                weighting=weighting,
+            )  # fmt: skip
+            settled_every = per.difference(adjust=cov is not None)
     result.diffs = {name: at(d, -1) for name, d in every.items()}
     if settled_every is not None:
         result.settled = at(settled_every, -1)
+    if promote_every is not None:
+        result.promote = at(promote_every, -1)
     if looks.planned:
         rho = spec.spending_exponent
         result.boundaries = {}
@@ -112,6 +131,11 @@ def evaluate(
         if settled_every is not None:
             result.settled_boundary = boundary(
                 settled_every, spec.alpha, True, looks.fractions, rho
+            )
+        if promote_every is not None:
+            primary = next(m for m in metrics if m.name == PRIMARY)
+            result.promote_boundary = boundary(
+                promote_every, primary.alpha, primary.events, looks.fractions, rho
             )
     return result
 

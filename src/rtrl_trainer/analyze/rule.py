@@ -213,6 +213,8 @@ class Judgement:
     non_inferior: Any = False
     settled: Comparison | None = None  # the primary goal among settled rows
     settled_verdict: Any = None
+    promote: Comparison | None = None  # the precision-weighted primary
+    promote_verdict: Any = None
 
 
 def judge(
@@ -223,6 +225,8 @@ def judge(
     settled: Difference | None = None,
     settled_boundary: Any = None,
     settled_alpha: float = 0.05,
+    promote: Difference | None = None,
+    promote_boundary: Any = None,
     srm_mismatch: Any = False,
     srm_suspect: Any = False,
     max_duration_reached: bool = False,
@@ -256,6 +260,12 @@ def judge(
     the absolute scale, :mod:`.sequential`) turns each interval into a repeated confidence
     interval; without them (or for a metric they lack: no verdict at this look, ``inf``
     where not given), the always-valid mixture intervals.
+
+    ``promote``: the primary goal's precision-weighted difference (:mod:`.weights`), with its
+    ``promote_boundary``: when given, the evidence that promotes is its (``better``), while
+    the primary's interaction-weighted difference in ``diffs`` still decides harm
+    (``worse``) and non-inferiority. Each is used on one side, so the family's error stays
+    within alpha.
     """
     srm = np.asarray(srm_mismatch, dtype=bool)
     shape = srm.shape
@@ -283,8 +293,18 @@ def judge(
             beyond = beyond | (codes == BEYOND)
             continue
         worse = worse | (codes == WORSE)
-        if metric.name == PRIMARY:
+        if metric.name != PRIMARY:
+            pass
+        elif promote is None:
             better = better | (codes == BETTER)
+        else:
+            cmp_w = compare(
+                promote, metric.alpha, metric.tau, events=metric.events,
+                boundary=promote_boundary, boundary_abs=promote_boundary,
+            )  # fmt: skip
+            judgement.promote = cmp_w
+            judgement.promote_verdict = verdict(metric, cmp_w)
+            better = better | (np.asarray(judgement.promote_verdict) == BETTER)
         noninf = noninf & np.asarray(non_inferior(metric, cmp, margin))
     unsettled = np.zeros(shape, dtype=bool)
     if settled is not None:

@@ -154,6 +154,8 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
             boundaries=ev.boundaries,
             settled=ev.settled,
             settled_boundary=ev.settled_boundary,
+            promote=ev.promote,
+            promote_boundary=ev.promote_boundary,
         )
         last = checked[-1] if checked else len(plan_) - 1
         result.srm.update(

@@ -598,6 +598,13 @@ class AnalysisSpec(ApiModel):
         "maxDuration is t to this power (0: O'Brien-Fleming's shape, which saves nearly all "
         "of it for the end; larger spends later).",
     )
+    precision_weighting: bool = Field(
+        True,
+        description="With users or sessions as the unit: promotion rests on the primary "
+        "goal with each unit weighted by its precision (its rows count until its own "
+        "deviation from its covariate dominates them), so heavy and new units do not drown "
+        "the others; harm is still judged with every interaction counted alike.",
+    )
     novelty_window: Duration1d | None = Field(
         "2h",
         description="Promotion also needs the primary goal significantly better among the "
