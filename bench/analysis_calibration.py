@@ -102,16 +102,11 @@ class Scenario:
 
 EXPLORE = (
     TODAY,
-    Method("weighted, no novelty rule", novelty=False, reconcile=False, weighted=True),
-    Method("weighted, novelty rule at 0.05", reconcile=False, weighted=True),
-    Method("weighted, novelty rule at 0.10", reconcile=False, weighted=True, settled_alpha=0.1),
-    Method(
-        "weighted, novelty rule at 0.10, rho 2",
-        rho=2.0,
-        reconcile=False,
-        weighted=True,
-        settled_alpha=0.1,
-    ),
+    Method("weighted, rho 1", reconcile=False, weighted=True),
+    Method("weighted, rho 1.5", rho=1.5, reconcile=False, weighted=True),
+    Method("weighted, rho 2", rho=2.0, reconcile=False, weighted=True),
+    Method("weighted, rho 3", rho=3.0, reconcile=False, weighted=True),
+    Method("weighted, O'Brien-Fleming", rho=0.0, reconcile=False, weighted=True),
 )
 
 

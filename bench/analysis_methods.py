@@ -294,7 +294,7 @@ class Analysis:
         self.last = (diffs, boundaries, settled, settled_z, j, promote, promote_z)
         self.out.record(look, j.decision, j.cause, np.asarray(j.verdicts[PRIMARY]) == 1)
         self.out.fixed.append(
-            (look.hours, look.matured.copy(), *fixed_test(diffs, self.primary.alpha))
+            (look.hours, look.matured.copy(), *fixed_test(diffs, self.primary.alpha, promote))
         )
 
 
@@ -304,21 +304,26 @@ def _scaled(metric: Metric, scale: float) -> Metric:
     return replace(metric, tau=metric.tau * scale)
 
 
-def fixed_test(diffs: dict[str, Difference], alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def fixed_test(
+    diffs: dict[str, Difference], alpha: float, promote: Difference | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(promote, rollback) of a fixed-horizon z-test on the goals at this look with the same
-    estimator and the sequential rule's logic (promote: edit persistence better, no goal
-    worse): what a team would run once at a horizon chosen in advance."""
+    estimators and the sequential rule's logic (promote: edit persistence better, by the
+    precision-weighted estimate where the method promotes on it, and no goal worse): what a
+    team would run once at a horizon chosen in advance."""
     z = NormalDist().inv_cdf(1 - alpha / 2)
     worse: Any = False
     better: Any = False
-    for name in ("edit_persistence", "dissatisfied_followup_rate", "latency_ms"):
-        d = diffs[name]
+
+    def bounds(d: Difference) -> tuple[np.ndarray, np.ndarray]:
         radius = z * np.sqrt(np.asarray(d.log_var))
-        up = np.asarray(d.log_ratio) - radius > 0
-        down = np.asarray(d.log_ratio) + radius < 0
+        return np.asarray(d.log_ratio) - radius > 0, np.asarray(d.log_ratio) + radius < 0
+
+    for name in ("edit_persistence", "dissatisfied_followup_rate", "latency_ms"):
+        up, down = bounds(diffs[name])
         worse = worse | (down if name == "edit_persistence" else up)
         if name == "edit_persistence":
-            better = up
+            better = up if promote is None else bounds(promote)[0]
     return np.asarray(better & ~worse), np.asarray(worse)
 
 

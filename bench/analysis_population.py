@@ -297,7 +297,7 @@ def simulate(
     settled_x = np.zeros((2, strata, size))
     settled_n = np.zeros((2, strata, size))
     rows = np.zeros((2, strata, size))
-    first_block = np.full(size, -1)
+    first_in_arm = np.full((2, size), -1)  # each user's first logged row in each arm
     hours = math.ceil(pop.hours)
     served = np.zeros((2, hours, e))
     logged_rows = np.zeros((2, hours, e))
@@ -332,7 +332,7 @@ def simulate(
             kc = np.where(bucket[idx] < weight, kk, 0)
         else:
             kc = rng.binomial(kk, weight / 100)
-        logged_any = np.zeros(idx.size, dtype=bool)
+        newly_logged: list[tuple[int, np.ndarray]] = []
         entries: list[tuple[str, int, int, np.ndarray, np.ndarray]] = []
         hour = int(t0 + 1e-9)
         for arm, served_k in ((0, kk - kc), (1, kc)):
@@ -375,7 +375,9 @@ def simulate(
             values["latency_ms"] = np.maximum(rng.normal(mf * mu_, np.sqrt(mf * var_)), 0.0)
             lat_xx = mf * (var_ + mu_**2)
             logged = ka > 0
-            logged_any[np.flatnonzero(on)[logged]] = True
+            arrived_here = ids[logged]
+            fresh_here = first_in_arm[arm, arrived_here] < 0
+            newly_logged.append((arm, arrived_here[fresh_here]))
             np.add.at(logged_rows[arm, hour], exs, ka.astype(np.float64))
             np.add.at(rows[arm, s], ids, ka.astype(np.float64))
             entries.append(("m", arm, s, ids, mf))
@@ -385,17 +387,16 @@ def simulate(
             entries.append(("fm_x", arm, s, ids, miss.astype(np.float64)))
             entries.append(("fm_n", arm, s, ids, ka.astype(np.float64)))
             entries.append(("exp", arm, s, exs, mf))
-            # settled: the user's first logged row in the canary is at least settle_blocks ago
-            first = first_block[ids]
+            # settled: the user's first logged row in this arm is at least settle_blocks ago
+            first = first_in_arm[arm, ids]
             settled = (first >= 0) & (b >= first + settle_blocks)
             if settled.any():
                 entries.append(
                     ("settled_x", arm, s, ids[settled], values["edit_persistence"][settled])
                 )
                 entries.append(("settled_n", arm, s, ids[settled], mf[settled]))
-        arrived = idx[logged_any]
-        fresh = first_block[arrived] < 0
-        first_block[arrived[fresh]] = b
+        for arm_, fresh_ids in newly_logged:
+            first_in_arm[arm_, fresh_ids] = b
         if record is not None:
             record(b, entries)
         pending.append((t0 + BLOCK_H + pop.maturity, entries))

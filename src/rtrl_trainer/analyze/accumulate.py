@@ -401,6 +401,10 @@ class Arms:
     sums: dict[str, Ledger] = field(default_factory=dict)
     pre: PreExposure = field(default_factory=PreExposure)
     window_first: dict[Any, list[Any]] = field(default_factory=dict)  # user -> first row
+    # per arm: user -> their first row in that arm (the settled rows' clock)
+    arm_first: tuple[dict[Any, list[Any]], dict[Any, list[Any]]] = field(
+        default_factory=lambda: ({}, {})
+    )
     rows: list[int] = field(default_factory=lambda: [0, 0])  # matured rows per arm, last look
     latency: dict[int, list[LatencyHistogram]] = field(default_factory=dict)  # per look
     # per step: request unit -> [baseline rows, canary rows]; else unit -> [first created,
@@ -414,7 +418,9 @@ class Arms:
     def __post_init__(self) -> None:
         per_row = self.unit == AssignmentUnit.REQUEST
         cells, count = 2 * self.strata, self.looks.count
-        tags = int(self.looks.bins(np.array([self.looks.last]))[0]) + 1
+        # the primary's rows keep their 5-minute bin and arm (the settled rows are chosen by
+        # both at the end): tag = 2 bin + arm
+        tags = 2 * (int(self.looks.bins(np.array([self.looks.last]))[0]) + 1)
         for name in (*METRICS, FEEDBACK_MISSING):
             width = _ROW if per_row else _UNIT
             self.sums[name] = Ledger(cells, width, count, tags if name == PRIMARY else 1)
@@ -475,7 +481,7 @@ class Arms:
             self.rows[a] += int(np.count_nonzero(sel & (arm == a)))
         picked = batch.filter(pa.array(sel))
         ids, looks, cells = ids_all[sel], counted[sel], cell[sel]
-        bins = self.looks.bins(created[sel])
+        bins = 2 * self.looks.bins(created[sel]) + arm[sel]
         values = metric_values(picked)
         for name, (mask, x, n) in values.items():
             tags = bins if name == PRIMARY else None
@@ -516,8 +522,12 @@ class Arms:
         ids = self.keys.lookup(keys[mine], users[mine])
         cells = (arm * self.strata + stratum)[mine]
         self.sums[ROWS_PER_UNIT].add(ids, looks, cells, [1.0])
-        first_rows(self.window_first, users[mine], created[mine],
-                   strings(batch.column("org"), None)[mine], prompt_bins(batch)[mine])  # fmt: skip
+        orgs, bins = strings(batch.column("org"), None)[mine], prompt_bins(batch)[mine]
+        first_rows(self.window_first, users[mine], created[mine], orgs, bins)
+        for a in (0, 1):
+            in_arm = arm[mine] == a
+            first_rows(self.arm_first[a], users[mine][in_arm], created[mine][in_arm],
+                       orgs[in_arm], bins[in_arm])  # fmt: skip
         hours = created[mine] // 3_600_000_000  # the epoch hour: the seal's hours
         for key, count in Counter(zip(arm[mine].tolist(), hours.tolist(), strict=True)).items():
             self.logged_hours[key] += count
@@ -589,23 +599,27 @@ class Arms:
 
     def settled(self) -> np.ndarray | None:
         """The primary's ledger entries of settled rows: created at least ``settle_bins``
-        5-minute bins after their user's first row in the canary (None: no such rule)."""
+        5-minute bins after their user's first row in the same arm (a user moved from the
+        stable arm to the canary at a later step starts anew: the novelty is the canary's)
+        (None: no such rule)."""
         if self.settle_bins <= 0:
             return None
         ledger = self.sums[PRIMARY]
         key, _, _ = ledger.entries()
-        first = np.array(
-            [self._first_bin(u) for u in self.keys.covariate_key], dtype=np.int64
-        ).reshape(-1)
-        tag = ledger.tag[: ledger.size]
-        anonymous = np.array([u == "" for u in self.keys.covariate_key], dtype=bool)
         if key.size == 0:
             return np.zeros(0, dtype=bool)
-        result: np.ndarray = (tag >= first[key] + self.settle_bins) & ~anonymous[key]
+        first = np.array(
+            [[self._first_bin(u, a) for a in (0, 1)] for u in self.keys.covariate_key],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        tag = ledger.tag[: ledger.size]
+        bins, arms = tag // 2, tag % 2
+        anonymous = np.array([u == "" for u in self.keys.covariate_key], dtype=bool)
+        result: np.ndarray = (bins >= first[key, arms] + self.settle_bins) & ~anonymous[key]
         return result
 
-    def _first_bin(self, user: Any) -> int:
-        found = self.window_first.get(user)
+    def _first_bin(self, user: Any, arm: int) -> int:
+        found = self.arm_first[arm].get(user)
         if found is None:
             return np.iinfo(np.int64).max // 4
         return int((found[0] - self.looks.since) // 300_000_000)
