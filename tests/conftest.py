@@ -14,6 +14,9 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+# the session's real vLLM engine: the ``vllm_engine`` fixture (tests/vllm_engine.py)
+pytest_plugins = ["tests.vllm_engine"]
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

@@ -46,6 +46,7 @@ CHECKPOINT_STEP = (
     "rtrl.core.shards",
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
+    "rtrl_trainer.logprobs",
     "rtrl_trainer.progress",
     "rtrl_trainer.runner",
     "rtrl_trainer.spec_file",
@@ -152,9 +153,16 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer.checkpoint_io": room(
         "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"
     ),
+    "rtrl_trainer.logprobs": room(
+        "log-probs under the distribution each row was sampled from (temperature, top-p/top-k "
+        "as vLLM computes them)",
+        "rtrl.core.shards",
+    ),
     "rtrl_trainer.stage": room(
         "the stage step: select, reward, advantage and write the training set",
         *CORE,
+        "rtrl_trainer.checkpoint_io",
+        "rtrl_trainer.logprobs",
         "rtrl_trainer.monitors",
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
@@ -177,6 +185,7 @@ ROOMS: dict[str, Room] = {
         *CORE,
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",
+        "rtrl_trainer.read_ahead",
         "rtrl_trainer.runner",
         "rtrl_trainer.spec_file",
     ),
@@ -214,7 +223,8 @@ ROOMS: dict[str, Room] = {
     # --- neither image: Kubernetes on one machine, and the demo ----------------------------
     "rtrl_localkube": room(
         "Kubernetes on one machine: the demo's in-memory cluster, the API emulator, the real "
-        "control plane's launcher and its kubelet and Gateway stand-ins",
+        "control plane's launcher and its kubelet and Gateway stand-ins, the real vLLM "
+        "engine's launcher and the tiny model it serves",
         "rtrl.core.api",
         "rtrl.core.store",
         "rtrl.planning",
@@ -234,8 +244,8 @@ LARGE: dict[str, str] = {
     "rtrl/core/api/rlcycle.py": "the RLCycle API types: one schema with its validation rules, "
     "read top to bottom as the CRD's reference",
     "rtrl_trainer/evaluate/sandbox_server.py": "the sandbox's fork server runs as a script "
-    "(python -I -S, no packages) importing only its two sibling files; the trusted base of "
-    "the isolation reads in one place",
+    "(python -I -S, no packages) importing only its three sibling files; the trusted base "
+    "of the isolation reads in one place",
 }
 # Design limits of particular files: (path, what, limit in lines).
 HANDLER_LINES = 20

@@ -153,10 +153,16 @@ async def config_map_cache(body: kopf.Body, **_: Any) -> None:
     watch.feed("ConfigMap", body)
 
 
+@kopf.index("batch", "v1", "cronjobs", registry=registry)
+async def cron_job_cache(body: kopf.Body, **_: Any) -> None:
+    watch.feed("CronJob", body)  # the seal CronJobs (spec.capture)
+
+
 # --- events: deletions (which indexes never see) and wake-ups ------------------------------
 @kopf.on.event("apps", "v1", "deployments", registry=registry)
 @kopf.on.event("", "v1", "services", labels=CHILD, registry=registry)
 @kopf.on.event("", "v1", "configmaps", labels=CHILD, registry=registry)
+@kopf.on.event("batch", "v1", "cronjobs", labels=CHILD, registry=registry)
 async def child_deleted(body: kopf.Body, type: str | None, **_: Any) -> None:
     watch.child_event(body, type)
 

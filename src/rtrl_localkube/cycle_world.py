@@ -74,8 +74,11 @@ def base_uri(root: Path) -> str:
 
 
 # A serving container a kubelet stand-in can run: it stays up until stopped (python -c
-# ignores the vLLM arguments the example passes). No model server is under test here.
+# ignores the vLLM arguments the example passes). No model server is under test here, so
+# its image is not vLLM's (which the kubelet would run as the vLLM venv), it reads no store
+# credentials and has no readiness probe (nothing listens): it is ready once it runs.
 SERVER_COMMAND = ["python", "-c", "import time; time.sleep(3600)"]
+SERVER_IMAGE = "composer-server:test"
 
 
 def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
@@ -90,7 +93,9 @@ def deployment(root: Path, serving_uri: str | None = None) -> dict[str, Any]:
         {"name": "RTRL_CHECKPOINT_ID", "value": "composer-0"},
     ]
     container["command"] = SERVER_COMMAND
-    del container["resources"]
+    container["image"] = SERVER_IMAGE
+    for unused in ("resources", "envFrom", "readinessProbe"):
+        container.pop(unused, None)
     return cast(dict[str, Any], doc)
 
 

@@ -49,6 +49,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "secrets", "Secret", True, False, "secret"),
     Kind("", "v1", "events", "Event", True, False, "event", ("ev",)),
     Kind("batch", "v1", "jobs", "Job", True, True, "job"),
+    Kind("batch", "v1", "cronjobs", "CronJob", True, True, "cronjob", ("cj",)),
     Kind("events.k8s.io", "v1", "events", "Event", True, False, "event", ("ev",)),
     Kind("apps", "v1", "deployments", "Deployment", True, True, "deployment", ("deploy",)),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True, False, "lease"),

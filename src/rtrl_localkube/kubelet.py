@@ -17,7 +17,9 @@ containers (see ``src/rtrl_localkube/pods.py`` for how a pod spec maps onto this
   reason and termination message), restarting containers as ``restartPolicy`` says.
 - A container whose image matches ``unavailable_images`` waits with ``ErrImagePull``, as a
   pull from an unreachable registry would; every other image "is" this machine's environment
-  (the trainer image's ``rtrl-job`` is ``.venv/bin/rtrl-job``).
+  (the trainer image's ``rtrl-job`` is ``.venv/bin/rtrl-job``), except vLLM's official
+  image (``vllm/vllm-openai:*``), which is the vLLM venv of ``make vllm`` (``pods.py``).
+- A container with an ``httpGet``/``tcpSocket`` readiness probe is ready once it passes.
 - A pod being deleted gets its processes stopped (SIGTERM, SIGKILL after the grace period),
   then the kubelet confirms the deletion (``gracePeriodSeconds: 0``).
 
@@ -26,12 +28,14 @@ name, or its pod name) and an outcome of :mod:`rtrl_localkube.outcomes`. ``never
 patterns of pod (or Deployment) names whose containers run but never pass readiness.
 
 Pods behind a headless Service find their peers by name, from the Service's EndpointSlices,
-and each Job's ``MASTER_PORT`` is a free port of its own (``podnet.py``). :meth:`Kubelet.kill`
+each Job's ``MASTER_PORT`` is a free port of its own, and a port a pod declares that another
+live pod holds is moved to a free one (``podnet.py``: the stable and the canary pod of one
+Deployment both listen). :meth:`Kubelet.kill`
 signals a pod's processes, as the OOM killer or a crash would.
 
-Not done, on purpose: readiness and liveness probes (a running container is ready), init
-containers, resource limits, port conflicts between pods other than the rendezvous port (all
-pods share the host's network namespace), and ``runAsUser`` unless a test sets
+Not done, on purpose: liveness and startup probes, ``exec`` and ``grpc`` readiness probes
+(such a container is ready once it runs), init containers, resource limits, and
+``runAsUser`` unless a test sets
 ``runner.identities`` (processes run as the kubelet's user; with it, as the
 securityContext's user and capabilities: pods.py).
 """

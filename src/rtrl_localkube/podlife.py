@@ -8,6 +8,7 @@ import fnmatch
 import subprocess
 import threading
 import urllib.error
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,7 +16,8 @@ from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.pods import CancelledError, PodRunner, Termination, job_of
 
 from .kinds import now_rfc3339
-from .outcomes import Fail, Hang, Outcome, Succeed
+from .outcomes import Fail, Hang, Outcome, Run, Succeed
+from .probes import ReadinessProber, runs_probe
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 # A deleted pod's processes get at most this long after SIGTERM (the pod's own
@@ -69,19 +71,40 @@ class PodLife:
         self.worker = worker
         self.pod = worker.pod
         self.started = now_rfc3339()
-        self.containers = list(self.pod["spec"].get("containers") or [])
+        # as they listen on this machine (podnet.py: a port another pod holds is moved)
+        network = kubelet.runner.network
+        self.containers = [
+            c if network is None else network.container(self.pod, c)
+            for c in self.pod["spec"].get("containers") or []
+        ]
         self.states: dict[str, dict[str, Any]] = {
             c["name"]: {"waiting": {"reason": "ContainerCreating"}} for c in self.containers
         }
         self.restarts: dict[str, int] = {c["name"]: 0 for c in self.containers}
+        # the readiness probes of the containers that run now (probes.py)
+        self.probers: dict[str, ReadinessProber] = {}
         self.lock = threading.Lock()
+        # Each container's thread reports the pod's status: a report is built and sent under
+        # this lock, so the last one sent holds the newest state (two sent concurrently could
+        # arrive in the other order, the stale one last, and stay).
+        self.reporting = threading.Lock()
         names = workload_names(self.pod)
         self.never_ready = any(fnmatch.fnmatch(n, p) for n in names for p in kubelet.never_ready)
+        self.scripted = False  # an outcome other than Run: no process, so no probe
 
     def report(self, phase: str) -> None:
+        with self.reporting:
+            self._report(phase)
+
+    def _report(self, phase: str) -> None:
         with self.lock:
             running = all("running" in s for s in self.states.values())
-            ready = running and not self.never_ready and phase == "Running"
+            probed = all(
+                c["name"] in self.probers and self.probers[c["name"]].ready
+                for c in self.containers
+                if runs_probe(c) and not self.scripted
+            )
+            ready = running and probed and not self.never_ready and phase == "Running"
             statuses = [
                 {
                     "name": c["name"],
@@ -175,13 +198,32 @@ class PodLife:
 
     def run_container(self, container: dict[str, Any]) -> Termination | None:
         outcome = self.kubelet._outcome(self.pod)
+        self.scripted = not isinstance(outcome, Run)
+        probing = threading.Event()
 
         def running(proc: subprocess.Popen[bytes] | None = None) -> None:
             with self.lock:
                 if proc is not None:
                     self.worker.processes.append(proc)
+                    if runs_probe(container):
+                        prober = ReadinessProber(container, lambda: self.report("Running"), probing)
+                        self.probers[container["name"]] = prober.start()
                 self.states[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
             self.report("Running")
+
+        try:
+            return self._run_outcome(container, outcome, running)
+        finally:
+            probing.set()
+            with self.lock:
+                self.probers.pop(container["name"], None)
+
+    def _run_outcome(
+        self,
+        container: dict[str, Any],
+        outcome: Outcome,
+        running: Callable[..., None],
+    ) -> Termination | None:
 
         if isinstance(outcome, Succeed):
             running()

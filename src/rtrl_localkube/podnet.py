@@ -23,12 +23,28 @@ need root: otherwise (or without ``unshare``) the runner falls back to rewriting
 listen on the Service's port 29500 would collide (a retried Job's new pods while the old ones
 still die, two cycles at once). A pod's ``MASTER_PORT`` is therefore replaced by a free port
 chosen once per Job: every pod of one Job gets the same one, another Job another.
+
+Serving pods collide the same way: the stable and the canary pod of an inference Deployment
+both declare the engine's port (and the capture sidecar's). Each port a pod's containers
+declare (``containerPort``) is given a host port for the pod's life (:meth:`PodNetwork.
+host_port`): the port itself when no other live pod of this kubelet holds it and it is free,
+else a free one. The kubelet runs the pod's containers as they listen here
+(:meth:`PodNetwork.container`: declared ports and probes' numeric ports are host ports, so
+a probe reaches this pod, not another). Where the pod's arguments and env values name a
+declared port that was moved, they are rewritten to the host port: ``--port=8000`` /
+``--port 8000`` (any flag ending in ``port``), ``127.0.0.1:8000``, ``0.0.0.0:8000``,
+``localhost:8000`` and ``[::]:8000`` (with or without a scheme), and a variable named
+``*PORT`` whose value is the port. Tests reach a pod's port through
+:meth:`PodNetwork.host_port`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import shutil
+import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +59,35 @@ CLUSTER_DOMAIN = "cluster.local"
 LOOPBACK = "127.0.0.1"
 PORT_ENV = "MASTER_PORT"
 UNSHARE = shutil.which("unshare")
+# An address on this machine, with its port: what a pod's args and env name its ports by.
+_LOCAL_ADDRESS = re.compile(
+    r"(?<![\w.-])((?:[a-z][a-z0-9+.-]*://)?(?:0\.0\.0\.0|127\.0\.0\.1|localhost|\[::1?\])):"
+    r"(\d{1,5})(?!\d)"
+)
+_PORT_FLAG = re.compile(r"^(--[A-Za-z0-9-]*port)(?:=(\d{1,5}))?$")
+_PORT_VARIABLE = re.compile(r"(^|_)PORT$")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def declared_ports(pod: Mapping[str, Any]) -> list[int]:
+    """The ``containerPort`` of every container of the pod, in order, once each."""
+    ports: list[int] = []
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for entry in container.get("ports") or []:
+            port = int(entry.get("containerPort") or 0)
+            if port and port not in ports:
+                ports.append(port)
+    return ports
+
+
 # Bind the pod's hosts file over /etc/hosts inside the new mount namespace, then become the
 # container's command (sh's $0 is the file, "$@" the command).
 _BIND = 'mount --bind "$0" /etc/hosts && exec "$@"'
@@ -72,6 +117,9 @@ class PodNetwork:
         # pod uid -> (its hosts file, namespace, service, its own hostname)
         self._files: dict[str, tuple[Path, str, str, str]] = {}
         self._ports: dict[str, int] = {}
+        # pod uid -> its declared ports' host ports; the host ports live pods hold
+        self._pod_ports: dict[str, dict[int, int]] = {}
+        self._held: set[int] = set()
         self._watch = Watch(server, "EndpointSlice", SLICES, self._feed)
 
     def start(self) -> None:
@@ -105,9 +153,11 @@ class PodNetwork:
                 os.fspath(hosts), *argv]  # fmt: skip
 
     def release(self, pod: Mapping[str, Any]) -> None:
-        """The pod's life ended: its hosts file is no longer kept current."""
+        """The pod's life ended: its hosts file is no longer kept current, its ports are
+        free for other pods."""
         with self._lock:
             self._files.pop(pod["metadata"]["uid"], None)
+            self._held -= set(self._pod_ports.pop(pod["metadata"]["uid"], {}).values())
 
     def _feed(self, _kind: str, event: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -144,8 +194,86 @@ class PodNetwork:
 
     # --- ports -------------------------------------------------------------------------
 
+    def host_ports(self, pod: Mapping[str, Any]) -> dict[int, int]:
+        """The host port of each port the pod declares, chosen on first use (module
+        docstring) and kept until :meth:`release`."""
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            known = self._pod_ports.get(uid)
+            if known is not None:
+                return dict(known)
+            chosen: dict[int, int] = {}
+            for port in declared_ports(pod):
+                host = port if port not in self._held and _bindable(port) else free_port()
+                while host in self._held:
+                    host = free_port()
+                chosen[port] = host
+                self._held.add(host)
+            self._pod_ports[uid] = chosen
+            return dict(chosen)
+
+    def host_port(self, pod: Mapping[str, Any], port: int | str) -> int:
+        """Where the pod's ``port`` (a number, or a container port's name) listens on this
+        machine."""
+        if isinstance(port, str) and not port.isdigit():
+            named = {
+                str(entry.get("name")): int(entry["containerPort"])
+                for container in (pod.get("spec") or {}).get("containers") or []
+                for entry in container.get("ports") or []
+                if entry.get("name")
+            }
+            if port not in named:
+                raise KeyError(f"pod {pod['metadata']['name']} has no port named {port!r}")
+            port = named[port]
+        number = int(port)
+        return self.host_ports(pod).get(number, number)
+
+    def container(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+        """``container`` as it listens here: a copy whose declared ports, and the numeric
+        ports of its probes, are the host ports (what a probe of it connects to)."""
+        ports = self.host_ports(pod)
+        out = copy.deepcopy(dict(container))
+        for entry in out.get("ports") or []:
+            entry["containerPort"] = ports.get(int(entry["containerPort"]), entry["containerPort"])
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            probe = out.get(kind) or {}
+            for action in ("httpGet", "tcpSocket"):
+                port = (probe.get(action) or {}).get("port")
+                if isinstance(port, int) or (isinstance(port, str) and port.isdigit()):
+                    probe[action]["port"] = ports.get(int(port), int(port))
+        return out
+
+    def args(self, pod: Mapping[str, Any], argv: list[str]) -> list[str]:
+        """``argv`` with the pod's moved ports rewritten (module docstring)."""
+        moved = {p: h for p, h in self.host_ports(pod).items() if p != h}
+        if not moved:
+            return argv
+        out: list[str] = []
+        for i, given in enumerate(argv):
+            word = given
+            flag = _PORT_FLAG.match(word)
+            previous = _PORT_FLAG.match(argv[i - 1]) if i else None
+            if flag and flag.group(2) and int(flag.group(2)) in moved:
+                word = f"{flag.group(1)}={moved[int(flag.group(2))]}"
+            elif previous and not previous.group(2) and word.isdigit() and int(word) in moved:
+                word = str(moved[int(word)])
+            out.append(_moved_addresses(word, moved))
+        return out
+
     def env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        """``env`` with the Job's own rendezvous port (module docstring), where it names one."""
+        """``env`` with the Job's own rendezvous port (module docstring), where it names one,
+        and the pod's moved ports."""
+        moved = {p: h for p, h in self.host_ports(pod).items() if p != h}
+        if moved:
+            env = {
+                name: (
+                    str(moved[int(value)])
+                    if name != PORT_ENV and _PORT_VARIABLE.search(name)
+                    and value.isdigit() and int(value) in moved
+                    else _moved_addresses(value, moved)
+                )
+                for name, value in env.items()
+            }  # fmt: skip
         if PORT_ENV not in env:
             return env
         labels = (pod.get("metadata") or {}).get("labels") or {}
@@ -153,3 +281,11 @@ class PodNetwork:
         with self._lock:
             port = self._ports.get(job) or self._ports.setdefault(job, free_port())
         return {**env, PORT_ENV: str(port)}
+
+
+def _moved_addresses(text: str, moved: Mapping[int, int]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        port = int(match.group(2))
+        return f"{match.group(1)}:{moved[port]}" if port in moved else match.group(0)
+
+    return _LOCAL_ADDRESS.sub(replace, text)

@@ -9,6 +9,13 @@ How a pod spec maps onto this machine:
   executable that exists next to ``sys.executable`` (``rtrl-job``, ``rtrl``, ``python``...)
   resolves there; others go through ``PATH``. Image entrypoints are not known: a container
   without ``command`` cannot start.
+- Images: every image "is" this machine's environment, except vLLM's official image
+  (:data:`VLLM_IMAGES`), which is the vLLM venv (``make vllm``): its ``python3`` /
+  ``python`` is that venv's interpreter, so ``python3 -m vllm.entrypoints.openai.api_server``
+  runs as in the image; its environment gets the engine's CPU defaults
+  (``rtrl_localkube.engine.CPU_ENV``) and a ``VLLM_ASSETS_CACHE`` in the pod's directory (a
+  container's filesystem is its own) beneath the container's own, and it runs under the
+  engine's supervisor, so that the server's EngineCore child dies with the pod.
 - Environment: only ``PATH``, ``HOME``, the runner's ``extra_env`` (e.g. ``DS_ACCELERATOR=cpu``,
   ``TORCH_EXTENSIONS_DIR``, ``AWS_*`` for moto) and the container's own: ``value``,
   ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` (read from the API), ``valueFrom.fieldRef``
@@ -26,10 +33,12 @@ How a pod spec maps onto this machine:
   **rewritten** to that directory wherever it starts an argument or an env value, or follows
   ``=`` in one (``--config=/etc/rtrl/step.json``). Paths a program builds itself from a mount
   path it did not receive this way are not rewritten.
-- Networking: one network namespace for all pods. Hostnames ``<job>-<i>.<subdomain>[...]``
-  (an Indexed Job's pods behind a headless Service, e.g. ``MASTER_ADDR``) in env values and
-  args become ``127.0.0.1``. ``status.podIP`` is the address the pod's status reports (the
-  kubelet's, from a pod CIDR), which nothing listens on.
+- Networking: one network namespace for all pods; a port a pod declares that another pod
+  holds is moved to a free one, in its args and env (``podnet.py``). Hostnames
+  ``<job>-<i>.<subdomain>[...]`` (an Indexed Job's pods behind a headless Service, e.g.
+  ``MASTER_ADDR``) in env values and args become ``127.0.0.1``. ``status.podIP`` is the
+  address the pod's status reports (the kubelet's, from a pod CIDR), which nothing listens
+  on.
 - Output: stdout and stderr go to one log file per container; with
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container's termination message
   is the last 20 lines / 4096 bytes of that output.
@@ -49,6 +58,7 @@ How a pod spec maps onto this machine:
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import subprocess
@@ -60,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rtrl_localkube.engine import CPU_ENV, EngineError, check_installed, supervised
 from rtrl_localkube.podprocess import expand_vars
 from rtrl_localkube.podprocess import rewrite as rewrite_for_local
 from rtrl_localkube.processes import KILL_GRACE_SECONDS, die_with_parent, kill_group
@@ -75,6 +86,15 @@ SITE_PACKAGES = (
 )
 SITE_PACKAGES = SITE_PACKAGES / "site-packages"
 _CONSOLE_SCRIPT = re.compile(r"^from ([\w.]+) import (\w+)$", re.MULTILINE)
+# vLLM's official image (docs/serving.md), with or without the registry's name in front
+VLLM_IMAGES = ("vllm/vllm-openai:*", "vllm/vllm-openai@*", "*/vllm/vllm-openai:*",
+               "*/vllm/vllm-openai@*", "vllm/vllm-openai")  # fmt: skip
+# SIGTERM to SIGKILL for the engine's supervisor: the kubelet's own cap (podlife.py)
+VLLM_STOP_GRACE = 3.0
+
+
+def is_vllm_image(image: str) -> bool:
+    return any(fnmatch.fnmatchcase(image, pattern) for pattern in VLLM_IMAGES)
 
 
 def reachable_by(path: Path, uid: int, gids: set[int]) -> bool:
@@ -140,6 +160,8 @@ class PodRunner(PodSources):
     ) -> dict[str, str]:
         env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
         env |= self.extra_env
+        if is_vllm_image(str(container.get("image", ""))):
+            env |= CPU_ENV
         env |= dict(base or {})
         namespace = pod["metadata"]["namespace"]
         job = self._hostnames_job(pod)
@@ -191,9 +213,14 @@ class PodRunner(PodSources):
         job = self._hostnames_job(pod)
         words = [*command, *(container.get("args") or [])]
         argv = [rewrite_for_local(expand_vars(str(w), env), mounts, job) for w in words]
-        if "/" not in argv[0] and (BIN / argv[0]).exists():
+        if is_vllm_image(str(container.get("image", ""))) and argv[0] in ("python", "python3"):
+            try:
+                argv[0] = os.fspath(check_installed())
+            except EngineError as exc:
+                raise SetupError(str(exc)) from None
+        elif "/" not in argv[0] and (BIN / argv[0]).exists():
             argv[0] = os.fspath(BIN / argv[0])
-        return argv
+        return argv if self.network is None else self.network.args(pod, argv)
 
     def identity(
         self, pod: Mapping[str, Any], container: Mapping[str, Any]
@@ -285,6 +312,8 @@ class PodRunner(PodSources):
         try:
             mounts = self.volumes(pod, container, pod_dir)
             env = self.environment(pod, container, mounts, base_env)
+            if is_vllm_image(str(container.get("image", ""))):
+                env.setdefault("VLLM_ASSETS_CACHE", os.fspath(pod_dir / "vllm-assets"))
             argv = self.argv(pod, container, env, mounts)
         except SetupError as exc:
             log_path.write_text(f"{exc}\n")
@@ -306,8 +335,13 @@ class PodRunner(PodSources):
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             try:
+                launch = (
+                    supervised(argv, VLLM_STOP_GRACE)
+                    if is_vllm_image(str(container.get("image", "")))
+                    else die_with_parent(argv)
+                )
                 proc = subprocess.Popen(
-                    die_with_parent(argv),
+                    launch,
                     env=env,
                     cwd=workdir,
                     stdin=subprocess.DEVNULL,

@@ -15,12 +15,13 @@ DIE_WITH_PARENT = shutil.which("setpriv")  # util-linux
 KILL_GRACE_SECONDS = 1.0
 
 
-def die_with_parent(argv: list[str]) -> list[str]:
+def die_with_parent(argv: list[str], sig: str = "KILL") -> list[str]:
     """``argv`` run so that it is killed when the thread that starts it dies: a test run
-    killed outright reaches neither its teardown nor its atexit hook. SIGKILL: with etcd
-    gone, the API server's graceful shutdown would wait for ever. (util-linux's setpriv, not
+    killed outright reaches neither its teardown nor its atexit hook. SIGKILL by default:
+    with etcd gone, the API server's graceful shutdown would wait for ever; ``sig="TERM"``
+    for a process that stops its own children on SIGTERM. (util-linux's setpriv, not
     ``preexec_fn``, which is unsafe where threads run.)"""
-    return [DIE_WITH_PARENT, "--pdeathsig", "KILL", "--", *argv] if DIE_WITH_PARENT else argv
+    return [DIE_WITH_PARENT, "--pdeathsig", sig, "--", *argv] if DIE_WITH_PARENT else argv
 
 
 def free_port() -> int:

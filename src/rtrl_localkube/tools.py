@@ -17,7 +17,7 @@ import yaml
 
 from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.controlplane_setup import REPO
-from rtrl_localkube.processes import die_with_parent
+from rtrl_localkube.processes import die_with_parent, free_port
 
 TOOLS_BIN = REPO / ".tools" / "bin"
 
@@ -103,6 +103,10 @@ class OperatorProcess:
         }
         environment |= dict(env or {})
         rtrl = Path(sys.executable).parent / "rtrl"
+        if not any(a == "--liveness" or a.startswith("--liveness=") for a in args):
+            # a port of its own: the default, 8080, is anyone's on a shared machine (another
+            # session's operator held it, and this one failed to start)
+            args = [*args, "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
         argv = [os.fspath(rtrl), "operator", *args, "--log-format", "text"]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(

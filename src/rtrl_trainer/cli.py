@@ -23,6 +23,7 @@ STEPS: dict[str, str] = {
     "train": "train the next checkpoint from the parent and the staged set (DeepSpeed)",
     "eval": "evaluate a candidate checkpoint against its parent and judge the regression gates",
     "analyze": "judge a canary against the stable checkpoint: promote, rollback or continue",
+    "seal": "join each matured hour's generation and feedback events into shards",
 }
 # step name -> its package, where it is not the step's name
 PACKAGES: dict[str, str] = {"eval": "evaluate"}

@@ -4,8 +4,10 @@ The validating reader (:class:`~rtrl.core.shards.ValidatingReader`) quarantines 
 and rows and counts them by reason; a step may quarantine more rows itself, that only it
 can judge: a row whose ``checkpoint_id`` contradicts its file's ``checkpoint=`` path
 (:data:`CHECKPOINT_MISMATCH`), or one whose token ids contradict its file's footer
-(:data:`STATISTICS_MISMATCH`). :func:`quarantine` adds the two up, per reason and per
-file, the same way for every step, so stage.json and analysis.json count alike.
+(:data:`STATISTICS_MISMATCH`), or one of a partition whose logged log-probs the serving
+checkpoint does not reproduce (:data:`FIDELITY`, the stage's fidelity gate).
+:func:`quarantine` adds them up, per reason and per file, the same way for every step, so
+stage.json and analysis.json count alike.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ CHECKPOINT_MISMATCH = "checkpoint_mismatch"
 # A row holding a token id outside the range its file's footer declares, when the set's
 # token ids were narrowed on the strength of those declarations.
 STATISTICS_MISMATCH = "statistics_mismatch"
+# A row of a partition whose sampled rows' log-probs, recomputed with the serving checkpoint
+# under their sampling parameters, disagree with the logged ones beyond the bound.
+FIDELITY = "fidelity"
 # Bad files listed in a result document; the counts cover all of them.
 MAX_BAD_FILES = 100
 
@@ -32,6 +37,7 @@ class Quarantined:
     report: ValidationReport
     mismatched: Counter[str] = field(default_factory=Counter)  # CHECKPOINT_MISMATCH
     undeclared: Counter[str] = field(default_factory=Counter)  # STATISTICS_MISMATCH
+    unfaithful: Counter[str] = field(default_factory=Counter)  # FIDELITY
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,11 @@ def quarantine(found: Quarantined) -> Quarantine:
     report = found.report
     by_reason = dict(report.rows_by_reason)
     files_by_reason = dict(report.files_by_reason)
-    own = {CHECKPOINT_MISMATCH: found.mismatched, STATISTICS_MISMATCH: found.undeclared}
+    own = {
+        CHECKPOINT_MISMATCH: found.mismatched,
+        STATISTICS_MISMATCH: found.undeclared,
+        FIDELITY: found.unfaithful,
+    }
     for reason, per_file in own.items():
         if per_file:
             by_reason[reason] = sum(per_file.values())

@@ -48,7 +48,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rtrl.core.shards import INTERACTION_SCHEMA
+from rtrl.core.shards.schema import CANONICAL_SCHEMA
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS
 from rtrl_trainer.monitors import MONITOR_COLUMNS
 
@@ -119,7 +119,11 @@ def with_advantages(rank: pa.Table, advantages: pa.Table, name: str) -> pa.Table
 
 # --- schemas -------------------------------------------------------------------------------
 
-_CANON = {f.name: f for f in INTERACTION_SCHEMA}
+_CANON = {f.name: f for f in CANONICAL_SCHEMA}
+# How each row was sampled, as the shards say (nulls: temperature 1, no truncation, raw
+# log-probs; rtrl.core.shards.sampling): the trainer computes its log-probs under the same
+# distribution (rtrl_trainer.logprobs).
+SAMPLING_COLUMNS = ("temperature", "top_p", "top_k", "logprobs_mode")
 # The interaction's columns every staged row carries.
 CARRIED_COLUMNS = (
     "interaction_id",
@@ -129,6 +133,7 @@ CARRIED_COLUMNS = (
     "completion_ids",
     "completion_logprobs",
     "completion_mask",
+    *SAMPLING_COLUMNS,
 )
 # The held-out split: what the eval step's replay and behaviour suites read (the
 # interaction as logged, with its signals), never trained on.

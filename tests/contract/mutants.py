@@ -170,6 +170,39 @@ def _handpicked() -> Iterator[tuple[str, Json]]:
             },
         ),
     }
+    capture = {
+        "events": "s3://rtrl-events/composer/",
+        "image": "registry.example.com/rtrl-serving:0.1.0",
+    }
+    full = {
+        **capture,
+        "port": 9000,
+        "enginePort": 8080,
+        "headers": {"user": "X-User", "session": "X-Session", "org": "X-Org"},
+        "maturity": {"editPersisted": "2h", "dissatisfiedFollowup": "30m", "latencyMs": "1m"},
+        "commitInterval": "20ms",
+        "seal": {"schedule": "5 * * * *", "delay": "15m"},
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+    }
+    at = ("spec", "capture")
+    cases.update({
+        "capture": (at, full),
+        "capture-minimal": (at, capture),
+        "capture-events-in-shards": (at, {**capture, "events": "s3://interactions/composer/ev/"}),
+        "capture-events-are-shards": (at, {**capture, "events": "s3://interactions/composer"}),
+        "capture-events-hold-shards": (at, {**capture, "events": "s3://interactions/"}),
+        "capture-events-sibling": (at, {**capture, "events": "s3://interactions/composer-ev/"}),
+        "capture-ports-equal": (at, {**capture, "port": 8000}),
+        "capture-ports-equal-set": (at, {**capture, "port": 7000, "enginePort": 7000}),
+        "capture-port-0": (at, {**capture, "port": 0}),
+        "capture-no-image": (at, {"events": capture["events"]}),
+        "capture-events-http": (at, {**capture, "events": "http://bucket/x/"}),
+        "capture-maturity-0s": (at, {**capture, "maturity": {"toolCalls": "0s"}}),
+        "capture-maturity-unknown": (at, {**capture, "maturity": {"happiness": "1h"}}),
+        "capture-header-space": (at, {**capture, "headers": {"user": "X User"}}),
+        "capture-seal-cron-6": (at, {**capture, "seal": {"schedule": "0 0 * * * *"}}),
+        "capture-commit-0ms": (at, {**capture, "commitInterval": "0ms"}),
+    })  # fmt: skip
     for label, (path, value) in cases.items():
         yield label, set_at(body, path, value)
 

@@ -23,8 +23,9 @@ from tests.conftest import REPO
 DOCKERFILES = {
     "rtrl-operator": REPO / "images" / "operator" / "Dockerfile",
     "rtrl-trainer": REPO / "images" / "trainer" / "Dockerfile",
+    "rtrl-serving": REPO / "images" / "serving" / "Dockerfile",
 }
-FIRST_PARTY = {"rtrl", "rtrl_trainer", "rtrl_localkube", "rtrl_demo"}
+FIRST_PARTY = {"rtrl", "rtrl_trainer", "rtrl_serving", "rtrl_localkube", "rtrl_demo"}
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 

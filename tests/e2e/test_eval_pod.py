@@ -2,8 +2,9 @@
 stored by the real API server and run by the kubelet stand-in *as its securityContext
 says* (uid 1000, group 1000 and fsGroup 1000, every capability dropped, no_new_privs), with
 the store's Secret mounted as files. Its container runs ``rtrl-job eval --samples`` on the
-attacks of bench/attacks.py: every guarantee holds in that pod, only the honest
-completion passes, and no attack leaves a file, a connection or a secret behind. (Where
+attacks of bench/attacks.py (the sequences of samples included, two sandbox servers as the
+step runs them): every guarantee holds in that pod, only the honest samples pass, and no
+attack leaves a file, a connection or a secret behind. (Where
 uid 1000 cannot reach this checkout, a clone under a 0700 dir, the stand-in runs the pod as
 root with no capability instead: src/rtrl_localkube/pods.py.)"""
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import stat
+import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -52,6 +55,16 @@ def listener() -> Iterator[socket.socket]:
         yield server
 
 
+@pytest.fixture
+def unix_listener() -> Iterator[socket.socket]:
+    directory = Path(tempfile.mkdtemp(prefix="rtrl-pod-sock-"))
+    try:
+        with attacks.unix_listener(directory) as server:
+            yield server
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def eval_job(namespace: str) -> dict[str, Any]:
     raw = load((REPO / "examples" / "rlcycle.yaml").read_text())["spec"]
     raw["storage"] = {"artifacts": "s3://rtrl-artifacts/composer/", "credentialsSecret": "s3-creds"}
@@ -77,7 +90,7 @@ def eval_job(namespace: str) -> dict[str, Any]:
 
 
 def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
-    kube: KubeAPI, node: Kubelet, listener: socket.socket
+    kube: KubeAPI, node: Kubelet, listener: socket.socket, unix_listener: socket.socket
 ) -> None:
     node.runner.identities = True  # reset by the node fixture
     marker = f"rtrl-pod-attack-{uuid.uuid4().hex}"
@@ -89,9 +102,10 @@ def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
         suite_file=tasks.DEFAULT_SUITE,
         humaneval_file=tasks.humaneval_path(),
         credentials=f"{node.runner.work_dir}/{kube.namespace}/*/volumes/*/AWS_SECRET_ACCESS_KEY",
+        unix_socket=unix_listener.getsockname(),
     )
     samples = node.runner.work_dir / f"{marker}.jsonl"
-    names = attacks.write_samples(samples, ctx)
+    expected = attacks.write_samples(samples, ctx)
     keys = {"AWS_ACCESS_KEY_ID": b"AKIAEVALPOD", "AWS_SECRET_ACCESS_KEY": SECRET.encode()}
     kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
                  "data": {k: base64.b64encode(v).decode() for k, v in keys.items()}})  # fmt: skip
@@ -117,14 +131,18 @@ def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
     assert stat.S_IMODE(info.st_mode) == 0o440 and info.st_gid == (1000 if uid else 0)
     summary = json.loads(logs.strip().splitlines()[-1])
     assert summary["sandbox"]["missing"] == [], summary["sandbox"]
-    assert summary["samples"] == len(names) and summary["passed"] == 1
     rows = [
         json.loads(line)
         for line in (pod_dir / "volumes" / "scratch" / "results.jsonl").read_text().splitlines()
     ]
-    verdicts = dict(zip(names, (r["passed"] for r in rows), strict=True))
-    assert verdicts.pop("honest") is True
-    assert not any(verdicts.values()), {k: v for k, v in verdicts.items() if v}
+    wrong = {
+        name: row["result"]
+        for (name, must_pass), row in zip(expected, rows, strict=True)
+        if row["passed"] != must_pass
+    }
+    assert not wrong, wrong
+    assert summary["samples"] == len(expected)
+    assert summary["passed"] == sum(must for _, must in expected)
     results = (pod_dir / "volumes" / "scratch" / "results.jsonl").read_text()
     assert SECRET not in logs + results
     for where in ("/tmp", "/dev/shm", "/var/tmp"):
@@ -132,3 +150,5 @@ def test_the_attacks_fail_in_the_eval_pod_the_operator_builds(
             assert not leftover.exists(), leftover
     with pytest.raises(BlockingIOError):
         listener.accept()
+    with pytest.raises(BlockingIOError):
+        unix_listener.accept()

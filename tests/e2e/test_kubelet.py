@@ -229,3 +229,30 @@ def test_a_pod_asking_for_gpus_stays_pending(kube: KubeAPI, node: Kubelet) -> No
 
     cond = kube.wait_for(unschedulable, timeout=60)
     assert cond["reason"] == "Unschedulable" and "nvidia.com/gpu" in cond["message"]
+
+
+def test_every_container_of_a_pod_is_reported_running_and_the_pod_ready(
+    kube: KubeAPI, node: Kubelet
+) -> None:
+    """Containers start on threads of their own and each reports the pod's status: the last
+    report sent must be the newest state (a stale one, sent last, left a serving pod with a
+    sidecar 'ContainerCreating' for good, never Ready)."""
+    containers = [{"name": f"c{i}", "image": "srv:1", "command": ["sleep", "600"]}
+                  for i in range(6)]  # fmt: skip
+    for n in range(4):
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"multi-{n}"},
+                     "spec": {"containers": containers}})  # fmt: skip
+
+    def ready() -> bool:
+        for n in range(4):
+            status = (kube.get("v1", "Pod", f"multi-{n}") or {}).get("status") or {}
+            states = [s.get("state") or {} for s in status.get("containerStatuses") or []]
+            if len(states) != 6 or not all("running" in s for s in states):
+                return False
+            if not condition({"status": status}, "Ready"):
+                return False
+        return True
+
+    kube.wait_for(ready, timeout=60, message=lambda: str(
+        [(kube.get("v1", "Pod", f"multi-{n}") or {}).get("status") for n in range(4)]
+    ))  # fmt: skip

@@ -55,6 +55,8 @@ def small(spec: dict[str, Any], shards: str) -> dict[str, Any]:
     spec["data"].update(
         shards=shards, maturity="1s", window="24h", minInteractions=50,
         minTokens=100, maxBadFraction=0.05,
+        # synthetic log-probs, not the model's: the fidelity gate would quarantine them
+        fidelity={"sampleRows": 0},
     )  # fmt: skip
     spec["training"].update(
         precision="fp32", zeroStage=0, learningRate=1e-3, batchTokens=2048, microBatchSize=32,

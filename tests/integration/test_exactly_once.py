@@ -176,7 +176,9 @@ class World:
             local.get(a.split("=", 1)[0], a)
             for a in job["spec"]["template"]["spec"]["containers"][0]["args"]
         ]
-        assert rtrl_job(args) == 0, args
+        # The checkpoints here are a config.json only, the log-probs synthetic: no
+        # fidelity gate (it would load the serving weights).
+        assert rtrl_job([*args, "--fidelity-sample-rows=0"]) == 0, args
 
     def cycle_of(self, job: dict[str, Any]) -> int:
         ck = self.cluster.get("Checkpoint", job["metadata"]["labels"][names.LABEL_CHECKPOINT])

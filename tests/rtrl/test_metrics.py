@@ -109,7 +109,12 @@ CHECKPOINT = {
         "data": {"interactions": 2000, "tokens": 90000, "onPolicyFraction": 0.95,
                  "quarantined": {"truncated": 3}, "filesBad": 0,
                  "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
-                 "monitors": {"edit_rate": 0.6, "latency_p95_ms": 850.0}},
+                 "monitors": {"edit_rate": 0.6, "latency_p95_ms": 850.0},
+                 "refused": {"raw_logprobs_tempered": 40},
+                 "fidelity": {"partitionsChecked": 4, "partitionsQuarantined": 1,
+                              "rows": 128, "tokens": 12741, "meanAbsDelta": 0.0041,
+                              "maxAbsDelta": 0.031, "isWeightP01": 0.988,
+                              "isWeightP99": 1.011}},
         "training": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003,
                      "clipFraction": 0.02},
         "eval": {"verdict": "Passed", "gates": [
@@ -160,6 +165,12 @@ def test_status_series_are_what_the_status_says() -> None:
     assert sample("rtrl_data_reward", **ck, stat="std") == 0.42
     assert sample("rtrl_data_monitor", **ck, monitor="latency_p95_ms") == 850.0
     assert sample("rtrl_data_monitor", **ck, monitor="clarification_rate") is None
+    assert sample("rtrl_data_refused", **ck, reason="raw_logprobs_tempered") == 40.0
+    assert sample("rtrl_data_fidelity_partitions_quarantined", **ck) == 1.0
+    assert sample("rtrl_data_fidelity_mean_abs_delta", **ck) == 0.0041
+    assert sample("rtrl_data_fidelity_is_weight", **ck, quantile="0.99") == 1.011
+    assert sample("rtrl_data_fidelity_is_weight", **ck, quantile="0.50") is None  # not in status
+    assert sample("rtrl_data_fidelity_unsupported_fraction", **ck) is None
     assert sample("rtrl_training_loss", **ck) == 0.12
     assert sample("rtrl_training_clip_fraction", **ck) == 0.02
     # not in status (the training step did not report it): no series, not a 0

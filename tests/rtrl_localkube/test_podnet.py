@@ -101,3 +101,91 @@ def test_a_process_in_the_pod_resolves_its_peers_by_name_only(
         "train-0-7.svc None",  # no endpoint has that hostname
     ]
     assert "train-0-0.svc" not in Path("/etc/hosts").read_text()  # the host's is untouched
+
+
+def _serving(name: str, ports: dict[str, list[int]]) -> dict[str, Any]:
+    """A serving pod (no Job) whose containers declare ``ports``."""
+    containers = [
+        {"name": c, "ports": [{"name": f"{c}-{p}", "containerPort": p} for p in ps]}
+        for c, ps in ports.items()
+    ]
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"containers": containers}}  # fmt: skip
+
+
+def test_two_pods_declaring_one_port_get_two_host_ports(network: PodNetwork) -> None:
+    stable = _serving("stable", {"engine": [8000], "sidecar": [8081]})
+    canary = _serving("canary", {"engine": [8000], "sidecar": [8081]})
+    first = network.host_ports(stable)
+    second = network.host_ports(canary)
+    assert set(first) == set(second) == {8000, 8081}
+    assert not set(first.values()) & set(second.values())
+    assert network.host_ports(stable) == first  # kept for the pod's life
+    assert network.host_port(canary, "sidecar-8081") == second[8081]  # by the port's name
+    with pytest.raises(KeyError, match="no port named 'nope'"):
+        network.host_port(canary, "nope")
+    network.release(stable)
+    again = network.host_ports(_serving("stable-2", {"engine": [8000]}))
+    assert again[8000] not in second.values()
+
+
+def test_a_moved_port_is_rewritten_where_the_pod_names_it(network: PodNetwork) -> None:
+    network.host_ports(_serving("first", {"engine": [8000], "sidecar": [8081]}))
+    pod = _serving("second", {"engine": [8000], "sidecar": [8081]})
+    moved = network.host_ports(pod)
+    engine, sidecar = str(moved[8000]), str(moved[8081])
+    assert "8000" not in (engine, sidecar) and "8081" not in (engine, sidecar)
+    argv = ["python3", "-m", "server", "--port=8000", "--metrics-port", "8081", "--workers", "8000",
+            "--host=0.0.0.0", "--url=http://127.0.0.1:8000/v1"]  # fmt: skip
+    assert network.args(pod, argv) == [
+        "python3", "-m", "server", f"--port={engine}", "--metrics-port", sidecar,
+        "--workers", "8000",  # not a port flag
+        "--host=0.0.0.0", f"--url=http://127.0.0.1:{engine}/v1",
+    ]  # fmt: skip
+    env = {
+        "RTRL_CAPTURE_LISTEN": "0.0.0.0:8081",
+        "RTRL_CAPTURE_ENGINE": "http://127.0.0.1:8000",
+        "ENGINE_PORT": "8000",
+        "REPLICAS": "8000",  # not a port variable
+        "REMOTE": "http://other-host:8000",  # not this machine's
+        "WIDE": "[::]:8081",
+    }
+    assert network.env(pod, env) == {
+        "RTRL_CAPTURE_LISTEN": f"0.0.0.0:{sidecar}",
+        "RTRL_CAPTURE_ENGINE": f"http://127.0.0.1:{engine}",
+        "ENGINE_PORT": engine,
+        "REPLICAS": "8000",
+        "REMOTE": "http://other-host:8000",
+        "WIDE": f"[::]:{sidecar}",
+    }
+
+
+def test_a_pod_alone_on_its_ports_keeps_them_and_its_args(network: PodNetwork) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody holds now
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    pod = _serving("alone", {"engine": [port]})
+    assert network.host_ports(pod) == {port: port}
+    argv = ["serve", f"--port={port}"]
+    assert network.args(pod, argv) == argv
+    assert network.env(pod, {"URL": f"http://127.0.0.1:{port}"}) == {
+        "URL": f"http://127.0.0.1:{port}"
+    }
+
+
+def test_a_pods_containers_run_with_their_host_ports_and_are_probed_there(
+    network: PodNetwork,
+) -> None:
+    network.host_ports(_serving("first", {"engine": [8000]}))
+    pod = _serving("second", {"engine": [8000]})
+    engine = pod["spec"]["containers"][0]
+    engine["readinessProbe"] = {"httpGet": {"path": "/health", "port": "engine-8000"}}
+    engine["livenessProbe"] = {"tcpSocket": {"port": 8000}}
+    host = network.host_port(pod, 8000)
+    mapped = network.container(pod, engine)
+    assert mapped["ports"] == [{"name": "engine-8000", "containerPort": host}]
+    assert mapped["readinessProbe"]["httpGet"]["port"] == "engine-8000"  # by name: the port
+    assert mapped["livenessProbe"]["tcpSocket"]["port"] == host
+    assert engine["ports"][0]["containerPort"] == 8000  # the pod's own spec is untouched

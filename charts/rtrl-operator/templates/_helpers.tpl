@@ -94,6 +94,10 @@ the grants differ in either direction. No wildcards.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+# The seal CronJob of an RLCycle with spec.capture.
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list]
@@ -127,4 +131,20 @@ the cluster-wide ClusterRole. */}}
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- end }}
+
+{{/* Labels selecting the feedback service's pods: a name of their own, so the operator's
+     selectors (name and instance) never match them. */}}
+{{- define "rtrl-operator.feedbackSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rtrl-operator.name" . }}-feedback
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rtrl-operator.feedbackImage" -}}
+{{- $image := .Values.feedback.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
 {{- end }}

@@ -100,6 +100,13 @@ class RejectedError(KubeError):
     RLCycle's spec: no retry can succeed until the spec (or the cluster) changes."""
 
 
+def invalid_object(exc: KubeError) -> bool:
+    """A 422 that refuses the object as it would be (``<Kind> "<name>" is invalid: ...``),
+    not one that says a JSON patch's ``test`` no longer holds (which the API server answers
+    with the same status and reason, and a generic message)."""
+    return exc.status == 422 and " is invalid: " in (exc.detail or str(exc))
+
+
 def _rejected(exc: KubeError, kind: str, name: str) -> KubeError:
     if exc.status != 422:
         return exc
@@ -142,7 +149,7 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
                     action.kind, namespace, action.name, action.patch, json_patch=json_patch
                 )
             except KubeError as exc:
-                if not (json_patch and exc.status == 422):
+                if not json_patch or exc.status != 422 or invalid_object(exc):
                     raise _rejected(exc, action.kind, action.name) from None
                 log.info("patch of %s %s no longer applies; replanning", action.kind, action.name)
             else:

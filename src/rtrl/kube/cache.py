@@ -45,10 +45,10 @@ from .client import KubeClient, KubeError
 log = logging.getLogger("rtrl.kube")
 
 # The kinds the operator watches and a round reads (see rtrl.handlers for the watches).
-CACHED_KINDS = ("RLCycle", "Checkpoint", "Job", "Deployment", "Service", "ConfigMap")
+CACHED_KINDS = ("RLCycle", "Checkpoint", "Job", "Deployment", "Service", "ConfigMap", "CronJob")
 # Kinds of which only the operator's children are kept: objects with this label.
 CHILD_LABEL = LABEL_RLCYCLE
-CHILD_KINDS = frozenset({"Job", "Service", "ConfigMap"})
+CHILD_KINDS = frozenset({"Job", "Service", "ConfigMap", "CronJob"})
 # How long a deleted object's tombstone is kept (a late answer or event is older than this).
 TOMBSTONE_SECONDS = 300.0
 

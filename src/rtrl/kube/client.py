@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "RLCycle": (GROUP, VERSION, "rlcycles"),
     "Checkpoint": (GROUP, VERSION, "checkpoints"),
     "Job": ("batch", "v1", "jobs"),
+    "CronJob": ("batch", "v1", "cronjobs"),
     "Pod": ("", "v1", "pods"),
     "Service": ("", "v1", "services"),
     "ConfigMap": ("", "v1", "configmaps"),
@@ -41,6 +42,8 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (GROUP, "checkpoints"): ("get", "list", "watch", "create", "delete", "patch"),
     (GROUP, "checkpoints/status"): ("get", "patch"),
     ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
+    # the seal CronJob of an RLCycle with spec.capture (replaced when the spec changes it)
+    ("batch", "cronjobs"): ("get", "list", "watch", "create", "delete", "patch"),
     ("", "pods"): ("get", "list"),
     ("", "services"): ("get", "list", "watch", "create", "delete"),
     ("", "configmaps"): ("get", "list", "watch", "create", "delete"),

@@ -10,6 +10,7 @@ from rtrl.core.api import names
 from rtrl.core.store import read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
 from rtrl.planning.manifests.names import canary_service_name
+from rtrl.planning.manifests.seal import seal_name
 from rtrl.planning.timeutil import parse_time
 
 from .client import KubeClient, KubeError
@@ -205,6 +206,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         "jobs": lambda: [job_state(client, j) for j in client.list("Job", namespace, mine)],
         "services": lambda: client.list("Service", namespace, mine),
         "config_maps": lambda: client.list("ConfigMap", namespace, mine),
+        "seal": lambda: client.get("CronJob", namespace, seal_name(name)),
     }
     if target.get("deployment"):
         deployment_name = str(target["deployment"])
@@ -221,6 +223,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         "config_maps": "ConfigMap",
         "target": "Deployment",
         "canary": "Deployment",
+        "seal": "CronJob",
     }
     inline = frozenset(
         read for read, kind in kinds.items() if not client.reads_remotely(kind, namespace)
@@ -263,6 +266,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         canary=canary,
         http_route=route,
         stable_service=stable_service,
+        seal=got.get("seal"),
     )
     wanted = results_to_read(observed)
     if not wanted:

@@ -98,7 +98,8 @@ def _finished(status: Mapping[str, Any]) -> bool:
 
 
 def child_event(body: Mapping[str, Any], type_: str | None) -> None:
-    """A Deployment, Service or ConfigMap event: only its deletion is news to the cache."""
+    """A Deployment, Service, ConfigMap or CronJob event: only its deletion is news to the
+    cache."""
     listing(str(body.get("kind")), body, type_)
     if type_ == "DELETED":
         feed(str(body.get("kind")), body, type_)

@@ -67,6 +67,27 @@ DATA_NUMBERS = {
     ),
     "filesBad": ("rtrl_data_files_bad", "Shard files the stage step could not read."),
 }
+# status.data.fidelity (the stage's fidelity gate, overall) -> (series, help)
+FIDELITY_NUMBERS = {
+    "partitionsChecked": (
+        "rtrl_data_fidelity_partitions_checked",
+        "Partitions of the serving checkpoint whose sampled rows the fidelity gate recomputed.",
+    ),
+    "partitionsQuarantined": (
+        "rtrl_data_fidelity_partitions_quarantined",
+        "Partitions the fidelity gate quarantined (logged log-probs not the checkpoint's).",
+    ),
+    "tokens": ("rtrl_data_fidelity_tokens", "Completion tokens the fidelity gate compared."),
+    "meanAbsDelta": (
+        "rtrl_data_fidelity_mean_abs_delta",
+        "Mean |recomputed - logged| log-prob per token (nats).",
+    ),
+    "maxAbsDelta": ("rtrl_data_fidelity_max_abs_delta", "Largest |recomputed - logged|."),
+    "unsupportedFraction": (
+        "rtrl_data_fidelity_unsupported_fraction",
+        "Share of logged tokens outside the recomputed top-p/top-k.",
+    ),
+}
 TRAINING_NUMBERS = {
     "steps": ("rtrl_training_steps", "Optimizer steps taken."),
     "tokens": ("rtrl_training_tokens", "Completion tokens trained on."),
@@ -91,6 +112,10 @@ LABELLED: dict[str, tuple[str, list[str]]] = {
     "rtrl_checkpoint_phase": ("Phase of the Checkpoint: 1, for its current phase only.",
                               ["phase"]),
     "rtrl_data_quarantined": ("Rows the stage step skipped, by reason.", ["reason"]),
+    "rtrl_data_refused": ("Valid rows not trained on: their logged log-probs are not their "
+                          "sampling distribution's, by reason.", ["reason"]),
+    "rtrl_data_fidelity_is_weight": ("Quantile of the fidelity gate's importance weights "
+                                     "exp(recomputed - logged).", ["quantile"]),
     "rtrl_data_reward": ("Reward of the staged interactions (stat: mean, std, min, max).",
                          ["stat"]),
     "rtrl_data_monitor": ("Behaviour monitor of the staged set.", ["monitor"]),
@@ -122,8 +147,8 @@ def _catalogue() -> dict[str, tuple[str, list[str]]]:
     """Every per-object series: its help and labels."""
     out = {name: (doc, RLCYCLE) for name, doc in (*RLCYCLE_NUMBERS.values(),
                                                    *RLCYCLE_TIMES.values())}  # fmt: skip
-    plain = (*CHECKPOINT_TIMES.values(), *DATA_NUMBERS.values(), *TRAINING_NUMBERS.values(),
-             *CHECKPOINT_NUMBERS.items())  # fmt: skip
+    plain = (*CHECKPOINT_TIMES.values(), *DATA_NUMBERS.values(), *FIDELITY_NUMBERS.values(),
+             *TRAINING_NUMBERS.values(), *CHECKPOINT_NUMBERS.items())  # fmt: skip
     out |= {name: (doc, CHECKPOINT) for name, doc in plain}
     for name, (doc, extra) in LABELLED.items():
         out[name] = (doc, [*(RLCYCLE if name == "rtrl_rlcycle_phase" else CHECKPOINT), *extra])
@@ -204,10 +229,17 @@ def _checkpoint(out: _Families, ck: Mapping[str, Any]) -> None:
     data = status.get("data") or {}
     out.numbers(DATA_NUMBERS, data, ident)
     for label, name in (("quarantined", "rtrl_data_quarantined"), ("reward", "rtrl_data_reward"),
-                        ("monitors", "rtrl_data_monitor")):  # fmt: skip
+                        ("monitors", "rtrl_data_monitor"),
+                        ("refused", "rtrl_data_refused")):  # fmt: skip
         for key, v in sorted((data.get(label) or {}).items()):
             if _is_number(v):
                 out.add(name, [*ident, str(key)], float(v))
+    fidelity = data.get("fidelity") or {}
+    out.numbers(FIDELITY_NUMBERS, fidelity, ident)
+    for quantile in ("01", "50", "99"):
+        weight = fidelity.get(f"isWeightP{quantile}")
+        if isinstance(weight, int | float) and not isinstance(weight, bool):
+            out.add("rtrl_data_fidelity_is_weight", [*ident, f"0.{quantile}"], float(weight))
     out.numbers(TRAINING_NUMBERS, status.get("training") or {}, ident)
     _eval(out, status.get("eval") or {}, ident)
     _ab(out, (status.get("rollout") or [{}])[-1], ident)

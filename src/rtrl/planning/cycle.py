@@ -18,10 +18,8 @@ from typing import Any
 
 from rtrl.core.api import names
 from rtrl.core.api.checkpoint import (
-    DataSummary,
     EvalSummary,
     GateResult,
-    RewardStats,
     TrainingSummary,
 )
 from rtrl.core.api.common import parse_duration
@@ -44,6 +42,7 @@ from .reading import phase as _phase
 from .reading import step_jobs as _step_jobs
 from .round import Plan, Round
 from .schedule import next_run
+from .stage_result import data_summary
 from .timeutil import iso
 
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
@@ -268,19 +267,7 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         if config_map_name(name) in r.obs.config_maps:
             r.act(Delete("v1", "ConfigMap", config_map_name(name)))
         return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
-    quarantined = doc.get("quarantined") or None
-    summary = DataSummary(
-        manifest=doc.get("out") or uri.rsplit("/", 1)[0] + "/",
-        interactions=int(doc["interactions_used"]),
-        tokens=int(doc["tokens_used"]),
-        on_policy_fraction=doc.get("on_policy_fraction"),
-        quarantined=quarantined if isinstance(quarantined, dict) else None,
-        files_bad=len(doc.get("quarantined_files") or []),
-        since=doc.get("since"),
-        until=doc.get("next_since"),
-        reward=_reward_stats(doc.get("reward")),
-        monitors=_monitors(doc.get("monitors")),
-    )
+    summary = data_summary(doc, uri)
     r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
     r.patch_summary(
         ck,
@@ -295,26 +282,6 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
     return r.finish(
         "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
     )
-
-
-def _reward_stats(stats: Any) -> RewardStats | None:
-    """stage.json's reward statistics; None when no staged row had a reward (all null)."""
-    if not isinstance(stats, dict) or stats.get("mean") is None:
-        return None
-    return RewardStats.model_validate({k: stats[k] for k in RewardStats.model_fields})
-
-
-def _monitors(monitors: Any) -> dict[str, float] | None:
-    """stage.json's behaviour monitors that are defined for the set (a null one, e.g. a
-    tool-call rate without tool calls, is not a 0)."""
-    if not isinstance(monitors, dict):
-        return None
-    numbers = {
-        str(k): float(v)
-        for k, v in monitors.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    return dict(sorted(numbers.items())[:32]) or None
 
 
 def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:

@@ -1,9 +1,11 @@
 """What the spec names must exist before any Job is created: the target Deployment and its
-container, the credentials Secret with its keys, a pinned Checkpoint, and the Checkpoint
-the target serves. A problem here makes the RLCycle ``Invalid`` with the field to fix."""
+container (and, with spec.capture, room for the sidecar in it), the credentials Secret with
+its keys, a pinned Checkpoint, and the Checkpoint the target serves. A problem here makes
+the RLCycle ``Invalid`` with the field to fix."""
 
 from __future__ import annotations
 
+from .capture import check_capture
 from .manifests.names import same_uri
 from .reading import meta
 from .round import Round
@@ -26,6 +28,9 @@ def check_environment(r: Round) -> tuple[str, str]:
             f"spec.target.container: Deployment {target.deployment} has no container "
             f"{target.container}",
         )
+    reason, problem = check_capture(r)
+    if reason:
+        return reason, problem
     secret = r.obs.secret
     if spec.storage.credentials_secret and secret is not None:
         if not secret.found:

@@ -70,6 +70,8 @@ class Observed:
     # With the gatewayapi router, the stable Service (``rollout.service``), read only while
     # its canary Service is to be made: the canary Service copies its ports.
     stable_service: Mapping[str, Any] | None = None
+    # The seal CronJob (``<rlcycle>-seal``, spec.capture), None when absent.
+    seal: Mapping[str, Any] | None = None
     secret: SecretState | None = None  # None: no Secret referenced
     # Step results by URI (stage.json, train.json, eval.json): the document, or None when
     # nothing is committed there; a string is the error met reading it.

@@ -24,6 +24,7 @@ from rtrl.core.api import names
 from rtrl.core.api.errors import error_message, format_loc
 from rtrl.core.api.rlcycle import RLCycleMeta, RLCycleSpec
 
+from .capture import keep_capture
 from .cycle import cancel, cancel_reason, drive_step
 from .environment import check_environment
 from .gates import unused_approval
@@ -117,9 +118,9 @@ def run(r: Round) -> Plan:
         if why:
             cancel(r, active, why)
             active = None
-    if active is not None:
-        return drive(r, active)
-    return idle(r)
+    out = drive(r, active) if active is not None else idle(r)
+    keep_capture(r)
+    return out
 
 
 def drive(r: Round, ck: dict[str, Any]) -> Plan:

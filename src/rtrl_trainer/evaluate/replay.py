@@ -13,6 +13,18 @@ prompt as context and only the tokens the model generated (``completion_mask``):
 - ``replay.kl``: mean per-token KL(candidate || parent) over the full vocabulary: a trust
   region check, lower is better (0 for the parent itself).
 
+Log-likelihoods follow the trainer's rule: each row's tokens are scored under the
+distribution it was sampled from (the held-out file's sampling columns: its temperature,
+and its top-p/top-k where the engine logged processed log-probs; :mod:`rtrl_trainer.logprobs`),
+and rows whose logged log-probs cannot be matched (greedy, raw log-probs at another
+temperature or truncated: :func:`rtrl.core.shards.sampling.unmatched`) are not replayed,
+only counted (the stage refuses them before they are held out; an older held-out set may
+have them). A token outside a model's top-p/top-k under the row's settings scores
+:data:`LOGLIK_FLOOR` (that model could not have produced it; ``-inf`` would leave the row's
+mean, and the gates' resampling, without meaning). The KL is between the two models'
+distributions at the row's temperature over the whole vocabulary (truncated ones would
+make it infinite wherever the two nuclei differ).
+
 The per-row values are what the gates resample; the parent's log-likelihoods are cached
 with its other results, but the KL needs both models' distributions, so the parent model
 is loaded whenever this suite runs.
@@ -21,16 +33,24 @@ is loaded whenever this suite runs.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import torch
 
+from rtrl.core.shards.sampling import unmatched
+from rtrl.core.shards.schema import OPTIONAL_SCHEMA
 from rtrl_trainer.evaluate.gates import Metric
 from rtrl_trainer.evaluate.model import EvalModel
+from rtrl_trainer.logprobs import DEFAULT, Sampling, sampled_logprobs
 from rtrl_trainer.progress import Progress
 
 KEPT = 0.5
+# A token a model gives no probability under the row's top-p/top-k counts as this
+# log-likelihood (e^-30: as unlikely as makes no difference, and finite for the gates).
+LOGLIK_FLOOR = -30.0
+SAMPLING_COLUMNS = ("temperature", "top_p", "top_k", "logprobs_mode")
 
 
 @dataclass(frozen=True)
@@ -39,24 +59,60 @@ class HeldoutRow:
     completion: list[int]
     mask: list[bool]
     edit_persisted: float | None
+    sampling: Sampling = DEFAULT
 
 
-def rows_from_table(table: pa.Table, *, limit: int | None = None) -> list[HeldoutRow]:
-    """Held-out rows with at least one generated completion token."""
+@dataclass
+class Refused:
+    """Held-out rows not replayed because their log-probs cannot be matched, by reason."""
+
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def _samplings(table: pa.Table) -> tuple[list[Sampling], list[str | None]]:
+    """Each row's sampling, and why it cannot be matched (None: it can)."""
+    n = table.num_rows
+    arrays = [
+        table.column(c).combine_chunks().cast(OPTIONAL_SCHEMA.field(c).type)
+        if c in table.column_names
+        else pa.nulls(n, OPTIONAL_SCHEMA.field(c).type)
+        for c in SAMPLING_COLUMNS
+    ]
+    batch = pa.RecordBatch.from_arrays(arrays, names=list(SAMPLING_COLUMNS))
+    why: list[str | None] = [None] * n
+    for reason, mask in unmatched(batch).items():
+        for row in np.flatnonzero(mask).tolist():
+            why[row] = why[row] or reason
+    values = [a.to_pylist() for a in arrays]
+    return [Sampling.of_row(*v) for v in zip(*values, strict=True)], why
+
+
+def rows_from_table(
+    table: pa.Table, *, limit: int | None = None, refused: Refused | None = None
+) -> list[HeldoutRow]:
+    """Held-out rows with at least one generated completion token whose log-probs can be
+    matched; the others' reasons counted in ``refused``."""
     rows: list[HeldoutRow] = []
     persisted = (
         table.column("edit_persisted").to_pylist()
         if "edit_persisted" in table.column_names
         else [None] * table.num_rows
     )
-    for prompt, completion, logged_mask, kept in zip(
+    samplings, why = _samplings(table)
+    for prompt, completion, logged_mask, kept, sampling, reason in zip(
         table.column("prompt_ids").to_pylist(),
         table.column("completion_ids").to_pylist(),
         table.column("completion_mask").to_pylist(),
         persisted,
+        samplings,
+        why,
         strict=True,
     ):
         if not completion:
+            continue
+        if reason is not None:
+            if refused is not None:
+                refused.by_reason[reason] = refused.by_reason.get(reason, 0) + 1
             continue
         mask = (
             logged_mask
@@ -65,7 +121,7 @@ def rows_from_table(table: pa.Table, *, limit: int | None = None) -> list[Heldou
         )
         if not any(mask):
             continue
-        rows.append(HeldoutRow(list(prompt or []), list(completion), list(mask), kept))
+        rows.append(HeldoutRow(list(prompt or []), list(completion), list(mask), kept, sampling))
         if limit is not None and len(rows) >= limit:
             break
     return rows
@@ -82,11 +138,25 @@ def _counted(rows: list[HeldoutRow], progress: Progress | None) -> Iterable[Held
 def loglik_values(
     model: EvalModel, rows: list[HeldoutRow], progress: Progress | None = None
 ) -> list[float]:
-    """Mean per-token log-likelihood of each row's generated completion tokens."""
+    """Mean per-token log-likelihood of each row's generated completion tokens, under the
+    row's sampling distribution (a token outside its top-p/top-k: :data:`LOGLIK_FLOOR`)."""
     values = []
     for row in _counted(rows, progress):
         logp = model.logits(row.prompt, row.completion)
-        token = logp.gather(1, torch.tensor(row.completion)[-len(logp) :, None])[:, 0]
+        targets = torch.tensor(row.completion)[-len(logp) :]
+        s = row.sampling
+        if s.is_default:
+            token = logp.gather(1, targets[:, None])[:, 0]
+        else:
+            # log_softmax is the logits less a constant: the same distribution at any T.
+            n = len(logp)
+            token = sampled_logprobs(
+                logp,
+                targets,
+                temperature=torch.full((n,), s.temperature),
+                top_p=torch.full((n,), s.top_p),
+                top_k=torch.full((n,), s.top_k, dtype=torch.long),
+            ).clamp_min(LOGLIK_FLOOR)
         mask = torch.tensor(row.mask[-len(logp) :])
         values.append(float(token[mask].mean()))
     return values
@@ -98,11 +168,15 @@ def kl_values(
     rows: list[HeldoutRow],
     progress: Progress | None = None,
 ) -> list[float]:
-    """Mean per-token KL(candidate || parent) of each row."""
+    """Mean per-token KL(candidate || parent) of each row, between the two models'
+    distributions at the row's temperature."""
     values = []
     for row in _counted(rows, progress):
         cand = candidate.logits(row.prompt, row.completion)
         par = parent.logits(row.prompt, row.completion)
+        if row.sampling.temperature != 1.0:
+            cand = torch.log_softmax(cand / row.sampling.temperature, dim=-1)
+            par = torch.log_softmax(par / row.sampling.temperature, dim=-1)
         kl = (cand.exp() * (cand - par)).sum(-1)
         mask = torch.tensor(row.mask[-len(kl) :])
         values.append(float(kl[mask].mean().clamp_min(0.0)))

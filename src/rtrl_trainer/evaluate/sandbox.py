@@ -30,6 +30,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,7 +39,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer.evaluate import sandbox_shared
 from rtrl_trainer.evaluate.sandbox_channel import Channel
 from rtrl_trainer.evaluate.sandbox_types import NONE_HELD, Guarantees, Limits, Result, SandboxError
 
@@ -98,8 +98,7 @@ class Sandbox:
         ]
         self._prefix = _drop_to(*run_as) if run_as is not None else []
         self._proc: subprocess.Popen[bytes] | None = None
-        self._calls = -1
-        self._replies = -1
+        self._pipes: socket.socket | None = None  # hands each task's pipes to the server
         self.hello: dict[str, Any] = {}
         self.guarantees = NONE_HELD
         self._start()
@@ -120,8 +119,7 @@ class Sandbox:
         )
 
     def _start(self) -> None:
-        calls_r, self._calls = os.pipe()
-        self._replies, replies_w = os.pipe()
+        self._pipes, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [
             *self._prefix,
             self._python,
@@ -129,7 +127,7 @@ class Sandbox:
             "-S",
             "-B",
             str(SERVER),
-            f"--channel={calls_r},{replies_w}",
+            f"--pipes={theirs.fileno()}",
             f"--evaluator={os.getpid()}",
             *self._flags,
         ]
@@ -140,12 +138,11 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 env={"HOME": "/", "TMPDIR": "/nonexistent", "LANG": "C.UTF-8"},
                 cwd="/",
-                pass_fds=(calls_r, replies_w),
+                pass_fds=(theirs.fileno(),),
                 start_new_session=True,
             )
         finally:
-            os.close(calls_r)
-            os.close(replies_w)
+            theirs.close()
         hello = self._receive(30.0)
         if hello is None:
             self._stop()
@@ -187,10 +184,9 @@ class Sandbox:
                 proc.wait()
             assert proc.stdout is not None
             proc.stdout.close()
-        for fd in (self._calls, self._replies):
-            if fd >= 0:
-                os.close(fd)
-        self._calls = self._replies = -1
+        if self._pipes is not None:
+            self._pipes.close()
+            self._pipes = None
 
     def close(self) -> None:
         self._stop()
@@ -260,13 +256,19 @@ class Sandbox:
     ) -> Iterator[Channel]:
         """Load ``source`` in a fresh task and yield a :class:`Channel` to call
         ``entry_point`` there; on exit the task is killed and its :class:`Result` is in
-        ``channel.result``."""
+        ``channel.result``.
+
+        The task's call pipes are made here for it alone and handed to the server with the
+        request (``SCM_RIGHTS``); the server keeps no copy, and this side closes its ends
+        when the task has ended, so nothing the task sets on them outlives it."""
         limits = limits or Limits()
         self._ensure_started()
         assert self._proc is not None and self._proc.stdout is not None
-        sandbox_shared.drain(self._replies)  # what an earlier task wrote and nobody read
+        assert self._pipes is not None
+        calls_r, calls_w = os.pipe()
+        replies_r, replies_w = os.pipe()
         deadline = time.monotonic() + limits.wall_seconds
-        channel = Channel(self._calls, self._replies, self._proc.stdout.fileno(), deadline)
+        channel = Channel(calls_w, replies_r, self._proc.stdout.fileno(), deadline)
         request = {
             "op": "serve",
             "source": source.encode(),
@@ -275,17 +277,25 @@ class Sandbox:
         }
         sent = True
         try:
+            socket.send_fds(self._pipes, [b"p"], [calls_r, replies_w])
             self._send(request)
         except OSError:
             sent = False
             channel.gone = True
+        finally:
+            os.close(calls_r)
+            os.close(replies_w)
         try:
             yield channel
         finally:
-            if sent:
-                with contextlib.suppress(OSError):
-                    self._send({"op": "stop"})
-            channel.result = self._result(limits)
+            try:
+                if sent:
+                    with contextlib.suppress(OSError):
+                        self._send({"op": "stop"})
+                channel.result = self._result(limits)
+            finally:
+                os.close(calls_w)
+                os.close(replies_r)
 
 
 def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:

@@ -5,8 +5,11 @@ Starting an interpreter per task costs ~8 ms, against ~60 µs for the tests of a
 the server starts once (per evaluation and worker), prepares what every task inherits, and
 every task is a fresh process forked from it. What a task's process gets, in this order:
 
-- a new session; stdin ``/dev/null``, stdout/stderr size-capped memory files, the two
-  ends of the call channel (fds 3 and 4, :mod:`rtrl_trainer.evaluate.grader`), nothing else open;
+- a new session; stdin a ``/dev/null`` of its own, stdout/stderr size-capped memory files,
+  the task's own two call pipes (fds 3 and 4, :mod:`rtrl_trainer.evaluate.grader`): made by
+  the evaluator for this task alone and received with its request (``SCM_RIGHTS``), the
+  server keeps no copy; nothing else open, so nothing the task sets on a descriptor (a
+  pipe's size, a file's flags) reaches another task;
 - where the server may switch users (root with CAP_SETUID/CAP_SETGID): an unused user id
   of its own, so nothing of the evaluator's can be signalled, traced or read;
 - not dumpable; ``no_new_privs``; the rlimits (address space, CPU seconds, file size, open
@@ -17,34 +20,36 @@ every task is a fresh process forked from it. What a task's process gets, in thi
   ``/tmp`` or any secret the evaluator names with ``--secret`` —, no write anywhere, no TCP
   bind or connect (ABI 4), and, ABI 6 (Linux 6.12), no signal to and no abstract socket of
   any process outside the domain. Landlock also forbids tracing such processes;
-- a **seccomp** filter (built once, here): no new process (``fork``/``vfork``, ``clone``
-  without ``CLONE_THREAD``), so the address-space cap is the cap of the task's whole
-  tree; no namespaces (``unshare``, ``setns``, namespace flags of ``clone``), no
-  ``ptrace``, ``process_vm_*``, ``execve``, no socket but ``AF_UNIX``, no mount, ``bpf``,
-  ``io_uring``, keyrings, System V or POSIX IPC, ``memfd_create``, module or kexec loading,
-  no resource limit or priority of another process. Denied calls fail with ``EPERM``
-  (``clone3`` with ``ENOSYS``, so the C library falls back to ``clone``, whose flags the
-  filter can see).
+- a **seccomp** filter, an allow-list compiled by libseccomp (:mod:`sandbox_seccomp`; both
+  programs built once, here): the calls a process computing alone needs and nothing else,
+  so no new process or thread (the address-space cap is the cap of the whole task), no
+  socket of any family, no ``execve``, ``ptrace`` or namespace, no scheduling, priority or
+  affinity but its own, no file watches, ``fcntl`` and ``ioctl`` for descriptor flags and
+  terminal queries only. Every other call fails with ``EPERM`` (``clone3`` with
+  ``ENOSYS``, so the C library falls back to ``clone``, whose flags the filter can see).
 
 None of this needs a privilege: it holds as the eval pod's uid 1000 with every capability
 dropped. At start, a check child takes the same steps and then *attacks*: it tries to
-signal and trace the server, read its ``/proc`` files and the secrets, open a TCP socket,
-create a file in ``/tmp``, ``unshare`` and ``fork``. Each guarantee is what it saw, not what
-was configured; the hello message carries them (:class:`rtrl_trainer.evaluate.sandbox.Guarantees`)
-with the reason of each one missing, and the evaluator fails closed on them.
+signal and trace the server, read its ``/proc`` files and the secrets, open a socket of
+each family, create a file in ``/tmp``, ``unshare`` and ``fork``, set the server's
+scheduling and priority (to what they are) and a user's, watch a file. Each guarantee is
+what it saw, not what was configured; the hello message carries them
+(:class:`rtrl_trainer.evaluate.sandbox.Guarantees`) with the reason of each one missing,
+and the evaluator fails closed on them.
 
 Two kinds of request: ``run`` executes a program as ``__main__`` (its exit status is the
 result); ``serve`` loads a completion's source as a module and answers calls of its entry
 point over the call channel (:func:`_serve`) until the evaluator sends ``stop``; then the
-task is killed. Only the standard library is used (plus :mod:`plain_values` and
-:mod:`sandbox_shared`, from this directory). Protocol on stdin/stdout: 4-byte big-endian length
+task is killed. Only the standard library is used (plus :mod:`plain_values`,
+:mod:`sandbox_seccomp` and :mod:`sandbox_shared`, from this directory; libseccomp through
+``ctypes``). Protocol on stdin/stdout: 4-byte big-endian length
 + a :mod:`marshal`-ed dict (two trusted processes); a hello, then one response per
 request; exit at end of input.
 
-Why one file of ~950 lines, against the 400 of every other module: it is a standalone
+Why one file of ~900 lines, against the 400 of every other module: it is a standalone
 script, not a module of the evaluator. Every module it imports is paid for at start-up and
 is one more file a task's Landlock domain must be able to read, so it imports only the
-standard library and the two small files beside it; and the steps above (the task's set-up,
+standard library and the three small files beside it; and the steps above (the task's set-up,
 the Landlock and seccomp rules, the check child's attacks, the request loop) are one
 sequence that reads top to bottom, each step relying on the one before.
 """
@@ -58,6 +63,7 @@ import marshal
 import os
 import resource
 import select
+import socket
 import struct
 import sys
 import time
@@ -66,6 +72,7 @@ import types
 # The two helpers of this directory (standard library only), on purpose: see above.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plain_values
+import sandbox_seccomp
 import sandbox_shared
 
 del sys.path[0]
@@ -78,8 +85,6 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 SIGKILL = 9  # not from the signal module: it imports enum, and every module costs each fork
-EPERM = 1
-ENOSYS = 38
 # Exit status of a child whose own setup failed (the error is on its stderr).
 SETUP_FAILED = 121
 # Task user ids: a random one far above any real account, one per server.
@@ -97,147 +102,7 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 _prctl.restype = ctypes.c_int
 
 # --- seccomp ---------------------------------------------------------------------------
-
-AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-# Syscall numbers (x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h).
-_DENIED = {
-    "ptrace": (101, 117),
-    "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271),
-    "unshare": (272, 97),
-    "setns": (308, 268),
-    "mount": (165, 40),
-    "umount2": (166, 39),
-    "pivot_root": (155, 41),
-    "chroot": (161, 51),
-    "bpf": (321, 280),
-    "perf_event_open": (298, 241),
-    "keyctl": (250, 219),
-    "add_key": (248, 217),
-    "request_key": (249, 218),
-    "kexec_load": (246, 104),
-    "kexec_file_load": (320, 294),
-    "init_module": (175, 105),
-    "finit_module": (313, 273),
-    "delete_module": (176, 106),
-    "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427),
-    "open_by_handle_at": (304, 265),
-    "name_to_handle_at": (303, 264),
-    "memfd_create": (319, 279),
-    "shmget": (29, 194),
-    "shmat": (30, 196),
-    "msgget": (68, 186),
-    "semget": (64, 190),
-    "mq_open": (240, 180),
-    "execve": (59, 221),
-    "execveat": (322, 281),
-    "acct": (163, 89),
-    "swapon": (167, 224),
-    "swapoff": (168, 225),
-    "reboot": (169, 142),
-    "quotactl": (179, 60),
-    "fsopen": (430, 430),
-    "fsmount": (432, 432),
-    "fsconfig": (431, 431),
-    "fspick": (433, 433),
-    "move_mount": (429, 429),
-    "open_tree": (428, 428),
-    "mount_setattr": (442, 442),
-    "pidfd_getfd": (438, 438),
-    "kcmp": (312, 272),
-    "syslog": (103, 116),
-    "settimeofday": (164, 170),
-    "clock_settime": (227, 112),
-    "adjtimex": (159, 171),
-    "sethostname": (170, 161),
-    "setdomainname": (171, 162),
-    "migrate_pages": (256, 238),
-    "move_pages": (279, 239),
-    "iopl": (172, None),
-    "ioperm": (173, None),
-    "landlock_create_ruleset": (444, 444),  # a task adds no domain of its own
-}
-_FORKS = {"fork": (57, None), "vfork": (58, None)}
-_SOCKET = (41, 198)
-_CLONE = (56, 220)
-_CLONE3 = (435, 435)
-_PRLIMIT = (302, 261)  # denied unless pid == 0 (this process)
-_SETPRIORITY = (141, 140)  # denied unless who == 0
-AF_UNIX = 1
-CLONE_THREAD = 0x00010000
-# CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
-CLONE_NAMESPACES = 0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
-CLONE_NAMESPACES |= 0x20000000 | 0x40000000
-_X32_BIT = 0x40000000
-
-# classic BPF
-_LD_W_ABS = 0x20
-_JEQ_K = 0x15
-_JGE_K = 0x35
-_JSET_K = 0x45
-_RET_K = 0x06
-SECCOMP_RET_ALLOW = 0x7FFF0000
-SECCOMP_RET_ERRNO = 0x00050000
-SECCOMP_RET_KILL_PROCESS = 0x80000000
-_NR, _ARCH, _ARG0_LO, _ARG1_LO = 0, 4, 16, 24
-
-
-def _filter(no_fork: bool) -> bytes | None:
-    """The seccomp program (``struct sock_filter[]``), or None on an unknown architecture."""
-    machine = os.uname().machine
-    if machine not in AUDIT_ARCH:
-        return None
-    col = 0 if machine == "x86_64" else 1
-    prog: list[tuple[int, int, int, int]] = []
-
-    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
-        prog.append((code, jt, jf, k))
-
-    deny = (_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM)
-    allow = (_RET_K, 0, 0, SECCOMP_RET_ALLOW)
-    op(_LD_W_ABS, _ARCH)
-    op(_JEQ_K, AUDIT_ARCH[machine], 1, 0)
-    op(_RET_K, SECCOMP_RET_KILL_PROCESS)
-    op(_LD_W_ABS, _NR)
-    if col == 0:  # the x32 ABI: other numbers, same arch
-        op(_JGE_K, _X32_BIT, 0, 1)
-        prog.append(deny)
-    denied = [nrs[col] for nrs in _DENIED.values()]
-    if no_fork:
-        denied += [nrs[col] for nrs in _FORKS.values()]
-    for nr in sorted({n for n in denied if n is not None}):
-        op(_JEQ_K, nr, 0, 1)
-        prog.append(deny)
-    op(_JEQ_K, _CLONE3[col], 0, 1)
-    op(_RET_K, SECCOMP_RET_ERRNO | ENOSYS)
-    # socket(domain, ...): AF_UNIX only
-    op(_JEQ_K, _SOCKET[col], 0, 4)
-    op(_LD_W_ABS, _ARG0_LO)
-    op(_JEQ_K, AF_UNIX, 0, 1)
-    prog.append(allow)
-    prog.append(deny)
-    # clone(flags, ...): no namespace; without fork, threads only
-    op(_JEQ_K, _CLONE[col], 0, 6 if no_fork else 4)
-    op(_LD_W_ABS, _ARG0_LO)
-    op(_JSET_K, CLONE_NAMESPACES, 0, 1)
-    prog.append(deny)
-    if no_fork:
-        op(_JSET_K, CLONE_THREAD, 1, 0)
-        prog.append(deny)
-    prog.append(allow)
-    # prlimit64(pid, ...) and setpriority(which, who, ...): this process only
-    for nr, arg in ((_PRLIMIT[col], _ARG0_LO), (_SETPRIORITY[col], _ARG1_LO)):
-        op(_JEQ_K, nr, 0, 4)
-        op(_LD_W_ABS, arg)
-        op(_JEQ_K, 0, 0, 1)
-        prog.append(allow)
-        prog.append(deny)
-        op(_LD_W_ABS, _NR)
-    prog.append(allow)
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+# The allow-list and its compilation by libseccomp: sandbox_seccomp.py.
 
 
 class _Fprog(ctypes.Structure):
@@ -387,24 +252,34 @@ class Server:
         secrets: list[str],
         task_user: bool,
         evaluator: int | None,
-        channel: tuple[int, int],
+        pipes: socket.socket,
         without: set[str],
     ) -> None:
         self.hidden = _secret_roots(secrets)
         self.evaluator = evaluator
-        self.channel = channel
+        self.pipes = pipes
         self.uid = _task_uid() if task_user else None
         self.abi = 0 if "landlock" in without else landlock_abi()
         self.ruleset, self.landlock_reason = _ruleset(self.abi, self.hidden)
         if "landlock" in without:
             self.landlock_reason = "Landlock left out (--without=landlock)"
-        seccomp = "seccomp" not in without
-        self.filters = {
-            True: _filter(True) if seccomp else None,
-            False: _filter(False) if seccomp else None,
-        }
+        self.filters: dict[bool, bytes | None] = {True: None, False: None}
+        self.seccomp: dict[str, object] = {"reason": "seccomp left out (--without=seccomp)"}
+        if "seccomp" not in without:
+            try:  # libseccomp builds both programs once, here; each task installs one
+                self.filters = {f: sandbox_seccomp.compile_filter(f) for f in (True, False)}
+                self.seccomp = {
+                    "generator": f"libseccomp {sandbox_seccomp.version()}",
+                    "allowed": sorted(sandbox_seccomp.rules(True)),
+                    "instructions": len(self.filters[True] or b"") // 8,
+                    "sha256": sandbox_seccomp.fingerprint(self.filters[True] or b""),
+                }
+            except sandbox_seccomp.SeccompUnavailableError as exc:
+                self.seccomp = {"reason": str(exc)}
+        # The check child sets the server's scheduling and priority to what they are.
+        self.scheduling = (os.sched_getscheduler(0), os.sched_getparam(0))
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)
         _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        self.devnull = os.open(os.devnull, os.O_RDWR)
         self.guarantees, self.reasons = self._check()
         if self.uid is not None and not self.guarantees.get("_setup", False):
             self.uid = None  # the task user cannot run here: check again without it
@@ -427,7 +302,12 @@ class Server:
                 }
                 ruleset = os.dup(self.ruleset) if self.ruleset >= 0 else -1
                 _setup(self, _rlimits(check_limits), True, ruleset)
+                # A task imports the standard library: its user must be able to read it
+                # (a task user cannot, where the interpreter lives under a 0700 /root).
+                with open(os.path.join(os.path.dirname(os.__file__), "types.py"), "rb") as f:
+                    f.read(1)
                 doc = _attack(self.hidden, self.evaluator)
+                doc.update(_attack_the_host(self.scheduling, self.nice))
                 doc["_setup"] = True
             except BaseException as exc:
                 doc = {"_setup": False, "_error": f"{type(exc).__name__}: {exc}"}
@@ -440,6 +320,11 @@ class Server:
             data += chunk
         os.close(read_end)
         os.waitpid(pid, 0)
+        for directory in _WRITABLE:  # what the check child created where it could
+            try:  # noqa: SIM105 - contextlib is not imported: the server imports little
+                os.unlink(os.path.join(directory, f".rtrl-check-{pid}"))
+            except OSError:
+                pass
         found: dict[str, object] = marshal.loads(data) if data else {"_setup": False}
         held = {name: found.get(name) is None for name in GUARANTEES}
         reasons = {name: str(found[name]) for name in GUARANTEES if found.get(name) is not None}
@@ -450,6 +335,10 @@ class Server:
             for name in ("suite_unreadable", "no_fs_writes"):
                 if not held[name]:
                     reasons[name] += f" ({self.landlock_reason})"
+        if self.filters[True] is None:
+            for name in ("no_network", "no_namespaces", "no_scheduling", "no_watching"):
+                if not held[name]:
+                    reasons[name] += f" ({self.seccomp['reason']})"
         held["_setup"] = bool(found.get("_setup"))
         return held, reasons
 
@@ -458,6 +347,7 @@ class Server:
             "pid": os.getpid(),
             "uid": self.uid,
             "landlock_abi": self.abi,
+            "seccomp": self.seccomp,
             "guarantees": self.guarantees,
             "reasons": self.reasons,
         }
@@ -468,20 +358,26 @@ class Server:
         op = request["op"]
         if op == "stop":  # a stop that came after the wall clock had ended the task
             return None
-        source = request["source"]
-        entry = request.get("entry_point")
-        if op not in ("run", "serve") or not isinstance(source, bytes):
-            raise ValueError(f"bad request: op {op!r}")
-        limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
-        sandbox_shared.drain(self.channel[0])
-        rlimits = _rlimits(limits)
-        no_fork = limits["processes"] <= 1
-        out = os.memfd_create("stdout")
-        err = os.memfd_create("stderr")
-        start = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            _child(self, op, source, entry, rlimits, no_fork, out, err)
+        # A serve request's pipes first, whatever else is wrong with it: left unread, they
+        # would be the next task's.
+        channel = self._task_pipes() if op == "serve" else None
+        try:
+            source = request["source"]
+            entry = request.get("entry_point")
+            if op not in ("run", "serve") or not isinstance(source, bytes):
+                raise ValueError(f"bad request: op {op!r}")
+            limits: dict[str, int] = request["limits"]  # type: ignore[assignment]
+            rlimits = _rlimits(limits)
+            no_fork = limits["processes"] <= 1
+            out = os.memfd_create("stdout")
+            err = os.memfd_create("stderr")
+            start = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                _child(self, op, source, entry, rlimits, no_fork, out, err, channel)
+        finally:
+            for fd in channel or ():  # the task's alone from now on
+                os.close(fd)
         wall = float(limits["wall_seconds"])
         if op == "serve":
             timed_out = self._serve_until_stop(pid, requests, responses, start + wall)
@@ -490,7 +386,6 @@ class Server:
         self._kill_task(pid)
         _, status = os.waitpid(pid, 0)
         self._reap()
-        sandbox_shared.drain(self.channel[0])
         seconds = time.perf_counter() - start
         cap = limits["output_bytes"]
         stdout = os.pread(out, cap + 1, 0)
@@ -508,6 +403,21 @@ class Server:
             "seconds": seconds,
             "guarantees": {**self.guarantees, "memory_capped": memory_capped},
         }
+
+    def _task_pipes(self) -> tuple[int, int]:
+        """The two pipe ends the evaluator sent with a serve request (it sends them first)."""
+        self.pipes.setblocking(False)
+        try:
+            _, fds, _, _ = socket.recv_fds(self.pipes, 1, 2)
+        except BlockingIOError:
+            fds = []
+        finally:
+            self.pipes.setblocking(True)
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("bad request: a serve request without its two pipes")
+        return fds[0], fds[1]
 
     @staticmethod
     def _serve_until_stop(pid: int, requests: int, responses: int, deadline: float) -> bool:
@@ -569,9 +479,12 @@ class Server:
                     return
 
 
+# Where the check child tries to create a file.
+_WRITABLE = ("/tmp", "/dev/shm", "/var/tmp", os.environ.get("HOME", "/"))
+
+
 def _attack(hidden: list[str], evaluator: int | None) -> dict[str, object]:
     """Run by the check child after the task setup: for each guarantee, what broke it."""
-    import errno
     import socket
 
     broken: dict[str, object] = {}
@@ -597,12 +510,23 @@ def _attack(hidden: list[str], evaluator: int | None) -> dict[str, object]:
                 pass
         if _libc.ptrace(0x4206, target, None, None) == 0:  # PTRACE_SEIZE: does not stop it
             broken["no_ptrace"] = f"a task can ptrace pid {target}"
-    for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+    for family, kind in (
+        (socket.AF_INET, socket.SOCK_DGRAM),
+        (socket.AF_INET6, socket.SOCK_DGRAM),
+        (socket.AF_NETLINK, socket.SOCK_DGRAM),
+        (socket.AF_UNIX, socket.SOCK_STREAM),  # a pathname one reaches the node's runtime
+    ):
         try:
-            socket.socket(family, socket.SOCK_DGRAM).close()
+            socket.socket(family, kind).close()
             broken["no_network"] = f"a task can open a socket of family {family}"
         except OSError:
             pass
+    try:
+        for end in socket.socketpair():
+            end.close()
+        broken["no_network"] = "a task can make a socket pair"
+    except OSError:
+        pass
     for path in hidden:
         try:
             if os.path.isdir(path):
@@ -615,19 +539,17 @@ def _attack(hidden: list[str], evaluator: int | None) -> dict[str, object]:
             pass
         except OSError:
             pass
-    for directory in ("/tmp", "/dev/shm", "/var/tmp", os.environ.get("HOME", "/")):
-        try:
+    for directory in _WRITABLE:
+        try:  # the server removes what this leaves (a task may not unlink)
             fd = os.open(
                 os.path.join(directory, f".rtrl-check-{os.getpid()}"),
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                 0o600,
             )
-            os.close(fd)
-            os.unlink(os.path.join(directory, f".rtrl-check-{os.getpid()}"))
-            broken["no_fs_writes"] = f"a task can create files in {directory}"
-        except OSError as exc:
-            if exc.errno == errno.ENOENT and not os.path.isdir(directory):
-                pass
+        except OSError:
+            continue
+        os.close(fd)
+        broken["no_fs_writes"] = f"a task can create files in {directory}"
     for flag in (0x10000000, 0x40000000, 0x00020000):  # NEWUSER, NEWNET, NEWNS
         if _libc.unshare(flag) == 0:
             broken["no_namespaces"] = f"a task can unshare({flag:#x})"
@@ -641,6 +563,52 @@ def _attack(hidden: list[str], evaluator: int | None) -> dict[str, object]:
         pass
     if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
         broken["memory_capped"] = "no address-space limit"
+    return broken
+
+
+def _attack_the_host(scheduling: tuple[int, os.sched_param], nice: int) -> dict[str, object]:
+    """Run by the check child after the task setup: move the server's scheduling and
+    priority (to the values they have: nothing changes if it works), reach every process
+    of a user, watch a file. Each guarantee broken says how."""
+    import errno
+
+    broken: dict[str, object] = {}
+    server = os.getppid()
+    policy, param = scheduling
+    try:
+        os.sched_setscheduler(server, policy, param)
+        broken["no_scheduling"] = f"a task can set the scheduling policy of pid {server}"
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, server, nice)
+        broken["no_scheduling"] = f"a task can set the priority of pid {server}"
+    except OSError:
+        pass
+    try:
+        os.sched_setaffinity(server, os.sched_getaffinity(0))
+        broken["no_scheduling"] = f"a task can set the CPU affinity of pid {server}"
+    except OSError:
+        pass
+    try:  # a user with no process: ESRCH once the call gets through, EPERM if it does not
+        os.setpriority(os.PRIO_USER, 0x7FFFFFF0, nice)
+        broken["no_scheduling"] = "a task can set the priority of a user's processes"
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            broken["no_scheduling"] = "a task can set the priority of a user's processes"
+    fd = _libc.inotify_init1(os.O_CLOEXEC)
+    if fd >= 0:
+        os.close(fd)
+        broken["no_watching"] = "a task can watch files (inotify)"
+    try:
+        stdlib = os.open(os.path.dirname(os.__file__), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        stdlib = -1
+    if stdlib >= 0:
+        f_notify, dn_access = 1026, 0x1  # <linux/fcntl.h>
+        if _libc.fcntl(stdlib, f_notify, dn_access) == 0:
+            broken["no_watching"] = "a task can watch directories (fcntl F_NOTIFY)"
+        os.close(stdlib)
     return broken
 
 
@@ -731,19 +699,26 @@ def _child(  # noqa: PLR0917
     no_fork: bool,
     out: int,
     err: int,
+    channel: tuple[int, int] | None,
 ) -> None:
-    """The forked task: isolate, run, exit. Never returns."""
+    """The forked task: isolate, run, exit. Never returns. Every descriptor it keeps is its
+    own: a /dev/null opened here, its memory files, its pipes (none for ``run``)."""
     try:
         os.setsid()
-        os.dup2(server.devnull, 0)
+        # The sources all lie above 5 (the server holds 0-5 open), so no dup2 below
+        # overwrites one that is still to be copied.
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        os.dup2(server.channel[0], CALLS_FD)
-        os.dup2(server.channel[1], REPLIES_FD)
+        if channel is not None:
+            os.dup2(channel[0], CALLS_FD)
+            os.dup2(channel[1], REPLIES_FD)
         ruleset = -1
         if server.ruleset >= 0:
             ruleset = os.dup2(server.ruleset, RULESET_FD)
-        os.closerange(RULESET_FD + 1, _MAX_FD)
+        os.closerange(CALLS_FD if channel is None else RULESET_FD, RULESET_FD)
+        os.closerange(RULESET_FD if ruleset < 0 else RULESET_FD + 1, _MAX_FD)
         _setup(server, rlimits, no_fork, ruleset)
     except BaseException as exc:
         try:
@@ -829,8 +804,8 @@ def _serve(source: bytes, entry: str) -> int:
         call = json.loads(frame)
         reply: dict[str, object] = {"id": call["id"]}
         try:
-            args = plain_values.loads(json.dumps(call["args"]).encode())
-            kwargs = plain_values.loads(json.dumps(call["kwargs"]).encode())
+            args = plain_values.loads(json.dumps(call["call"][0]).encode())
+            kwargs = plain_values.loads(json.dumps(call["call"][1]).encode())
             reply["value"] = plain_values.encode(function(*args, **kwargs))
         except BaseException as exc:
             reply.update(_describe(exc))
@@ -909,7 +884,7 @@ def _warm_up(rounds: int = 10) -> None:
 def main(argv: list[str]) -> int:
     task_user = "--no-task-user" not in argv
     secrets = [a.split("=", 1)[1] for a in argv if a.startswith("--secret=")]
-    channel = next(a.split("=", 1)[1] for a in argv if a.startswith("--channel="))
+    pipes = int(next(a.split("=", 1)[1] for a in argv if a.startswith("--pipes=")))
     # The protocol keeps its own descriptors. 0-2 become /dev/null, and the stdio objects
     # every task inherits are made here, empty, once.
     requests = os.dup(0)
@@ -930,10 +905,9 @@ def main(argv: list[str]) -> int:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     log = io.TextIOWrapper(io.FileIO(diagnostics, "w"), encoding="utf-8", line_buffering=True)
-    calls, replies = (int(x) for x in channel.split(","))
     evaluator = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--evaluator=")), None)
     without = {w for a in argv if a.startswith("--without=") for w in a[10:].split(",") if w}
-    server = Server(secrets, task_user, evaluator, (calls, replies), without)
+    server = Server(secrets, task_user, evaluator, socket.socket(fileno=pipes), without)
     _warm_up()
     _send(responses, server.hello())
     # Nothing the server allocated so far is ever garbage: keep the collector (in every

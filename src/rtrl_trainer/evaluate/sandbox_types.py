@@ -8,19 +8,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rtrl_trainer.evaluate.plain_values import MAX_DEPTH
 from rtrl_trainer.evaluate.sandbox_shared import GUARANTEES
 
-# The largest frame a served completion may send back.
-MAX_FRAME = 16 << 20
+# What one reply of a served completion may be, checked on its raw bytes before it is
+# decoded (the suites' largest honest reply is 200 bytes and 50 items): its size, its items
+# (values, keys included) and nesting on the wire (a value nested MAX_DEPTH deep, each
+# container a tagged object, in the reply's own object); and what all the replies of one
+# task may add up to, as they are kept until the tests run.
+MAX_REPLY_BYTES = 1 << 20
+MAX_REPLY_ITEMS = 100_000
+MAX_REPLY_DEPTH = 3 * MAX_DEPTH + 2
+MAX_TASK_REPLY_BYTES = 16 << 20
 
 GUARANTEE_MEANING = {
     "separate_identity": "a task cannot signal the evaluator or read its /proc files",
     "no_ptrace": "a task cannot trace the evaluator or the sandbox server",
-    "no_network": "a task cannot open a network socket",
+    "no_network": "a task cannot open a socket of any family (UNIX included)",
     "memory_capped": "the memory cap holds for a task's whole process tree",
     "suite_unreadable": "a task cannot read the suites, their solutions or the secrets",
     "no_fs_writes": "a task cannot write anywhere (/tmp, /dev/shm included)",
     "no_namespaces": "a task cannot create namespaces (unshare, clone flags)",
+    "no_scheduling": "a task cannot change the scheduling, priority or CPU affinity of any "
+    "process but itself (nor of its user's processes)",
+    "no_watching": "a task cannot watch files or directories (inotify, fanotify, F_NOTIFY)",
 }
 
 

@@ -150,7 +150,8 @@ def _replay(
     """The replay suite: the candidate's and the parent's metrics (the parent's
     log-likelihoods from the cache where it has them) and what eval.json says of it."""
     options = config.options
-    rows = replay.rows_from_table(table, limit=options.replay_max_rows)
+    refused = replay.Refused()
+    rows = replay.rows_from_table(table, limit=options.replay_max_rows, refused=refused)
     if not rows:
         raise EvalError(f"--heldout {config.heldout}: no held-out rows with completion tokens")
     size = len(rows)
@@ -169,6 +170,8 @@ def _replay(
         "rows": len(rows),
         "kept": sum(1 for g in groups if g is not None and g >= replay.KEPT),
         "discarded": sum(1 for g in groups if g is not None and g < replay.KEPT),
+        # rows whose logged log-probs are not their sampling distribution's: not replayed
+        "refused": dict(sorted(refused.by_reason.items())),
     }
     return cand, base, detail
 

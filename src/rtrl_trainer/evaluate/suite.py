@@ -5,7 +5,8 @@ A task is a ``prompt`` (a signature and docstring, plus any helpers), an ``entry
 ``tests`` (Python calling ``candidate``) and a known-correct ``solution`` (for the
 harness's own tests and the benchmark). The candidate completes the prompt; the program
 ``prompt + completion`` is loaded in the sandbox and the tests run in the trusted grader
-(:mod:`rtrl_trainer.evaluate.grader`), which alone decides the pass.
+(:mod:`rtrl_trainer.evaluate.grader`), which alone decides the pass; the ``solution`` is also
+what the grader runs the tests against first, to fix the calls every completion is sent.
 
 The ``tasks`` suite is versioned and shipped in the package
 (``eval_tasks/<version>/tasks.jsonl``: a header ``{"format": "rtrl-eval-tasks", ...}``,
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtrl_trainer.evaluate.grader import grade, prompt_code
+from rtrl_trainer.evaluate.grader import PlanError, grade, prompt_code
 from rtrl_trainer.evaluate.sandbox import Sandbox
 from rtrl_trainer.evaluate.sandbox_pool import map_in_pool
 from rtrl_trainer.evaluate.sandbox_types import Guarantees, Limits, Result
@@ -202,14 +203,18 @@ def run_task(
     if sandbox is None:
         with Sandbox() as box:
             return run_task(task, completion, limits, sandbox=box)
-    return grade(
-        sandbox,
-        prompt=task.prompt,
-        completion=completion,
-        tests=task.tests,
-        entry_point=task.entry_point,
-        limits=limits,
-    )
+    try:
+        return grade(
+            sandbox,
+            prompt=task.prompt,
+            completion=completion,
+            tests=task.tests,
+            entry_point=task.entry_point,
+            solution=task.solution,
+            limits=limits,
+        )
+    except PlanError as exc:
+        raise SuiteError(f"task {task.task_id}: {exc}") from None
 
 
 def run_all(

@@ -32,7 +32,7 @@ errors."""
 # (One string, not one line a name: the list would read like the set's column lists.)
 SAME_NAMED = (  # noqa: SIM905
     "checkpoint out shards maturity max_bad_fraction min_interactions min_tokens since "
-    "previous_checkpoint ranks endpoint_url heldout_fraction parent"
+    "previous_checkpoint ranks endpoint_url heldout_fraction parent sealed fidelity_sample_rows"
 ).split()
 
 
@@ -45,7 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--parent",
         metavar="URI",
         help="the serving checkpoint's prefix: token ids at or beyond its config.json "
-        "vocab_size are quarantined (without it, only negative ids are)",
+        "vocab_size are quarantined (without it, only negative ids are), and the fidelity "
+        "gate recomputes sampled rows' log-probs with it",
+    )
+    parser.add_argument(
+        "--fidelity-sample-rows",
+        type=non_negative_int,
+        metavar="N",
+        help="sets data.fidelity.sampleRows: rows per partition the fidelity gate recomputes "
+        "(0: off)",
     )
     add_config_argument(parser, "data and/or reward")
     add_now_argument(parser, "the cycle's time")
@@ -87,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ID",
         help="a rolled-back checkpoint: its rows are never staged (repeatable)",
+    )
+    parser.add_argument(
+        "--sealed",
+        action="store_true",
+        help="read only the files the seal markers (rtrl-job seal) under the shards list: "
+        "hours not sealed yet are not read at all",
     )
     add_endpoint_argument(parser)
     add_work_dir_argument(parser, "about the set's size")

@@ -65,6 +65,8 @@ class StageConfig:
     # The serving checkpoint's prefix (the parent of the one to be trained): its
     # config.json's vocab_size bounds the token ids. None: ids are only checked >= 0.
     parent: str | None = None
+    # Read only the files the seal markers under data.shards list (rtrl-job seal's).
+    sealed: bool = False
 
     @property
     def maturity(self) -> timedelta:
@@ -115,6 +117,8 @@ def build_config(
     endpoint_url: str | None = None,
     heldout_fraction: float = 0.0,
     parent: str | None = None,
+    sealed: bool = False,
+    fidelity_sample_rows: int | None = None,
     **data_flags: Unpack[DataFlags],
 ) -> StageConfig:
     """Validate the file and flags into a :class:`StageConfig`; :class:`ConfigError`
@@ -139,6 +143,13 @@ def build_config(
             data_doc.pop(spelled, None)
         data_doc[key] = value
         flags[key] = DATA_FLAGS[key]
+    if fidelity_sample_rows is not None:
+        # data.fidelity.sampleRows, the one nested field a flag sets.
+        nested = data_doc.get("fidelity")
+        fidelity = dict(nested) if isinstance(nested, dict) else {}
+        fidelity.pop("sample_rows", None)
+        data_doc["fidelity"] = {**fidelity, "sampleRows": fidelity_sample_rows}
+        flags["fidelity"] = "--fidelity-sample-rows"
     if "shards" not in data_doc and "shards" not in {_snake(k) for k in data_doc}:
         raise ConfigError(
             f"{prefix}data.shards: required: pass --shards URI or set data.shards in the "
@@ -193,6 +204,7 @@ def build_config(
         endpoint_url=endpoint_url,
         heldout_fraction=heldout_fraction,
         parent=parent,
+        sealed=sealed,
     )
 
 

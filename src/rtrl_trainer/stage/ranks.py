@@ -46,7 +46,7 @@ ADVANTAGE_ROWS = 1 << 20
 # for itself. Column statistics and page checksums cost a fifth of the encoding time and
 # serve no reader: the trainer reads whole files, and the manifest's sha256 of each file
 # covers corruption.
-STRING_COLUMNS = ["checkpoint_id", "org"]
+STRING_COLUMNS = ["checkpoint_id", "org", "logprobs_mode"]
 SPLIT_COLUMNS = ("prompt_ids", "completion_ids")
 UNCOMPRESSED_COLUMNS = ("completion_logprobs",)
 # One row's spilled (reward, stratum), in file order.

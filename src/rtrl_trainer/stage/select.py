@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtrl.core.api.common import parse_duration
-from rtrl.core.shards import ValidatingReader, list_files
+from rtrl.core.shards import CANONICAL_COLUMNS, ValidatingReader, list_files
 from rtrl.core.shards.dedup import hash_strings
 from rtrl.core.shards.layout import PartitionFilter, parse_partitions
 from rtrl.core.shards.report import FileReport
+from rtrl.core.shards.sampling import unmatched
 from rtrl.core.shards.statistics import TOKEN_ID_COLUMNS, declared_range
 from rtrl.core.store import ObjectStore
 from rtrl_trainer.monitors import MONITOR_COLUMNS, Monitors
@@ -87,6 +88,9 @@ class Selection(Quarantined):
     strata: Strata
     monitors: Monitors = field(default_factory=Monitors)
     excluded: Counter[str] = field(default_factory=Counter)
+    # Ready rows whose logged log-probs cannot be matched, by reason
+    # (rtrl.core.shards.sampling.UNMATCHED_REASONS): valid data, never trained on.
+    refused: Counter[str] = field(default_factory=Counter)
     immature: int = 0
     too_recent: int = 0
     on_rows: int = 0
@@ -135,7 +139,7 @@ def _count(selection: Selection, name: str, rows: npt.NDArray[np.bool_]) -> None
 
 
 def _select_batch(
-    batch: pa.RecordBatch, config: StageConfig, selection: Selection
+    batch: pa.RecordBatch, config: StageConfig, selection: Selection, vocab_size: int | None
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """(selected, on-policy) row masks of one good batch; counts what is left out."""
     ckpt = batch.column("checkpoint_id")
@@ -178,6 +182,14 @@ def _select_batch(
         staged = keep & (ready_at <= _us(config.since))
         _count(selection, "already_staged", staged)
         keep &= ~staged
+
+    # Last: a row is refused once, in the cycle it would have been staged in.
+    for reason, rows in unmatched(batch, vocab_size).items():
+        refused = keep & rows
+        n = int(np.count_nonzero(refused))
+        if n:
+            selection.refused[reason] += n
+            keep &= ~rows
     return keep, on
 
 
@@ -245,14 +257,19 @@ def select(
     tokens: str = WIDE_TOKEN_IDS,
     *,
     vocab_size: int | None = None,
+    unfaithful: frozenset[str] = frozenset(),
 ) -> Selection:
     """Pass 1: stream the shards, pass the selected rows (with rewards, as scratch-schema
     batches, token ids as ``tokens``) to ``sink``, and write the held-out on-policy rows
     (``config.heldout_fraction``) to ``heldout``. Token ids at or beyond ``vocab_size``
-    (the parent's vocabulary), like negative ones, are quarantined by the reader."""
+    (the parent's vocabulary), like negative ones, are quarantined by the reader; so are
+    the rows of the partitions (directories) in ``unfaithful``, which failed the fidelity
+    gate (:mod:`rtrl_trainer.stage.fidelity`)."""
     key = config.data.checkpoint_partition
     partitions = shard_partitions(config)
-    reader = ValidatingReader(store, partitions=partitions, vocab_size=vocab_size)
+    reader = ValidatingReader(
+        store, columns=CANONICAL_COLUMNS, partitions=partitions, vocab_size=vocab_size
+    )
     # Listed once more for the count (a LIST per thousand files, next to a GET per file).
     total = sum(1 for _ in list_files(store, partitions=partitions))
     progress = Progress("stage", "reading shards", total=total, unit="files")
@@ -277,9 +294,12 @@ def select(
                 files += 1
             rows += good.num_rows
             progress.update(files, rows=rows)
+            if unfaithful and file.key.rpartition("/")[0] in unfaithful:
+                selection.unfaithful[file.url] += good.num_rows
+                continue
             batch = _quarantine_mismatched(good, path_checkpoints[file.key], file, selection)
             batch, packed = _packed_checked(batch, tokens, file, selection)
-            keep, on = _select_batch(batch, config, selection)
+            keep, on = _select_batch(batch, config, selection, vocab_size)
             if not keep.any():
                 continue
             if heldout_writer is not None:

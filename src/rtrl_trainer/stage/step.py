@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rtrl.core.events import SealedView
 from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
@@ -26,6 +27,7 @@ from rtrl_trainer.spec_file import ConfigError, format_time
 from rtrl_trainer.stage.admit import Admission, admit_previous, write_ranks
 from rtrl_trainer.stage.commit import Staging
 from rtrl_trainer.stage.config import StageConfig
+from rtrl_trainer.stage.fidelity import GateError, GateResult, run_gate
 from rtrl_trainer.stage.ranks import Ranks, deal
 from rtrl_trainer.stage.select import (
     Selection,
@@ -88,6 +90,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
     shards = open_store(config.data.shards, endpoint_url=config.endpoint_url)
     if isinstance(shards, LocalStore) and not shards.root.is_dir():
         raise ConfigError(f"data.shards: {shards.root} is not a directory")
+    if config.sealed:
+        # every listing of the shards below sees only the files the seal markers list
+        shards = SealedView(shards, since=config.window_start)
     out = open_store(config.out, endpoint_url=config.endpoint_url)
     doc = _summary_document(config)
     doc["vocab_size"] = vocab_size = parent_vocabulary(config)
@@ -98,10 +103,12 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
         tmp_dir = Path(tmp)
         heldout = staging.path(HELDOUT_NAME) if config.heldout_fraction > 0 else None
         token_ids = token_id_type(shards, shard_partitions(config))
+        gate = _fidelity(config, shards, vocab_size, tmp_dir)
+        doc["fidelity"] = gate.document
         ranks = Ranks(config.ranks, staging, tmp_dir, train_schema(token_ids))
         with ranks:
             selection, scratch = _pass_one(
-                config, shards, ranks, heldout, token_ids, tmp_dir, vocab_size
+                config, shards, ranks, heldout, token_ids, tmp_dir, vocab_size, gate.unfaithful
             )
             select_seconds = time.perf_counter() - clock
             q = quarantine(selection)
@@ -147,6 +154,26 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
     return doc
 
 
+def _fidelity(
+    config: StageConfig, shards: ObjectStore, vocab_size: int | None, tmp_dir: Path
+) -> GateResult:
+    """The fidelity gate over the serving checkpoint's partitions (before pass 1, which
+    quarantines the partitions it failed)."""
+    try:
+        return run_gate(
+            shards,
+            spec=config.data.fidelity,
+            checkpoint=config.checkpoint,
+            partition_key=config.data.checkpoint_partition,
+            parent=config.parent,
+            endpoint_url=config.endpoint_url,
+            vocab_size=vocab_size,
+            work_dir=tmp_dir,
+        )
+    except GateError as exc:
+        raise StageError(f"fidelity gate: {exc}") from None
+
+
 def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
     config: StageConfig,
     shards: ObjectStore,
@@ -155,13 +182,20 @@ def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
     token_ids: str,
     tmp_dir: Path,
     vocab_size: int | None,
+    unfaithful: frozenset[str] = frozenset(),
 ) -> tuple[Selection, Path | None]:
     """Pass 1 into the rank files, or, when previous-checkpoint rows are admissible, into a
     scratch file (returned) for pass 2."""
     if not config.admits_previous:
         # Every selected row enters the set: straight to the rank files.
         selection = select(
-            config, shards, lambda b: deal(ranks, b), heldout, token_ids, vocab_size=vocab_size
+            config,
+            shards,
+            lambda b: deal(ranks, b),
+            heldout,
+            token_ids,
+            vocab_size=vocab_size,
+            unfaithful=unfaithful,
         )
         ranks.close()
         return selection, None
@@ -182,6 +216,7 @@ def _pass_one(  # noqa: PLR0917 (the step's parts, named at the one call)
             heldout,
             token_ids,
             vocab_size=vocab_size,
+            unfaithful=unfaithful,
         )
     return selection, scratch
 
@@ -200,6 +235,9 @@ def _quarantine_fields(
         "files_by_reason": q.files_by_reason,
         "immature": selection.immature,
         "too_recent": selection.too_recent,
+        # Valid rows whose logged log-probs are not their sampling distribution's (not bad
+        # data: not counted against maxBadFraction), by reason.
+        "refused": dict(sorted(selection.refused.items())),
         "token_ids": np.dtype(token_ids).name,
     }
 
@@ -236,6 +274,15 @@ def _set_fields(
     }
 
 
+def _refused_words(selection: Selection) -> str:
+    """``; 40 refused (log-probs not of the sampled distribution: raw_logprobs_tempered=40)``"""
+    if not selection.refused:
+        return ""
+    reasons = ", ".join(f"{r}={n}" for r, n in sorted(selection.refused.items()))
+    total = sum(selection.refused.values())
+    return f"; {total} refused (log-probs not of the sampled distribution: {reasons})"
+
+
 def _decide_and_write(
     doc: dict[str, Any],
     q: Quarantine,
@@ -262,7 +309,7 @@ def _decide_and_write(
             f"{config.data.min_interactions}), {tokens} completion tokens (minimum "
             f"{config.data.min_tokens}); {selection.immature} immature and "
             f"{selection.too_recent} too recent wait for a later cycle"
-        )
+        ) + _refused_words(selection)
         return []
     if scratch is not None:
         write_ranks(ranks, scratch=scratch, admission=admission)
@@ -275,7 +322,7 @@ def _decide_and_write(
     doc["message"] = (
         f"{used} interactions, {tokens} completion tokens, "
         f"{doc['on_policy_fraction']:.1%} on-policy, in {config.ranks} rank file(s)"
-    )
+    ) + _refused_words(selection)
     doc["advantage"] = adv_stats.to_dict()
     if heldout is not None:
         keys.append(HELDOUT_NAME)

@@ -252,6 +252,9 @@ class MicroBatch:
     input_tokens: int  # real (unpadded) sequence tokens
     position_ids: torch.Tensor | None = None  # (B, L) packed: restarting at each row
     lines: list[int] | None = None  # per row: its line of the batch (None: row i, line i)
+    # Each position's sampling (rtrl_trainer.logprobs), (B, K) each: temperature, top_p,
+    # top_k of its row; None when every row of the batch was sampled at the defaults.
+    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def tokens(self) -> int:
@@ -326,6 +329,10 @@ def collate(
     serve = np.zeros(grid, dtype=np.float32)
     advantages = np.zeros(grid, dtype=np.float32)
     weights = np.zeros(grid, dtype=np.float32)
+    sampled = not all(examples[i].sampling.is_default for i in order)
+    temperature = np.ones(grid, dtype=np.float32) if sampled else None
+    top_p = np.ones(grid, dtype=np.float32) if sampled else None
+    top_k = np.zeros(grid, dtype=np.int64) if sampled else None
     columns = []
     for i, n, offset in zip(order, line_of, offsets, strict=True):
         e = examples[i]
@@ -341,6 +348,10 @@ def collate(
         serve[n, cols] = e.logprobs
         advantages[n, cols] = e.advantage
         weights[n, cols] = e.sample_weight
+        if temperature is not None and top_p is not None and top_k is not None:
+            temperature[n, cols] = e.sampling.temperature
+            top_p[n, cols] = e.sampling.top_p
+            top_k[n, cols] = e.sampling.top_k
         columns.append(cols)
     input_ids = torch.from_numpy(ids)
     return MicroBatch(
@@ -356,4 +367,11 @@ def collate(
         input_tokens=sum(lengths.values()),
         position_ids=torch.from_numpy(positions).to(device) if packed else None,
         lines=line_of,
+        sampling=None
+        if temperature is None or top_p is None or top_k is None
+        else (
+            torch.from_numpy(temperature).to(device),
+            torch.from_numpy(top_p).to(device),
+            torch.from_numpy(top_k).to(device),
+        ),
     )

@@ -62,6 +62,16 @@ def extensions_root() -> Path:
     return Path(_get_build_directory("x", verbose=False)).parent
 
 
+def use_environment_extensions() -> None:
+    """Build extensions in this Python environment (``<venv>/torch_extensions``) unless
+    TORCH_EXTENSIONS_DIR says otherwise or the environment is read-only: the op is then
+    built once per environment, by ``make install``, not per user cache."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        cache = Path(sys.prefix) / "torch_extensions"
+        if os.access(cache if cache.is_dir() else Path(sys.prefix), os.W_OK):
+            os.environ["TORCH_EXTENSIONS_DIR"] = str(cache)
+
+
 def _builder() -> Any | None:
     """DeepSpeed's builder of the op, or None where it is not used (not Linux, a GPU
     accelerator)."""
@@ -276,9 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m rtrl_trainer.train.cpu_ops``: build the op now (``make install``, the
     trainer image), or say it is built."""
     del argv
-    from rtrl_trainer.train.engine import prepare_runtime
-
-    prepare_runtime(cuda=False)
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    use_environment_extensions()
     started = time.time()
     try:
         module = ensure_shm_op()

@@ -23,7 +23,7 @@ import torch
 from rtrl_trainer.train.batches import Schedule
 from rtrl_trainer.train.collectives import Ranks, TrainAbortError, gather, say
 from rtrl_trainer.train.config import TrainConfig
-from rtrl_trainer.train.cpu_ops import OpBuildError, ensure_shm_op
+from rtrl_trainer.train.cpu_ops import OpBuildError, ensure_shm_op, use_environment_extensions
 from rtrl_trainer.train.deepspeed_config import deepspeed_config
 from rtrl_trainer.train.hostmem import PhaseMemory, freed_to_the_os, rss_bytes
 
@@ -73,11 +73,7 @@ def prepare_runtime(cuda: bool) -> None:
     a persistent cache for the one extension DeepSpeed compiles on CPU, offline hub."""
     if not cuda:
         os.environ["DS_ACCELERATOR"] = "cpu"
-    if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        cache = Path(sys.prefix) / "torch_extensions"
-        if os.access(cache if cache.is_dir() else Path(sys.prefix), os.W_OK):
-            # The shared-memory op takes 20-40 s of g++ on first use; pay it once per env.
-            os.environ["TORCH_EXTENSIONS_DIR"] = str(cache)
+    use_environment_extensions()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging

@@ -16,6 +16,9 @@ first tokens after one prompt token. With an empty prompt the first completion t
 context to be predicted from: it becomes the context of the rest. Rows with no token that
 carries loss (all of the completion is tool output) are skipped.
 
+Each row keeps the sampling it was served with (:mod:`~rtrl_trainer.train.sampling`); rows
+whose log-probs cannot be matched under it are skipped and counted like the next ones.
+
 Rows holding a token id outside the parent's vocabulary are skipped and counted
 (:class:`Skipped`, ``token_out_of_range`` in train.json), not fatal: the stage step
 quarantines them when it is given the parent (``--parent``), but a set staged without it, or
@@ -41,7 +44,9 @@ from numpy.typing import NDArray
 from rtrl.core.api.rlcycle import DataSpec
 from rtrl.core.shards.checks import TOKEN_OUT_OF_RANGE
 from rtrl_trainer import stagedset
+from rtrl_trainer.logprobs import DEFAULT, Sampling
 from rtrl_trainer.stagedset import ADVANTAGE, PACKED_COLUMNS, advantage_name, parse_rank_name
+from rtrl_trainer.train import sampling
 
 # The per-token columns, packed or lists.
 LIST_COLUMNS = tuple(PACKED_COLUMNS)
@@ -75,6 +80,7 @@ class Example:
     sample_weight: float
     source: str
     reward: float | None = None
+    sampling: Sampling = DEFAULT
 
     @property
     def completion_length(self) -> int:
@@ -98,6 +104,12 @@ class Skipped:
     @property
     def rows(self) -> int:
         return sum(self.by_reason.values())
+
+    def add(self, reason: str, example: str) -> None:
+        """One more row skipped for ``reason``; ``example`` names it (the first few kept)."""
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if len(self.examples) < MAX_SKIPPED_EXAMPLES:
+            self.examples.append(example)
 
     @staticmethod
     def merged(parts: Sequence[Skipped]) -> Skipped:
@@ -225,7 +237,7 @@ def _read_table(name: str, path: Path) -> pa.Table:
     if missing:
         nor = f" (and no {advantage_name(name)})" if ADVANTAGE in missing else ""
         raise DataError(f"{name}: missing column(s) {', '.join(missing)}{nor}")
-    columns = [c for c in (*REQUIRED_COLUMNS, REWARD) if c in schema.names]
+    columns = [c for c in (*REQUIRED_COLUMNS, REWARD, *sampling.COLUMNS) if c in schema.names]
     try:
         table = pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as exc:
@@ -276,7 +288,7 @@ def _examples(
     table: pa.Table, name: str, keep: NDArray[np.int64], vocab_size: int, max_len: int
 ) -> tuple[list[Example], int, Skipped]:
     """(the examples of rows ``keep``, how many were truncated, the rows of ``keep``
-    skipped for a token id outside the vocabulary)."""
+    skipped: a token id outside the vocabulary, log-probs that cannot be matched)."""
     ids = table.column("interaction_id").to_pylist()
     lists = {c: _flat(table, c, name) for c in LIST_COLUMNS}
 
@@ -323,6 +335,10 @@ def _examples(
     if len(negative):
         raise DataError(f"{where(int(negative[0]))}: sample_weight is negative")
     rewards = _rewards(table)
+    try:
+        samplings = sampling.read(table, vocab_size)
+    except sampling.SamplingError as exc:
+        raise DataError(f"{where(exc.row)}: {exc}") from None
 
     p_off, p_ids = lists["prompt_ids"]
     c_ids = lists["completion_ids"][1]
@@ -331,13 +347,12 @@ def _examples(
     skipped = Skipped(rows_read=len(keep))
     for row in keep.tolist():
         if row in out_of_range:
-            skipped.by_reason[TOKEN_OUT_OF_RANGE] = skipped.by_reason.get(TOKEN_OUT_OF_RANGE, 0) + 1
-            if len(skipped.examples) < MAX_SKIPPED_EXAMPLES:
-                column, value = out_of_range[row]
-                skipped.examples.append(
-                    f"{where(row)}: {column} has token id {value}, outside the model's "
-                    f"vocabulary of {vocab_size}"
-                )
+            column, value = out_of_range[row]
+            what = f"{column} has token id {value}, outside the model's vocabulary of {vocab_size}"
+            skipped.add(TOKEN_OUT_OF_RANGE, f"{where(row)}: {what}")
+            continue
+        if row in samplings.unmatched:
+            skipped.add(samplings.unmatched[row], f"{where(row)}: log-probs cannot be matched")
             continue
         prompt = p_ids[p_off[row] : p_off[row + 1]]
         completion = c_ids[c_off[row] : c_off[row + 1]]
@@ -366,6 +381,7 @@ def _examples(
                 sample_weight=float(scalars["sample_weight"][row]),
                 source=f"{name} row {row}",
                 reward=rewards[row],
+                sampling=samplings.rows[row],
             )
         )
     return out, truncated, skipped

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rtrl_trainer.logprobs import sampled_logprobs
 from rtrl_trainer.train.batches import Schedule, collate, epoch_micro_batches, row_lengths
 from rtrl_trainer.train.examples import Example
 from rtrl_trainer.train.loss import STEP_STAT_NAMES, LossSettings, policy_loss, row_stats
@@ -30,7 +31,10 @@ STATS_SIZE = len(STEP_STAT_NAMES) + 3
 
 
 def token_logprobs(model: Callable[..., Any], mb: Any, keep_logits: bool) -> torch.Tensor:
-    """Log-prob of each target token of the micro-batch's loss grid, (B, K) float32."""
+    """Log-prob of each target token of the micro-batch's loss grid, (B, K) float32, under
+    the distribution its row was sampled from (temperature, top-p/top-k: the micro-batch's
+    ``sampling`` grids; :mod:`rtrl_trainer.logprobs`); a loss token outside its row's
+    top-p/top-k gets -inf."""
     length = int(mb.input_ids.shape[1])
     kwargs: dict[str, Any] = {"logits_to_keep": length - mb.first} if keep_logits else {}
     if mb.position_ids is not None:
@@ -39,6 +43,11 @@ def token_logprobs(model: Callable[..., Any], mb: Any, keep_logits: bool) -> tor
     if not keep_logits:
         logits = logits[:, mb.first :]
     logits = logits[:, :-1].float()
+    if mb.sampling is not None:
+        temperature, top_p, top_k = mb.sampling
+        return sampled_logprobs(
+            logits, mb.targets, temperature=temperature, top_p=top_p, top_k=top_k, where=mb.mask
+        )
     picked = logits.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
     logp: torch.Tensor = picked - torch.logsumexp(logits, dim=-1)
     return logp

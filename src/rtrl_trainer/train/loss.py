@@ -15,9 +15,18 @@ weight, ``N`` the ``normalizer``: the masked tokens of the whole global batch)::
 
 ``logp_old`` is the policy at the start of the cycle, ``logp_serve`` what the serving
 engine logged, ``logp_ref`` the parent checkpoint's (in the trainer the same numbers as
-``logp_old``: the cycle starts from the parent). Normalising by ``N`` rather than by each
-micro-batch's own count makes the gradient a token mean over the global batch however the
-tokens are split over micro-batches and ranks.
+``logp_old``: the cycle starts from the parent). All three, and ``logp``, are log-probs of
+the distribution the row was sampled from: at its temperature, truncated by its top-p and
+top-k where the engine logged processed log-probs (:mod:`rtrl_trainer.logprobs`).
+Normalising by ``N`` rather than by each micro-batch's own count makes the gradient a token
+mean over the global batch however the tokens are split over micro-batches and ranks.
+
+Truncation makes ``-inf`` a possible log-prob: a token outside a policy's top-p/top-k.
+Where ``logp_old`` is ``-inf`` the start policy could not have sampled the token (a bf16
+engine kept a token at the edge of the nucleus that the trainer's float32 does not): its
+importance weight is 0 and it contributes nothing (counted in ``tokens``, ``unsupported``).
+Where only ``logp`` is ``-inf`` the update pushed the token out: ``r = 0``, and the k3 term
+is clamped like any other extreme log-ratio.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ STAT_NAMES = (
     "advantage",
     "is_weight",
     "ratio",
+    "unsupported",
 )
 # After STAT_NAMES in a step's stats (STEP_STAT_NAMES): sums over the micro-batch's rows,
 # each row once whatever its tokens (:func:`row_stats`), combined by addition the same way.
@@ -96,13 +106,24 @@ def policy_loss(
     lp = torch.where(mask, logp.float(), zero)
     old = torch.where(mask, logp_old.float(), zero)
     serve = torch.where(mask, logp_serve.float(), zero)
+    ref_in = None if logp_ref is None else torch.where(mask, logp_ref.float(), zero)
     adv = _per_token(advantages, lp)
     weight = _per_token(sample_weight, lp) if sample_weight is not None else None
+    # Tokens the start policy gives no probability: weight 0, every term neutral (0 - 0),
+    # so that no inf - inf reaches the loss or its gradient.
+    unsupported = old == -math.inf
+    if bool(unsupported.any()):
+        lp = torch.where(unsupported, zero, lp)
+        old = torch.where(unsupported, zero, old)
+        serve = torch.where(unsupported, zero, serve)
+        if ref_in is not None:
+            ref_in = torch.where(unsupported, zero, ref_in)
 
     log_is = old - serve
     log_cap = math.log(settings.is_truncation)
     truncated = log_is > log_cap
     is_weight = torch.exp(torch.clamp(log_is, max=log_cap)).detach()
+    is_weight = torch.where(unsupported, zero, is_weight)
 
     ratio = torch.exp(lp - old)
     clipped_ratio = torch.clamp(ratio, 1.0 - settings.clip_ratio, 1.0 + settings.clip_ratio)
@@ -113,9 +134,8 @@ def policy_loss(
 
     per_token = -(is_weight * objective)
     kl = torch.zeros_like(lp)
-    if logp_ref is not None:
-        ref = torch.where(mask, logp_ref.float(), zero)
-        delta = torch.clamp(ref - lp, -_KL_LOG_RATIO_LIMIT, _KL_LOG_RATIO_LIMIT)
+    if ref_in is not None:
+        delta = torch.clamp(ref_in - lp, -_KL_LOG_RATIO_LIMIT, _KL_LOG_RATIO_LIMIT)
         kl = torch.exp(delta) - delta - 1.0
         if settings.kl_coef:
             per_token = per_token + settings.kl_coef * kl
@@ -136,6 +156,7 @@ def policy_loss(
                 (adv * fmask).sum(),
                 (is_weight * fmask).sum(),
                 (ratio * fmask).sum(),
+                (unsupported & mask).float().sum(),
             ]
         ).double()
     return PolicyLoss(loss=loss, stats=stats)
@@ -160,7 +181,8 @@ def row_stats(rewards: Sequence[float | None], device: torch.device | None = Non
 def summarize(stats: Tensor) -> dict[str, float]:
     """Means from summed stats (:class:`PolicyLoss` ``stats``, or a step's in
     STEP_STAT_NAMES order): loss (already a token mean), kl, clip_fraction,
-    truncation_fraction, mean_advantage, mean_is_weight, mean_ratio, and tokens; and, from
+    truncation_fraction, mean_advantage, mean_is_weight, mean_ratio, unsupported_fraction
+    (tokens outside the start policy's top-p/top-k), and tokens; and, from
     a step's row sums, mean_reward: the mean combined reward of the step's rows, each row
     counted once however many tokens it has (mean_advantage, by contrast, weighs each row by
     its tokens), present only when every row had a reward."""
@@ -181,5 +203,6 @@ def summarize(stats: Tensor) -> dict[str, float]:
         "mean_advantage": sums["advantage"] / tokens,
         "mean_is_weight": sums["is_weight"] / tokens,
         "mean_ratio": sums["ratio"] / tokens,
+        "unsupported_fraction": sums["unsupported"] / tokens,
         **({"mean_reward": sums["reward"] / rows} if rewarded else {}),
     }

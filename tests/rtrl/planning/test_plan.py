@@ -52,7 +52,14 @@ STAGE_OK = {
     "quarantined_files": [],
     "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
     "monitors": {"edit_rate": 0.6, "invalid_tool_call_rate": None, "latency_p95_ms": 850.0},
-}
+    "refused": {"greedy": 2, "raw_logprobs_tempered": 0},
+    "fidelity": {
+        "checked": True, "partitions_checked": 2, "partitions_quarantined": 0,
+        "overall": {"rows": 64, "tokens": 640, "mean_abs_delta": 0.004, "max_abs_delta": 0.03,
+                    "unsupported_fraction": 0.0,
+                    "is_weight": {"p01": 0.99, "p05": 0.995, "p50": 1.0, "p99": 1.01}},
+    },
+}  # fmt: skip
 TRAIN_OK = {"summary": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003}}
 EVAL_PASS = {
     "passed": True,
@@ -305,7 +312,13 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
         "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
         # a monitor undefined for the set (no tool calls) is left out, not made a 0
         "monitors": {"edit_rate": 0.6, "latency_p95_ms": 850.0},
-    }
+        "refused": {"greedy": 2},  # a zero count is left out
+        "fidelity": {
+            "partitionsChecked": 2, "partitionsQuarantined": 0, "rows": 64, "tokens": 640,
+            "meanAbsDelta": 0.004, "maxAbsDelta": 0.03, "unsupportedFraction": 0.0,
+            "isWeightP01": 0.99, "isWeightP50": 1.0, "isWeightP99": 1.01,
+        },
+    }  # fmt: skip
     assert "composer-1-train" in world.services  # headless Service for the rendezvous
     assert world.rlcycle["status"]["phase"] == "Training"
 
@@ -329,7 +342,9 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     env = {
         e["name"]: e["value"] for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    assert env == {"MODEL_URI": ck["spec"]["uri"], "RTRL_CHECKPOINT_ID": "composer-1"}
+    # the candidate's URI and id; the rest of the template's env (the store's region) kept
+    assert env == {"MODEL_URI": ck["spec"]["uri"], "RTRL_CHECKPOINT_ID": "composer-1",
+                   "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
     labels = canary["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "composer" and labels["rtrl.io/arm"] == "canary"
     status = world.rlcycle["status"]

@@ -3,11 +3,15 @@ run with the eval pod's identity: uid 1000, no capability at all (the operator's
 Job: docs/eval.md). As root, the sandbox server and, in the end-to-end case, the whole
 ``rtrl-job eval --samples`` run are started through ``setpriv`` as that user, with a
 secret in the evaluator's environment, a TCP listener on 127.0.0.1 and the evaluator's pid
-handed to the attacks."""
+handed to the attacks. The attacks of more than one sample (``attacks.sequences``) run in
+order on one server; the grader's own properties (it reveals nothing, its replies are
+bounded, what the seccomp filter lets through) are attacked here too."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -57,7 +61,17 @@ def listener() -> Iterator[socket.socket]:
 
 
 @pytest.fixture(scope="module")
-def ctx(listener: socket.socket) -> attacks.Context:
+def unix_listener() -> Iterator[socket.socket]:
+    directory = Path(tempfile.mkdtemp(prefix="rtrl-attack-sock-"))
+    try:
+        with attacks.unix_listener(directory) as server:
+            yield server
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ctx(listener: socket.socket, unix_listener: socket.socket) -> attacks.Context:
     return attacks.Context(
         evaluator_pid=os.getpid(),
         port=listener.getsockname()[1],
@@ -65,6 +79,7 @@ def ctx(listener: socket.socket) -> attacks.Context:
         secret=SECRET,
         suite_file=tasks.DEFAULT_SUITE,
         humaneval_file=tasks.humaneval_path(),
+        unix_socket=unix_listener.getsockname(),
     )
 
 
@@ -75,12 +90,22 @@ def pod_box() -> Iterator[sandbox.Sandbox]:
         yield box
 
 
-def _no_side_effects(ctx: attacks.Context, listener: socket.socket) -> None:
+def _no_side_effects(
+    ctx: attacks.Context, listener: socket.socket, *pids: int, unix: socket.socket | None = None
+) -> None:
     for where in ("/tmp", "/dev/shm", "/var/tmp"):
         for name in (ctx.marker, f"{ctx.marker}.sh"):
             assert not (Path(where) / name).exists(), f"an attack wrote {where}/{name}"
     with pytest.raises(BlockingIOError):
         listener.accept()  # nobody connected
+    if unix is not None:
+        with pytest.raises(BlockingIOError):
+            unix.accept()
+    for pid in pids:  # nobody moved the evaluator or the server to another scheduling class
+        policy = os.sched_getscheduler(pid)
+        if policy != os.SCHED_OTHER:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))  # for the next tests
+        assert policy == os.SCHED_OTHER, f"an attack set pid {pid}'s scheduling policy {policy}"
 
 
 def test_every_guarantee_holds_with_the_eval_pods_identity(pod_box: sandbox.Sandbox) -> None:
@@ -94,13 +119,17 @@ def test_every_guarantee_holds_with_the_eval_pods_identity(pod_box: sandbox.Sand
     "name", list(attacks.attacks(attacks.Context(1, 1, "m", "s", Path("/x"), Path("/y"))))
 )
 def test_the_attack_fails_to_pass_and_to_escape(
-    name: str, pod_box: sandbox.Sandbox, ctx: attacks.Context, listener: socket.socket
+    name: str,
+    pod_box: sandbox.Sandbox,
+    ctx: attacks.Context,
+    listener: socket.socket,
+    unix_listener: socket.socket,
 ) -> None:
     task = attacks.task()
     server_pid = pod_box.hello["pid"]
     result = tasks.run_task(task, attacks.attacks(ctx)[name], LIMITS, sandbox=pod_box)
     assert not result.passed, (result.status, result.details, result.stdout[-500:])
-    _no_side_effects(ctx, listener)
+    _no_side_effects(ctx, listener, os.getpid(), server_pid, unix=unix_listener)
     os.kill(server_pid, 0)  # the sandbox server survived the attack (no SIGKILL landed)
     assert pod_box.hello["pid"] == server_pid
     assert SECRET not in result.stdout + result.stderr
@@ -114,6 +143,154 @@ def test_the_honest_completion_still_passes(pod_box: sandbox.Sandbox) -> None:
     task = attacks.task()
     result = tasks.run_task(task, task.solution, LIMITS, sandbox=pod_box)
     assert result.passed, result.details
+
+
+@pytest.mark.parametrize("name", list(attacks.sequences(1)))
+def test_no_sample_learns_from_or_harms_the_samples_before_it(name: str) -> None:
+    """The samples of a sequence, graded in order on one sandbox server as the eval pod's
+    user: the learner (which computes nothing) passes none of its 20, and the honest
+    samples after the one that sets O_DIRECT on its reply pipe pass. (Before: the learner
+    passed 17 of 20, and both honest samples timed out.)"""
+    by_id = {t.task_id: t for t in tasks.load_suite().tasks}
+    samples = attacks.sequences()[name]
+    with sandbox.Sandbox(
+        python=POD_PYTHON, run_as=RUN_AS, secrets=[tasks.DEFAULT_SUITE, tasks.humaneval_path()]
+    ) as box:
+        results = [
+            tasks.run_task(by_id[task_id], completion, LIMITS, sandbox=box)
+            for task_id, completion, _ in samples
+        ]
+    passed = [r.passed for r in results]
+    assert passed == [must for _, _, must in samples], [
+        (r.status, r.details.get("reason")) for r in results
+    ]
+
+
+def test_the_calls_a_completion_sees_do_not_depend_on_its_answers(
+    pod_box: sandbox.Sandbox,
+) -> None:
+    """The grader makes every call of the tests whatever the answers: a completion that
+    answers wrong sees the same calls, in the same order, as one that answers right, so
+    which calls come tells it nothing. (Before: the wrong one saw only the first call.)"""
+    task = attacks.task()
+    seen = {}
+    for answer in ("a + b", "0", "a - b"):
+        completion = f"    print('call', a, b, flush=True)\n    return {answer}\n"
+        result = tasks.run_task(task, completion, LIMITS, sandbox=pod_box)
+        seen[answer] = (result.passed, result.stdout)
+    assert seen["a + b"][0] and not seen["0"][0] and not seen["a - b"][0]
+    assert seen["a + b"][1].count("call") == 3, seen
+    assert seen["0"][1] == seen["a - b"][1] == seen["a + b"][1], seen
+
+
+_MEASURE = """
+import json, sys
+from rtrl_trainer.evaluate import sandbox, suite as tasks
+from rtrl_trainer.evaluate.sandbox_types import Limits
+
+def peak_kb():  # this process's own peak (getrusage's maxrss outlives exec: the parent's)
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+
+spec = json.loads(sys.stdin.read())
+task = next(t for t in tasks.load_suite().tasks if t.task_id == spec["task"])
+limits = Limits(**spec["limits"])
+run_as = tuple(spec["run_as"]) if spec["run_as"] else None
+with sandbox.Sandbox(python=spec["python"], run_as=run_as) as box:
+    tasks.run_task(task, task.solution, limits, sandbox=box)
+    before = peak_kb()
+    result = tasks.run_task(task, spec["completion"], limits, sandbox=box)
+    after = peak_kb()
+print(json.dumps({"grew_mb": (after - before) / 1024, "passed": result.passed,
+                  "status": result.status, "reason": result.details.get("reason")}))
+"""
+
+
+def _evaluator_growth(completion: str) -> dict[str, object]:
+    """Grade ``completion`` in a fresh evaluator process; how much its peak memory grew."""
+    spec = {
+        "task": attacks.TASK_ID,
+        "completion": completion,
+        "limits": {"wall_seconds": 20, "cpu_seconds": 10, "memory_bytes": 512 << 20},
+        "python": POD_PYTHON,
+        "run_as": RUN_AS,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_a_reply_bomb_does_not_grow_the_evaluator(ctx: attacks.Context) -> None:
+    """A 16 MB reply frame of empty lists: refused from its header, before a byte of it is
+    decoded; the evaluator's peak memory does not move. (Before: +735 MB.)"""
+    measured = _evaluator_growth(attacks.attacks(ctx)["nested_reply_bomb"])
+    assert not measured["passed"]
+    assert "reply" in str(measured["reason"]), measured
+    assert float(measured["grew_mb"]) < 32, measured  # type: ignore[arg-type]
+
+
+def test_a_deeply_nested_reply_is_refused_before_it_is_decoded(pod_box: sandbox.Sandbox) -> None:
+    """Nesting is counted on the raw bytes (strings skipped), so the decoder never sees it."""
+    deep = (
+        "    import os\n"
+        "    body = b'{\"id\":1,\"value\":' + b'[' * 5000 + b'\"]]\"' + b']' * 5000 + b'}'\n"
+        "    os.write(4, len(body).to_bytes(4, 'big') + body)\n"
+        "    return a + b\n"
+    )
+    result = tasks.run_task(attacks.task(), deep, LIMITS, sandbox=pod_box)
+    assert not result.passed
+    assert "nested deeper than" in result.details["reason"], result.details
+
+
+# Calls no task of a suite needs: each must fail (EPERM, or ENOSYS where the C library falls
+# back), while getpid, which every task may make, still works. Numbers from libseccomp.
+_NOT_ALLOWED = {
+    "sysinfo": "buf",
+    "epoll_create1": "0",
+    "eventfd2": "0, 0",
+    "pipe2": "buf, 0",
+    "socketpair": "1, 1, 0, buf",
+    "inotify_init1": "0",
+    "timerfd_create": "1, 0",
+    "personality": "0xffffffff",
+    "flock": "0, 1",
+}
+
+
+def _syscall_numbers(names: list[str]) -> dict[str, int]:
+    libseccomp = ctypes.CDLL("libseccomp.so.2")
+    libseccomp.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    return {name: libseccomp.seccomp_syscall_resolve_name(name.encode()) for name in names}
+
+
+def test_only_the_allow_list_gets_through(pod_box: sandbox.Sandbox) -> None:
+    """The seccomp filter is an allow-list: a call that is not on it is denied, whatever
+    it is. (Before, a deny list: each of these went through.)"""
+    numbers = _syscall_numbers([*_NOT_ALLOWED, "getpid"])
+    lines = [
+        "import ctypes, json",
+        "libc = ctypes.CDLL(None, use_errno=True)",
+        "buf = ctypes.create_string_buffer(256)",
+        "got = {}",
+    ]
+    for name, args in _NOT_ALLOWED.items():
+        lines.append(f"got[{name!r}] = (libc.syscall({numbers[name]}, {args}), ctypes.get_errno())")
+    lines.append(f"got['getpid'] = (libc.syscall({numbers['getpid']}), 0)")
+    lines.append("print(json.dumps(got))")
+    result = pod_box.run("\n".join(lines) + "\n", limits=LIMITS)
+    assert result.status == "ok", result.stderr[-2000:]
+    got = json.loads(result.stdout)
+    assert got.pop("getpid")[0] > 0
+    through = {
+        k: v for k, v in got.items() if v[0] != -1 or v[1] not in (errno.EPERM, errno.ENOSYS)
+    }
+    assert not through, through
 
 
 def test_forking_needs_a_separate_user_for_the_tree_wide_cap() -> None:
@@ -131,8 +308,11 @@ def test_forking_needs_a_separate_user_for_the_tree_wide_cap() -> None:
 @pytest.mark.parametrize(
     ("without", "missing"),
     [
-        ("landlock", {"separate_identity", "suite_unreadable", "no_fs_writes"}),
-        ("seccomp", {"no_network", "no_namespaces", "memory_capped"}),
+        ("landlock", {"separate_identity", "suite_unreadable"}),  # seccomp: no writes
+        (
+            "seccomp",
+            {"no_network", "no_namespaces", "memory_capped", "no_scheduling", "no_watching"},
+        ),
     ],
 )
 def test_a_node_without_a_protection_says_which_guarantees_are_gone(
@@ -148,7 +328,7 @@ def test_a_node_without_a_protection_says_which_guarantees_are_gone(
 
 @pytest.mark.skipif(not AS_ROOT, reason="needs root to take the eval pod's identity")
 def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
-    ctx: attacks.Context, listener: socket.socket
+    ctx: attacks.Context, listener: socket.socket, unix_listener: socket.socket
 ) -> None:
     """``rtrl-job eval --samples`` itself runs as uid 1000 without capabilities, with the
     store's secret in its environment: the attacks read, signal and trace *it*."""
@@ -156,7 +336,7 @@ def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
     try:
         work.chmod(0o777)
         samples = work / "samples.jsonl"
-        names = attacks.write_samples(samples, ctx)
+        expected = attacks.write_samples(samples, ctx)
         samples.chmod(0o644)
         boot = (
             "import site, sys; site.addsitedir(sys.argv.pop(1)); "
@@ -185,7 +365,13 @@ def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
             text=True,
         )
         own = attacks.Context(
-            proc.pid, ctx.port, ctx.marker, SECRET, ctx.suite_file, ctx.humaneval_file
+            proc.pid,
+            ctx.port,
+            ctx.marker,
+            SECRET,
+            ctx.suite_file,
+            ctx.humaneval_file,
+            unix_socket=ctx.unix_socket,
         )
         attacks.write_samples(samples, own)
         out, err = proc.communicate("go\n", timeout=300)
@@ -194,12 +380,16 @@ def test_scoring_the_attacks_end_to_end_as_the_eval_pods_user(
         assert summary["sandbox"]["missing"] == [], summary["sandbox"]
         text = (work / "samples.jsonl_results.jsonl").read_text()
         rows = [json.loads(line) for line in text.splitlines()]
-        verdicts = dict(zip(names, (r["passed"] for r in rows), strict=True))
-        assert verdicts.pop("honest") is True
-        assert not any(verdicts.values()), {k: v for k, v in verdicts.items() if v}
-        assert summary["passed"] == 1 and summary["samples"] == len(names)
+        wrong = {
+            name: row["result"]
+            for (name, must_pass), row in zip(expected, rows, strict=True)
+            if row["passed"] != must_pass
+        }
+        assert not wrong, wrong
+        assert summary["samples"] == len(expected)
+        assert summary["passed"] == sum(must for _, must in expected)
         assert SECRET not in text + out + err
-        _no_side_effects(ctx, listener)
+        _no_side_effects(ctx, listener, unix=unix_listener)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -242,3 +432,18 @@ def test_without_landlock_and_seccomp_the_attacks_get_through(
         with contextlib.suppress(BlockingIOError):
             while True:
                 listener.accept()[0].close()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x32 ABI is x86_64's")
+def test_a_call_through_another_abi_kills_the_task(pod_box: sandbox.Sandbox) -> None:
+    """getpid through the x32 ABI (its number with bit 30 set), which a filter written for
+    x86_64's numbers alone would not see: libseccomp's program kills the process."""
+    getpid = _syscall_numbers(["getpid"])["getpid"]
+    program = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print(libc.syscall({getpid}), flush=True)\n"
+        f"print('through', libc.syscall({getpid} | 0x40000000), flush=True)\n"
+    )
+    result = pod_box.run(program, limits=LIMITS)
+    assert result.returncode == -31 and "through" not in result.stdout, result  # SIGSYS

@@ -22,8 +22,10 @@ from rtrl_trainer.evaluate.sandbox_types import Limits
 FAST = Limits(wall_seconds=5, cpu_seconds=2, memory_bytes=256 << 20, output_bytes=16 << 10)
 
 
-def _task(tests_src: str = "assert candidate(2) == 4\n") -> tasks.Task:
-    return tasks.Task("t/0", "def double(x):\n", "double", tests_src, "    return 2 * x\n")
+def _task(
+    tests_src: str = "assert candidate(2) == 4\n", solution: str = "    return 2 * x\n"
+) -> tasks.Task:
+    return tasks.Task("t/0", "def double(x):\n", "double", tests_src, solution)
 
 
 @pytest.mark.parametrize("name", [tasks.TASKS, tasks.HUMANEVAL])
@@ -67,8 +69,8 @@ def test_a_test_that_expects_an_exception_sees_the_completions_exception() -> No
         "try:\n    candidate(-1)\n    raise AssertionError('no error')\n"
         "except ValueError:\n    pass\n"
     )
-    task = _task(tests_src)
     raising = "    if x < 0:\n        raise ValueError('negative')\n    return 2 * x\n"
+    task = _task(tests_src, raising)
     assert tasks.run_task(task, raising, FAST).passed
     assert not tasks.run_task(task, "    return 2 * x\n", FAST).passed
 
@@ -268,6 +270,7 @@ def test_the_grader_records_the_calls_it_made() -> None:
             completion="    return 2 * x\n",
             tests="for i in range(50):\n    assert candidate(i) == 2 * i\n",
             entry_point="double",
+            solution="    return x + x\n",
             limits=FAST,
         )
     assert result.passed and result.details["calls"] == 50

@@ -86,8 +86,13 @@ def test_a_negative_id_is_quarantined_and_keeps_ids_in_four_bytes(tmp_path: Path
 VOCAB = 260
 
 
+# The rows' log-probs are made up: the fidelity gate (its own tests) would quarantine them.
+NO_GATE = ("--fidelity-sample-rows", "0")
+
+
 def _parent(root: Path, vocab_size: int = VOCAB) -> str:
-    """A parent checkpoint as far as the stage reads one: its config.json."""
+    """A parent checkpoint as far as these tests need one: its config.json (no weights:
+    the fidelity gate is off, NO_GATE)."""
     root.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": vocab_size}))
     return root.as_uri() + "/"
@@ -108,8 +113,9 @@ def test_ids_outside_the_parents_vocabulary_are_quarantined(tmp_path: Path) -> N
     _out_of_range_shards(tmp_path / "shards")
     parent = _parent(tmp_path / "models" / "ckpt-1")
     code, doc = run_stage(
-        tmp_path / "shards", tmp_path / "out", "--parent", parent, "--max-bad-fraction", "0.5"
-    )
+        tmp_path / "shards", tmp_path / "out", "--parent", parent, "--max-bad-fraction", "0.5",
+        *NO_GATE,
+    )  # fmt: skip
     assert code == 0, doc
     assert (doc["parent"], doc["vocab_size"]) == (parent, VOCAB)
     assert doc["quarantined"] == {"token_out_of_range": 2}
@@ -141,7 +147,7 @@ def test_too_many_ids_outside_the_vocabulary_fail_the_stage(tmp_path: Path) -> N
     _out_of_range_shards(tmp_path / "shards")
     # One id smaller: row 2's VOCAB - 1 is out too.
     parent = _parent(tmp_path / "models" / "ckpt-1", vocab_size=VOCAB - 1)
-    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--parent", parent)
+    code, doc = run_stage(tmp_path / "shards", tmp_path / "out", "--parent", parent, *NO_GATE)
     assert code == 1 and not doc["ok"]
     assert doc["quarantined"] == {"token_out_of_range": 3}
     assert doc["message"].startswith("50% of rows are bad (limit 1%): token_out_of_range=3")

@@ -27,9 +27,10 @@ TRAIN = [
 PROBE = """
 import json, sys
 from pathlib import Path
-from rtrl_trainer.train.engine import prepare_runtime
-prepare_runtime(cuda=False)
+import os
+os.environ["DS_ACCELERATOR"] = "cpu"
 from rtrl_trainer.train import cpu_ops
+cpu_ops.use_environment_extensions()
 builder = cpu_ops._builder()
 directory = Path(sys.prefix) / "torch_extensions" / builder.NAME
 print(json.dumps({"dir": str(directory),

@@ -336,3 +336,58 @@ def test_normalizer_must_be_positive() -> None:
     x = torch.zeros(1, 1)
     with pytest.raises(ValueError, match="normalizer"):
         policy_loss(x, x, x, torch.zeros(1), x.bool(), settings=SETTINGS, normalizer=0)
+
+
+def test_a_token_outside_the_start_policys_support_has_weight_zero() -> None:
+    # token 1: ordinary, on-policy: w=1, r=1, obj=A=1
+    # token 2: the start policy keeps it out of its top-p (logp_old -inf): w=0, nothing
+    #          of it reaches the loss or the gradient, whatever A and logp are
+    for advantage in (1.0, -1.0, 0.0):
+        logp = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+        old = torch.tensor([[-1.0, -math.inf]])
+        serve = torch.tensor([[-1.0, -3.0]])
+        out = policy_loss(
+            logp,
+            old,
+            serve,
+            torch.tensor([[1.0, advantage]]),
+            torch.tensor([[True, True]]),
+            settings=SETTINGS,
+            normalizer=2,
+            logp_ref=old,
+        )
+        assert out.loss.item() == pytest.approx(-1.0 / 2)
+        out.loss.backward()
+        assert logp.grad is not None
+        assert logp.grad[0].tolist() == pytest.approx([-1.0 / 2, 0.0])
+        stats = _stats(out.stats)
+        assert stats["tokens"] == 2
+        assert stats["unsupported"] == 1
+        assert stats["is_weight"] == pytest.approx(1.0)
+        assert stats["kl"] == 0.0
+        assert summarize(out.stats)["unsupported_fraction"] == pytest.approx(0.5)
+
+
+def test_a_token_the_update_pushed_out_of_the_support_has_ratio_zero() -> None:
+    # logp -inf, logp_old finite: r = 0. A > 0: min(0, 0.8) = 0; A < 0: min(0, -0.8) =
+    # -0.8 (clipped). The k3 term is clamped at the log-ratio limit; no NaN anywhere.
+    for advantage, objective in ((1.0, 0.0), (-1.0, -0.8)):
+        logp = torch.tensor([[-math.inf]], requires_grad=True)
+        old = torch.tensor([[-1.0]])
+        out = policy_loss(
+            logp,
+            old,
+            old,
+            torch.tensor([advantage]),
+            torch.tensor([[True]]),
+            settings=LossSettings(clip_ratio=0.2, is_truncation=2.0, kl_coef=0.0),
+            normalizer=1,
+            logp_ref=old,
+        )
+        assert out.loss.item() == pytest.approx(-objective)
+        out.loss.backward()
+        assert logp.grad is not None and bool(torch.isfinite(logp.grad).all())
+        stats = _stats(out.stats)
+        assert stats["ratio"] == 0.0
+        assert stats["kl"] == pytest.approx(math.exp(20) - 21, rel=1e-5)
+        assert stats["unsupported"] == 0

@@ -68,6 +68,29 @@ class RewardStats(ApiModel):
     max: float = Field(description="Highest reward.")
 
 
+class FidelitySummary(ApiModel):
+    """The stage's fidelity gate over the serving checkpoint's partitions: the logged
+    log-probs of sampled rows against the serving checkpoint's, recomputed under each row's
+    sampling (stage.json ``fidelity.overall``)."""
+
+    partitions_checked: Count = Field(0, description="Partitions with rows checked.")
+    partitions_quarantined: Count = Field(0, description="Partitions quarantined.")
+    rows: Count = Field(0, description="Rows recomputed.")
+    tokens: Count = Field(0, description="Completion tokens compared.")
+    mean_abs_delta: float | None = Field(
+        None, ge=0, description="Mean |recomputed - logged| log-prob per token (nats)."
+    )
+    max_abs_delta: float | None = Field(None, ge=0, description="Largest |delta| of a token.")
+    unsupported_fraction: Probability | None = Field(
+        None, description="Share of tokens outside the recomputed top-p/top-k."
+    )
+    is_weight_p01: float | None = Field(
+        None, ge=0, description="1st percentile of the importance weights exp(delta)."
+    )
+    is_weight_p50: float | None = Field(None, ge=0, description="Their median.")
+    is_weight_p99: float | None = Field(None, ge=0, description="Their 99th percentile.")
+
+
 class DataSummary(ApiModel):
     """What the stage step selected for training."""
 
@@ -81,6 +104,15 @@ class DataSummary(ApiModel):
         None, max_length=64, description="Rows skipped, by reason (never silently trained on)."
     )
     files_bad: Count = Field(0, description="Shard files that could not be read.")
+    refused: dict[str, Count] | None = Field(
+        None,
+        max_length=16,
+        description="Valid rows not trained on because their logged log-probs are not "
+        "those of the distribution they were sampled from, by reason.",
+    )
+    fidelity: FidelitySummary | None = Field(
+        None, description="The fidelity gate's figures; unset when it did not run."
+    )
     since: datetime | None = Field(
         None, description="Interactions that became ready after this were read (the watermark)."
     )

@@ -8,9 +8,12 @@ from .common import API_VERSION, GROUP, VERSION
 
 __all__ = [
     "ANNOTATION_APPROVE",
+    "ANNOTATION_CAPTURE",
+    "ANNOTATION_CAPTURE_HASH",
     "ANNOTATION_DATA_SINCE",
     "ANNOTATION_PROMOTE",
     "ANNOTATION_ROLLBACK",
+    "ANNOTATION_SPEC_HASH",
     "ANNOTATION_STARTED",
     "ANNOTATION_TRIGGER",
     "API_VERSION",
@@ -21,6 +24,7 @@ __all__ = [
     "LABEL_CHECKPOINT",
     "LABEL_CHECKPOINT_UID",
     "LABEL_RLCYCLE",
+    "LABEL_SEAL",
     "LABEL_STEP",
     "MANAGED_BY",
     "PRE_CANARY_PHASES",
@@ -51,6 +55,17 @@ ANNOTATION_STARTED = f"{GROUP}/started-at"
 # parent's lineage. Absent when the parent was trained on none (a base model).
 ANNOTATION_DATA_SINCE = f"{GROUP}/data-since"
 FINALIZER = f"{GROUP}/finalizer"
+# Written by the operator on the pod template of a Deployment it injected the capture sidecar
+# into: the RLCycle that did (a sidecar without it is someone else's, never overwritten), and
+# the hash of the sidecar as the spec makes it (the part that is not per-checkpoint).
+ANNOTATION_CAPTURE = f"{GROUP}/capture"
+ANNOTATION_CAPTURE_HASH = f"{GROUP}/capture-hash"
+# On an object the operator derives from the spec as a whole (the seal CronJob): the hash of
+# what it wrote, so a changed spec replaces it and an unchanged one writes nothing.
+ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# On the seal CronJob's Jobs and pods: the RLCycle they seal for (not LABEL_RLCYCLE, which
+# marks the step Jobs the reconciler reads).
+LABEL_SEAL = f"{GROUP}/seal"
 
 # The Checkpoint phase while each Job step runs.
 STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}

@@ -39,6 +39,7 @@ from .common import (
     Duration365d,
     EnvName,
     Image,
+    MaxDuration,
     ObjectMeta,
     Probability,
     ResourceRequirements,
@@ -58,6 +59,7 @@ MAX_ORGS = 1000
 # server's integers end).
 MAX_INTERACTIONS = 10**12
 MAX_TOKENS = 10**15
+MAX_FIDELITY_ROWS = 4096
 
 # An endpoint URL, and the rule that keeps credentials out of it: userinfo (``user:pass@``)
 # before the host. A URL with it would put a secret in the RLCycle, in every pod's
@@ -148,6 +150,35 @@ class PopulationSpec(ApiModel):
     )
 
 
+class FidelitySpec(ApiModel):
+    """The stage's fidelity gate: per partition (checkpoint, date, hour) of the serving
+    checkpoint, a few rows' log-probs are recomputed with that checkpoint under each row's
+    sampling parameters and compared with what the engine logged. A partition that
+    disagrees (another checkpoint served it, or its temperature or log-prob mode is not what
+    its rows say) is quarantined. Defaults pass a bfloat16 engine's rounding and catch a
+    wrong checkpoint or temperature."""
+
+    sample_rows: int = Field(
+        8,
+        ge=0,
+        le=MAX_FIDELITY_ROWS,
+        description="Rows recomputed per partition (one forward pass of the serving "
+        "checkpoint each); 0 turns the gate off.",
+    )
+    max_mean_abs_delta: float = Field(
+        0.1,
+        gt=0,
+        le=100,
+        description="Mean |recomputed - logged| log-prob per token (nats) above which a "
+        "partition is quarantined.",
+    )
+    max_unsupported_fraction: Probability = Field(
+        0.02,
+        description="Share of logged tokens outside the recomputed top-p/top-k above which a "
+        "partition is quarantined.",
+    )
+
+
 class DataSpec(ApiModel):
     """Where the interaction shards are and which of them a cycle may train on."""
 
@@ -192,6 +223,11 @@ class DataSpec(ApiModel):
     )
     population: PopulationSpec | None = Field(
         None, description="Restrict learning to part of the user population."
+    )
+    fidelity: FidelitySpec = Field(
+        default_factory=FidelitySpec,
+        description="Check that the logged log-probs are the serving checkpoint's, under each "
+        "row's sampling parameters.",
     )
 
 
@@ -1011,8 +1047,174 @@ class NotificationSpec(ApiModel):
     )
 
 
+MAX_COMMIT_INTERVAL = "10s"
+CAPTURE_PORTS_DIFFER = (
+    "port and enginePort must differ: the sidecar serves clients on port and calls the "
+    "engine on enginePort, in the same pod"
+)
+CAPTURE_OVERLAPS_SHARDS = (
+    "capture.events and data.shards must not hold one another: the sidecars write events "
+    "under capture.events, the seal writes shards under data.shards"
+)
+
+
+def _with_slash(expr: str) -> str:
+    """CEL: the string ``expr`` with one trailing slash (a prefix compared as a directory)."""
+    return f"({expr}.endsWith('/') ? {expr} : {expr} + '/')"
+
+
+def _overlap_rule(a: str, b: str) -> str:
+    """CEL: store prefixes ``a`` and ``b`` are the same directory or one holds the other."""
+    a, b = _with_slash(a), _with_slash(b)
+    return f"{a}.startsWith({b}) || {b}.startsWith({a})"
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether store prefixes ``a`` and ``b`` are the same directory or one holds the other."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+class CaptureHeaders(ApiModel):
+    """The request headers the capture sidecar reads to tell whom a request is from: the
+    user (the A/B analysis clusters by it), the session and the organisation."""
+
+    user: str = Field(
+        "X-Rtrl-User", pattern=HEADER_NAME_PATTERN, max_length=256, description="User id header."
+    )
+    session: str = Field(
+        "X-Rtrl-Session",
+        pattern=HEADER_NAME_PATTERN,
+        max_length=256,
+        description="Session id header.",
+    )
+    org: str = Field(
+        "X-Rtrl-Org",
+        pattern=HEADER_NAME_PATTERN,
+        max_length=256,
+        description="Organisation id header.",
+    )
+
+
+class SignalMaturities(ApiModel):
+    """When each feedback signal is final, counted from when the interaction was served; an
+    unset signal keeps its default. The seal takes each signal's last value observed before
+    its maturity (later values are counted, never trained on) and seals an hour once its
+    longest maturity has passed. One field per signal of ``rtrl.core.events.SIGNALS``, in
+    camelCase (tests/rtrl/core/api/test_capture_spec.py checks that they agree)."""
+
+    edit_persisted: Duration7d | None = Field(
+        None, description="Share of the agent's edit still in the codebase (default 1h)."
+    )
+    dissatisfied_followup: Duration7d | None = Field(
+        None, description="The user sent a dissatisfied follow-up (default 15m)."
+    )
+    asked_clarification: Duration7d | None = Field(
+        None, description="The model asked a clarifying question instead of editing (default 15m)."
+    )
+    edits_proposed: Duration7d | None = Field(
+        None, description="Edits the model proposed (default 15m)."
+    )
+    tool_calls: Duration7d | None = Field(None, description="Tool calls emitted (default 15m).")
+    invalid_tool_calls: Duration7d | None = Field(
+        None, description="Tool calls that did not parse, validate or run (default 15m)."
+    )
+    latency_ms: Duration7d | None = Field(
+        None, description="Time to the full completion, as the client saw it (default 15m)."
+    )
+
+    def overrides(self) -> dict[str, str]:
+        """``{signal: duration}`` of the signals set here (the field names are the signals')."""
+        return {name: value for name, value in self if value is not None}
+
+
+class SealSpec(ApiModel):
+    """The seal: the CronJob ``<rlcycle>-seal`` runs ``rtrl-job seal`` in the training image,
+    joining each hour's generation events with their feedback once every signal is final,
+    into shards under ``data.shards``, which the stage reads."""
+
+    schedule: Cron = Field(
+        "*/10 * * * *",
+        description="When the seal runs (cron, UTC); a run seals every hour that has become "
+        "final and is not sealed yet, so a missed run loses nothing.",
+    )
+    delay: Duration1d = Field(
+        "10m",
+        description="How long after an hour's longest maturity its seal waits for the last "
+        "events to reach the store (at most 1d).",
+    )
+
+
+class CaptureSpec(ApiModel):
+    """Capture what the target serves: the operator injects the ``rtrl-capture`` sidecar in
+    front of the engine into the pods of the target Deployment and of its canary, and runs
+    the seal that turns the captured events into shards (docs/operator.md, "Capture")."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "!has(self.port) || !has(self.enginePort) || self.port != self.enginePort",
+                    CAPTURE_PORTS_DIFFER,
+                )
+            ]
+        }
+    )
+
+    events: StoreUri = Field(
+        description="Events root: the sidecars write generation events under "
+        "<events>generations/ (the feedback service, feedback under <events>feedback/)."
+    )
+    image: Image = Field(description="The serving image (runs `rtrl-capture`).")
+    port: int = Field(
+        8081,
+        ge=1,
+        le=65535,
+        description="Port the sidecar serves clients on, named rtrl-capture in the pod: the "
+        "Service's targetPort.",
+    )
+    engine_port: int = Field(
+        8000, ge=1, le=65535, description="Port the engine serves on inside the pod."
+    )
+    headers: CaptureHeaders = Field(
+        default_factory=CaptureHeaders, description="Headers naming user, session and org."
+    )
+    maturity: SignalMaturities | None = Field(
+        None, description="Per-signal maturity overrides (camelCase signal names)."
+    )
+    commit_interval: Annotated[str, MaxDuration(MAX_COMMIT_INTERVAL)] | None = Field(
+        None,
+        description="The sidecar spool's group-commit window (fsync interval), e.g. 20ms: what "
+        "a killed sidecar can lose at most (at most 10s); unset: the sidecar's default.",
+    )
+    seal: SealSpec = Field(default_factory=SealSpec, description="The seal CronJob.")
+    resources: ResourceRequirements | None = Field(
+        None, description="CPU and memory of the sidecar container."
+    )
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Self:
+        if self.port == self.engine_port:
+            raise ValueError(CAPTURE_PORTS_DIFFER)
+        return self
+
+
 class RLCycleSpec(ApiModel):
     """The desired real-time RL loop for one inference Deployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL_KEY: [
+                cel(
+                    "!has(self.capture) || !("
+                    + _overlap_rule("self.capture.events", "self.data.shards")
+                    + ")",
+                    CAPTURE_OVERLAPS_SHARDS,
+                    field_path=".capture.events",
+                )
+            ]
+        }
+    )
 
     target: TargetSpec = Field(description="The inference Deployment that serves the model.")
     schedule: ScheduleSpec = Field(description="When cycles start.")
@@ -1053,6 +1255,12 @@ class RLCycleSpec(ApiModel):
         },
     )
 
+    capture: CaptureSpec | None = Field(
+        None,
+        description="Capture what the target serves (the rtrl-capture sidecar) and seal it "
+        "into shards; unset: the shards come from a pipeline of your own.",
+    )
+
     @field_validator("notifications")
     @classmethod
     def _unique_names(cls, items: list[NotificationSpec] | None) -> list[NotificationSpec] | None:
@@ -1062,6 +1270,12 @@ class RLCycleSpec(ApiModel):
                 raise ValueError(f"notifications[{i}].name {item.name!r} is used twice")
             seen.add(item.name)
         return items
+
+    @model_validator(mode="after")
+    def _capture_apart_from_shards(self) -> Self:
+        if self.capture is not None and overlaps(self.capture.events, self.data.shards):
+            raise ValueError(CAPTURE_OVERLAPS_SHARDS)
+        return self
 
     @model_validator(mode="after")
     def _durations(self) -> Self:

@@ -13,7 +13,8 @@ Interactions reach training in three hops, each written by a different process:
 3. The seal step (``rtrl-job seal``) joins an hour's generations with their feedback once
    every signal's maturity (:mod:`~rtrl.core.events.signals`) has passed, and writes the
    interaction shards the stage reads, with a marker per sealed hour
-   (:mod:`~rtrl.core.events.layout`).
+   (:mod:`~rtrl.core.events.layout`); a reader of sealed data lists only the files the
+   markers name (:mod:`~rtrl.core.events.sealed`).
 
 Every file name is deterministic (writer id and sequence number), so a retried upload
 replaces itself instead of adding a copy; the seal deduplicates by interaction id and by
@@ -38,6 +39,7 @@ from rtrl.core.events.schema import (
     GENERATION_SCHEMA,
     SAMPLING_COLUMNS,
 )
+from rtrl.core.events.sealed import SealedView
 from rtrl.core.events.signals import SIGNALS, Signal, SignalValueError, parse_signal_value
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "SIGNALS",
     "InteractionIdError",
     "SealMarker",
+    "SealedView",
     "Signal",
     "SignalValueError",
     "event_file_key",

@@ -19,6 +19,7 @@ from rtrl.core.shards.reader import (
 )
 from rtrl.core.shards.report import REASONS, FileReport, ValidationReport
 from rtrl.core.shards.schema import (
+    CANONICAL_COLUMNS,
     INTERACTION_SCHEMA,
     NON_NULL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -31,6 +32,7 @@ from rtrl.core.shards.validate import ValidatingReader, validate
 from rtrl.core.shards.writer import write_shards
 
 __all__ = [
+    "CANONICAL_COLUMNS",
     "DEFAULT_BATCH_SIZE",
     "INTERACTION_SCHEMA",
     "NON_NULL_COLUMNS",

@@ -191,7 +191,8 @@ def iter_batches(
     """Canonical record batches of every shard under ``source`` (a store, a store URI or a
     local directory), file by file in key order, without validating rows.
 
-    ``columns`` projects (default: all canonical columns; extra columns are passed through
+    ``columns`` projects (default: the required canonical columns; an optional canonical
+    one asked for is read as nulls from a file that lacks it; extra columns are passed through
     in their own types); ``partitions`` prunes files by their Hive path. Raises
     :class:`ShardError` on the first file that cannot be used.
     """

@@ -20,8 +20,10 @@ from rtrl.core.shards.checks import (
     LOGPROB_POSITIVE,
     NULL_REQUIRED,
     SIGNAL_OUT_OF_RANGE,
+    TIME_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
 )
+from rtrl.core.shards.sampling import SAMPLING_OUT_OF_RANGE, UNKNOWN_LOGPROBS_MODE
 
 UNREADABLE = "unreadable"
 MISSING_COLUMN = "missing_column"
@@ -36,7 +38,10 @@ ROW_REASONS: tuple[str, ...] = (
     LOGPROB_POSITIVE,
     LOGPROB_NON_FINITE,
     SIGNAL_OUT_OF_RANGE,
+    TIME_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
+    SAMPLING_OUT_OF_RANGE,
+    UNKNOWN_LOGPROBS_MODE,
     INVALID_UTF8,
     DUPLICATE_INTERACTION_ID,
 )

@@ -74,6 +74,10 @@ OPTIONAL_SCHEMA = pa.schema(
     ]
 )
 OPTIONAL_COLUMNS: tuple[str, ...] = tuple(OPTIONAL_SCHEMA.names)
+# Every canonical column: the required ones, then the optional ones. A read without a
+# projection yields these, an optional column a file lacks as nulls.
+CANONICAL_SCHEMA = pa.schema([*INTERACTION_SCHEMA, *OPTIONAL_SCHEMA])
+CANONICAL_COLUMNS: tuple[str, ...] = tuple(CANONICAL_SCHEMA.names)
 
 # Columns a row is useless without: identity, on-policy tag, time, and the token streams the
 # trainer consumes. Signals may be null (edit_persisted is null until it matures; other
@@ -103,9 +107,12 @@ TOKEN_ID_COLUMNS: tuple[str, ...] = ("prompt_ids", "completion_ids")
 # Canonical columns whose value a Hive partition of the same meaning can supply.
 PATH_COLUMNS: dict[str, str] = {"checkpoint_id": "checkpoint", "org": "org"}
 
-# Scalar float signals may arrive as integers (e.g. latency in whole milliseconds); token
-# log-probs may not, since an integer log-prob column means the wrong column was written.
-_INT_ACCEPTED_AS_FLOAT: frozenset[str] = frozenset({"edit_persisted", "latency_ms"})
+# Scalar float signals may arrive as integers (e.g. latency in whole milliseconds, a
+# temperature of 1, a top_p of 1); token log-probs may not, since an integer log-prob column
+# means the wrong column was written.
+_INT_ACCEPTED_AS_FLOAT: frozenset[str] = frozenset(
+    {"edit_persisted", "latency_ms", "temperature", "top_p"}
+)
 
 
 @dataclass(frozen=True)
@@ -121,13 +128,21 @@ class SchemaProblem:
 class ColumnCast:
     """How one column is brought to its canonical type. ``options`` is None when the column
     already has it and passes through untouched; ``constant`` is set when the column is not
-    in the file but its value is in the file's Hive path (read from there instead)."""
+    in the file but its value is in the file's Hive path (read from there instead);
+    ``absent`` when it is an optional canonical column the file does not have (read as
+    nulls: what a null means is the column's documented default)."""
 
     name: str
     source: pa.DataType
     target: pa.DataType
     options: pc.CastOptions | None
     constant: str | None = None
+    absent: bool = False
+
+    @property
+    def from_file(self) -> bool:
+        """Whether the column is read from the file (not from its path, nor absent)."""
+        return self.constant is None and not self.absent
 
 
 @dataclass(frozen=True)
@@ -151,11 +166,11 @@ class CastPlan:
     @property
     def read_names(self) -> list[str]:
         """The columns to read from the file (those not supplied by the path)."""
-        return [c.name for c in self.columns if c.constant is None]
+        return [c.name for c in self.columns if c.from_file]
 
     @property
     def needs_cast(self) -> bool:
-        return any(c.options is not None or c.constant is not None for c in self.columns)
+        return any(c.options is not None or not c.from_file for c in self.columns)
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Cast ``batch`` (read with exactly :attr:`read_names`, in that order) to
@@ -171,6 +186,9 @@ class CastPlan:
         for spec in self.columns:
             if spec.constant is not None:
                 arrays.append(pa.repeat(pa.scalar(spec.constant, spec.target), batch.num_rows))
+                continue
+            if spec.absent:
+                arrays.append(pa.nulls(batch.num_rows, spec.target))
                 continue
             array = next(read)
             arrays.append(array if spec.options is None else pc.cast(array, options=spec.options))
@@ -236,8 +254,10 @@ def plan_casts(
 ) -> CastPlan | list[SchemaProblem]:
     """Decide, from a file's Arrow schema alone, how to read ``columns`` canonically.
 
-    Every named column must exist; canonical ones must have a compatible type and are cast,
-    others (extras a consumer asked for) pass through as they are. ``partitions`` are the
+    Every named column must exist, except the optional canonical ones
+    (:data:`OPTIONAL_COLUMNS`), read as nulls when a file lacks them (a shard written before
+    they existed); canonical ones must have a compatible type and are cast, others (extras
+    a consumer asked for) pass through as they are. ``partitions`` are the
     Hive values of the file's path: writers that partition by checkpoint commonly drop
     ``checkpoint_id`` from the files (pyarrow.dataset and Spark do), so a missing
     ``checkpoint_id`` is taken from ``checkpoint=<id>`` in the path.
@@ -257,6 +277,11 @@ def plan_casts(
             plan.append(ColumnCast(name, target, target, None, constant=path_value))
             fields.append(INTERACTION_SCHEMA.field(name))
             continue
+        if not indices and name in OPTIONAL_COLUMNS:
+            optional = OPTIONAL_SCHEMA.field(name)
+            plan.append(ColumnCast(name, pa.null(), optional.type, None, absent=True))
+            fields.append(optional)
+            continue
         if not indices:
             where = "required column" if name in REQUIRED_COLUMNS else "requested column"
             problems.append(SchemaProblem(name, "missing_column", f"{where} {name!r} is missing"))
@@ -267,11 +292,11 @@ def plan_casts(
             )
             continue
         field = schema.field(indices[0])
-        if name not in REQUIRED_COLUMNS:
+        if name not in CANONICAL_COLUMNS:
             plan.append(ColumnCast(name, field.type, field.type, None))
             fields.append(field)
             continue
-        canonical = INTERACTION_SCHEMA.field(name)
+        canonical = CANONICAL_SCHEMA.field(name)
         if not is_compatible(name, field.type, canonical.type):
             problems.append(
                 SchemaProblem(

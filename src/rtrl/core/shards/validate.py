@@ -37,7 +37,7 @@ from rtrl.core.shards.reader import (
     plan_file,
 )
 from rtrl.core.shards.report import UNREADABLE, WRONG_TYPE, FileReport, ValidationReport
-from rtrl.core.shards.schema import REQUIRED_COLUMNS, CastPlan
+from rtrl.core.shards.schema import CANONICAL_COLUMNS, CastPlan
 from rtrl.core.store.base import ObjectStore
 
 
@@ -46,7 +46,10 @@ class ValidatingReader:
     is updated as iteration proceeds and is complete once the iterator is exhausted.
 
     Files are read in key order; of repeated interaction ids the first good occurrence is
-    kept. ``columns`` projects the output only: all canonical columns are read and checked.
+    kept. ``columns`` projects the output (default: the required canonical columns; ask for
+    :data:`~rtrl.core.shards.schema.CANONICAL_COLUMNS` to get the optional ones too): all
+    canonical columns are read and checked whatever the projection (an optional one a file
+    lacks is read as nulls, which pass).
     ``vocab_size`` is the vocabulary of the model the rows are for
     (:mod:`~rtrl.core.shards.vocabulary`): ids at or beyond it are quarantined, as negative
     ids always are.
@@ -72,7 +75,7 @@ class ValidatingReader:
         uri = self.store.url(prefix.strip("/") + "/") if prefix.strip("/") else self.store.uri
         self.vocab_size = vocab_size
         self.report = ValidationReport(uri=uri, vocab_size=vocab_size)
-        self._read_columns = list(dict.fromkeys([*REQUIRED_COLUMNS, *self.columns]))
+        self._read_columns = list(dict.fromkeys([*CANONICAL_COLUMNS, *self.columns]))
         self._project = self.columns != self._read_columns
         self._seen = SeenIds()
 

@@ -4,6 +4,7 @@ started with, the training step's headless Service and the step Jobs (with their
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +50,21 @@ CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # the step runs as uid 1000, which reads them through group 1000. 0440 is the mode the files
 # really get; other users (the eval sandbox's task user, where it has one) cannot read them.
 CREDENTIALS_MODE = 0o440
+# Every rtrl container: non-root, read-only root filesystem, no capability, no escalation;
+# every step pod: uid/gid 1000 (fsGroup 1000 for its volumes), RuntimeDefault seccomp.
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def checkpoint_manifest(
@@ -133,7 +149,7 @@ def service_manifest(rlcycle: dict[str, Any], checkpoint: dict[str, Any]) -> dic
     }
 
 
-def _store_env(spec: RLCycleSpec) -> list[dict[str, Any]]:
+def store_env(spec: RLCycleSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = []
     storage = spec.storage
     if storage.credentials_secret:
@@ -154,21 +170,23 @@ def _store_env(spec: RLCycleSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _credentials_volume(spec: RLCycleSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def credentials_volume(
+    spec: RLCycleSpec, *, name: str = "storage-credentials", mode: int = CREDENTIALS_MODE
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(volume, volumeMount) of the credentials Secret, read-only at CREDENTIALS_MOUNT with
     one file per key; None without storage.credentialsSecret (the pod's role then)."""
     secret = spec.storage.credentials_secret
     if not secret:
         return None
     volume = {
-        "name": "storage-credentials",
+        "name": name,
         "secret": {
             "secretName": secret,
             "items": [{"key": key, "path": key} for key in CREDENTIAL_KEYS],
-            "defaultMode": CREDENTIALS_MODE,
+            "defaultMode": mode,
         },
     }
-    mount = {"name": "storage-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
+    mount = {"name": name, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
     return volume, mount
 
 
@@ -204,6 +222,8 @@ def step_args(
         if previous:
             args.append(f"--previous-checkpoint={previous}")
         args += [f"--exclude-checkpoint={name}" for name in excluded]
+        if spec.capture is not None:  # exactly the files the seal's markers list
+            args.append("--sealed")
         return args
     if step == "train":
         return [
@@ -248,7 +268,7 @@ def job_manifest(
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "RTRL_SCRATCH", "value": SCRATCH},
         {"name": "TMPDIR", "value": "/tmp"},
-        *_store_env(spec),
+        *store_env(spec),
     ]
     if gpus == 0:
         env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
@@ -264,7 +284,7 @@ def job_manifest(
         {"name": "scratch", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    credentials = _credentials_volume(spec)
+    credentials = credentials_volume(spec)
     if credentials is not None:
         volumes.append(credentials[0])
         mounts.append(credentials[1])
@@ -327,25 +347,12 @@ def job_manifest(
         "env": env,
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
     }
     if resources:
         container["resources"] = resources
     pod_spec.update(
-        containers=[container],
-        volumes=volumes,
-        securityContext={
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        containers=[container], volumes=volumes, securityContext=copy.deepcopy(POD_SECURITY)
     )
     job_spec["template"] = {"metadata": {"labels": pod_labels}, "spec": pod_spec}
     return {

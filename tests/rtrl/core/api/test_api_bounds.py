@@ -111,8 +111,14 @@ def test_every_duration_of_the_spec_has_a_maximum() -> None:
             "spec.rollout.confirmWebhook.interval",
             "spec.jobs.backoff",
             "spec.jobs.activeDeadline",
+            "spec.capture.commitInterval",
+            "spec.capture.seal.delay",
+            *(f"spec.capture.maturity.{signal}" for signal in (
+                "editPersisted", "dissatisfiedFollowup", "askedClarification", "editsProposed",
+                "toolCalls", "invalidToolCalls", "latencyMs",
+            )),
         ]
-    )
+    )  # fmt: skip
     assert all(0 < bound.seconds <= parse_duration(MAX_DURATION) for bound in DURATIONS.values())
 
 
@@ -134,8 +140,11 @@ def test_each_duration_at_its_maximum_passes_and_beyond_it_fails(path: str) -> N
     if path.startswith("spec.rollout.confirmWebhook"):  # not in the example
         base = _with("spec.rollout.confirmWebhook.urlSecret", {"name": "hooks", "key": "url"})
         at_max = _with(where, bound.limit, base)
+    if path.startswith("spec.capture"):  # not in the example (commented out there)
+        base = _with("spec.capture", {"events": "s3://events/x/", "image": "serving:1"})
+        at_max = _with(where, bound.limit, base)
     assert _problems(at_max) == []
-    over = bound.limit.replace("d", "d1ms")
+    over = f"{bound.limit}1ms"
     assert _problems(_with(where, over, base)) == [
         f"{where.replace('.0', '[0]')}: duration {over!r} is too long: the maximum is {bound.limit}"
     ]

@@ -157,3 +157,21 @@ def test_a_string_that_is_not_utf8_is_never_a_good_row(tmp_path: Path) -> None:
     file, good = _read(write(replace(rows, "org", broken), tmp_path / "x.parquet").read_bytes())
     assert {"not UTF-8": True} not in good
     assert file.rows_good == ROWS - 1, file
+
+
+def test_a_time_no_interaction_can_have_is_quarantined_with_its_reason() -> None:
+    """A flipped high bit in a foreign file's created_at (found by the fuzzing): the value
+    is a valid 64-bit count of microseconds, but far beyond year 9999, so turning the row into
+    Python values failed (OverflowError); it is now quarantined as time_out_of_range."""
+    rows = table(ROWS, seed=7)
+    micros = rows["created_at"].cast(pa.int64()).to_pylist()
+    micros[5] = 3 * 10**17  # year ~11,500
+    micros[6] = 0  # 1970
+    created = pa.array(micros, pa.int64()).cast(rows.schema.field("created_at").type)
+    bad = rows.set_column(rows.schema.get_field_index("created_at"), "created_at", created)
+    with tempfile.TemporaryDirectory() as directory:
+        data = write(bad, Path(directory) / "f.parquet", row_group_size=ROWS).read_bytes()
+    file, good = _read(data)
+    assert len(good) == ROWS - 2
+    assert file.rows_by_reason == {"time_out_of_range": 2}, file
+    assert any("outside the years 2000-9999" in m for m in file.messages), file.messages

@@ -34,8 +34,10 @@ StoreFactory = Any  # conftest.make_store
 RETRY_VARIABLES = ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS", "RTRL_S3_BODY_ATTEMPTS")
 
 # Each seed is one stage run. The proxy's faults are a function of the seed and the request,
-# so each run meets the same ones; with the old budget (3 tries per body) all three failed.
-SEEDS = [0, 3, 4]
+# so each run meets the same ones. Seeds 1 and 6 meet a body cut 3 and more times in a row
+# (which 3 tries per body, the old budget, cannot survive); chosen again when write_shards'
+# files changed size (dictionary pages for scalar columns only), which moved the faults.
+SEEDS = [0, 1, 6]
 # One run, retries and backoff included, must fit in this (the CI budget of the test).
 STAGE_BUDGET_S = 15.0
 FILES = 20

@@ -1,0 +1,371 @@
+"""The proxy: aiohttp in front of the engine's OpenAI API, recording each generation.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` are captured: the request is
+forwarded with token ids and log-probs asked for (:mod:`.rewrite`), the response goes back
+with them taken out again (:mod:`.strip`), its tokens are gathered as it passes
+(:mod:`.collect`) and, once the client has its last byte, one event per choice is handed to
+the spool (:mod:`.events`), which never makes the response wait for the disk. Every other
+path passes to the engine unchanged; ``/healthz``, ``/readyz`` and ``/metrics`` are the
+proxy's own.
+
+Order of the last steps, for the loss bounds of docs/writing-shards.md: the last bytes are
+written to the client, then the event is queued in the same tick (no await between), and the
+spool's writer puts it in the page cache within milliseconds; so a SIGKILL loses the events
+of responses completed in those milliseconds, a power loss those of the commit window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rtrl.core.events import GENERATION_SCHEMA, GENERATIONS_DIR, new_interaction_id
+from rtrl.core.store import ObjectStore, open_store, redact
+from rtrl_serving.capture.collect import Collector
+from rtrl_serving.capture.config import CaptureConfig
+from rtrl_serving.capture.engine import EngineWatch
+from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, rows_ids
+from rtrl_serving.capture.metrics import CaptureMetrics
+from rtrl_serving.capture.recorder import Exchange, Recorder
+from rtrl_serving.capture.rewrite import ENDPOINTS, Rewrite, rewrite
+from rtrl_serving.capture.strip import parse, strip_chunk, strip_response
+from rtrl_serving.spool import EventKind, Spool, by_hour_of
+
+log = logging.getLogger(__name__)
+
+INTERACTION_HEADER = "X-Rtrl-Interaction-Id"
+GENERATIONS = EventKind(GENERATIONS_DIR, GENERATION_SCHEMA, by_hour_of("created_at"))
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), and those aiohttp sets.
+_HOP = frozenset(
+    h.lower()
+    for h in ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE",
+              "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length")
+)  # fmt: skip
+_CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+IDLE_KEEPALIVE_S = 2.0
+
+
+def _forward_headers(headers: CIMultiDictProxy[str], *, plain: bool) -> CIMultiDict[str]:
+    """The client's headers for the engine; ``plain`` drops Accept-Encoding (the proxy
+    reads captured responses, which must not be compressed)."""
+    skip = _HOP | {"accept-encoding"} if plain else _HOP
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
+
+
+def _response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
+
+
+class CaptureProxy:
+    """One sidecar: its engine, its spool, its metrics. :meth:`app` builds the aiohttp app."""
+
+    def __init__(self, config: CaptureConfig, store: ObjectStore | None = None) -> None:
+        self.config = config
+        self.metrics = CaptureMetrics()
+        self.spool = Spool(
+            Path(config.spool),
+            store if store is not None else open_store(config.events),
+            GENERATIONS,
+            writer_name=config.pod,
+            commit_ms=config.commit_ms,
+            segment_bytes=config.segment_bytes,
+            segment_age_s=config.segment_age_s,
+            max_bytes=config.max_spool_bytes,
+        )
+        self.metrics.watch_spool(self.spool.snapshot)
+        identity = Identity(
+            checkpoint_id=config.checkpoint_id,
+            model_uri=config.model_uri,
+            arm=config.arm,
+            rlcycle=config.rlcycle,
+            pod=config.pod,
+            logprobs_mode=config.logprobs_mode,
+            serving_dtype=config.serving_dtype,
+        )
+        self.recorder = Recorder(config, self.spool, self.metrics, identity)
+        self.session: aiohttp.ClientSession | None = None
+        self.watch: EngineWatch | None = None
+        self.shipped_all: bool | None = None  # after shutdown: whether the spool emptied
+        self._watcher: asyncio.Task[None] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        for path in ENDPOINTS:
+            app.router.add_post(path, self._capture)
+        app.router.add_route("*", "/{tail:.*}", self._passthrough)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, _app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            # idle connections are dropped before the engine drops them (uvicorn: after 5 s),
+            # so a request is rarely sent on a connection the engine has just closed
+            connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=IDLE_KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+        self.watch = EngineWatch(
+            self.session,
+            self.config.engine,
+            self.config.model_uri,
+            self.config.generation_config,
+            dict(self.config.override_generation_config),
+        )
+        self.recorder.engine = self.watch.state
+        self.spool.start()
+        log.info("capturing for %s as writer %s", redact(self.config.engine), self.spool.writer_id)
+        self._watcher = asyncio.create_task(self._watch_engine())
+
+    async def _watch_engine(self) -> None:
+        assert self.watch is not None
+        while True:
+            if await self.watch.health():
+                await self.watch.refresh()
+            state = self.watch.state
+            self.metrics.verified.set(1 if state.verified else 0)
+            if state.defaults_verified is not None:
+                self.metrics.defaults_verified.set(1 if state.defaults_verified else 0)
+            known = state.checked_at > 0
+            await asyncio.sleep(self.config.verify_interval_s if known else 1.0)
+
+    async def _cleanup(self, _app: web.Application) -> None:
+        """After the last in-flight request: flush and ship everything, then close."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self.session is not None:
+            await self.session.close()
+        self.shipped_all = await asyncio.to_thread(self.spool.close, self.config.drain_timeout_s)
+        snap = self.spool.snapshot()
+        log.info("spool closed: %d events spooled, %d shipped, %d left, all shipped: %s",
+                 snap.appended, snap.shipped, snap.backlog_segments, self.shipped_all)  # fmt: skip
+
+    # --- the proxy's own endpoints -------------------------------------------------------
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        problems = []
+        if self.watch is None or not await self.watch.health():
+            problems.append("the engine's /health is not OK")
+        spool = self.spool.writable()
+        if spool is not None:
+            problems.append(spool)
+        if problems:
+            return web.Response(status=503, text="; ".join(problems) + "\n")
+        return web.Response(text="ready\n")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # --- everything else -----------------------------------------------------------------
+
+    async def _passthrough(self, request: web.Request) -> web.StreamResponse:
+        assert self.session is not None
+        body = await request.read()
+        try:
+            upstream = await self._send(
+                request.method, request.path_qs, body or None,
+                _forward_headers(request.headers, plain=False),
+            )  # fmt: skip
+        except aiohttp.ClientError as exc:
+            return self._unreachable(exc)
+        async with upstream:
+            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in _response_headers(upstream):
+                resp.headers.add(key, value)
+            length = upstream.headers.get("Content-Length")
+            if length is not None:
+                resp.content_length = int(length)
+            await resp.prepare(request)
+            async for data in upstream.content.iter_any():
+                await resp.write(data)
+            await resp.write_eof()
+        return resp
+
+    async def _send(
+        self, method: str, path_qs: str, body: bytes | None, headers: CIMultiDict[str]
+    ) -> aiohttp.ClientResponse:
+        """The engine's response to one request. A pooled connection that the engine closed
+        while idle fails before any response byte (ServerDisconnectedError): the engine
+        never read the request, so it is sent once more on a fresh connection."""
+        assert self.session is not None
+        url = self.config.engine + path_qs
+        for attempt in (1, 2):
+            try:
+                return await self.session.request(
+                    method, url, data=body, headers=headers, allow_redirects=False
+                )
+            except aiohttp.ServerDisconnectedError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, exc: Exception) -> web.Response:
+        engine = redact(self.config.engine)
+        log.warning("the engine at %s is unreachable: %s", engine, redact(str(exc)))
+        error = {
+            "error": {
+                "message": f"rtrl-capture: the engine at {engine} is unreachable",
+                "type": "BadGateway",
+                "param": None,
+                "code": 502,
+            }
+        }
+        return web.json_response(error, status=502)
+
+    # --- capture -------------------------------------------------------------------------
+
+    def _served_at(self, request: web.Request) -> datetime:
+        name = self.config.clock_header
+        value = request.headers.get(name) if name else None
+        if not value:
+            return datetime.now(UTC)
+        try:
+            moment = (
+                datetime.fromtimestamp(float(value), UTC)
+                if value.replace(".", "", 1).isdigit()
+                else datetime.fromisoformat(value)
+            )
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text=f"{name}: {value[:64]!r} is neither ISO 8601 nor Unix seconds\n"
+            ) from None
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+    async def _capture(self, request: web.Request) -> web.StreamResponse:
+        assert self.session is not None
+        started = time.monotonic()
+        created = self._served_at(request)
+        rw = rewrite(ENDPOINTS[request.path], await request.read())
+        ids = [new_interaction_id(created) for _ in range(rw.choices)]
+        ex = Exchange(request, rw, ids, created, started)
+        try:
+            upstream = await self._send(
+                "POST", request.path_qs, rw.body, _forward_headers(request.headers, plain=True)
+            )
+        except aiohttp.ClientError as exc:
+            resp = self._unreachable(exc)
+            resp.headers[INTERACTION_HEADER] = ids[0]
+            self.recorder.record(ex, 502, stream=False, collector=None)
+            return resp
+        async with upstream:
+            kind = upstream.headers.get("Content-Type", "")
+            if upstream.status == 200 and kind.startswith("text/event-stream"):
+                return await self._stream(ex, upstream)
+            return await self._whole(ex, upstream)
+
+    async def _whole(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        body = await upstream.read()
+        collector = None
+        rw = ex.rw
+        if upstream.status == 200 and rw.request is not None:
+            try:
+                doc = parse(body)
+            except (ValueError, UnicodeDecodeError):
+                doc = None
+            if isinstance(doc, dict):
+                collector = Collector(rw.endpoint)
+                collector.add_response(doc)
+                ex.ids = rows_ids(
+                    ex.ids, len(collector.choices), lambda: new_interaction_id(ex.created)
+                )
+                if rw.strips:
+                    body = strip_response(doc, rw, body)
+        resp = web.Response(status=upstream.status, reason=upstream.reason, body=body)
+        for key, value in _response_headers(upstream):
+            resp.headers.add(key, value)
+        resp.headers[INTERACTION_HEADER] = ",".join(ex.ids if collector else ex.ids[:1])
+        status = upstream.status
+        try:
+            await resp.prepare(ex.request)
+            await resp.write_eof()
+        except _CLIENT_GONE:
+            status = CLIENT_CLOSED
+        self.recorder.record(ex, status, stream=False, collector=collector)
+        return resp
+
+    async def _stream(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in _response_headers(upstream):
+            resp.headers.add(key, value)
+        resp.headers[INTERACTION_HEADER] = ",".join(ex.ids)
+        collector = Collector(ex.rw.endpoint)
+        buffer = b""
+        try:
+            await resp.prepare(ex.request)
+            async for data in upstream.content.iter_any():
+                buffer += data
+                out: list[bytes] = []
+                done = False
+                while (cut := buffer.find(b"\n\n")) >= 0:
+                    event, buffer = buffer[: cut + 2], buffer[cut + 2 :]
+                    done = done or event == b"data: [DONE]\n\n"
+                    out.append(self._relay(event, collector, ex.rw))
+                if out:
+                    await resp.write(b"".join(out))
+                if done:  # the client has its last byte: queue the events now
+                    self.recorder.record(
+                        ex, _stream_status(collector), stream=True, collector=collector
+                    )
+            if buffer:
+                await resp.write(buffer)
+            await resp.write_eof()
+        except _CLIENT_GONE:
+            upstream.close()  # drop the engine's connection: vLLM aborts the generation
+            self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            log.warning("the engine's stream broke off: %s", exc)
+            self.recorder.record(ex, 502, stream=True, collector=None)
+        except asyncio.CancelledError:
+            self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
+            raise
+        # an engine that ended its stream without [DONE]
+        self.recorder.record(ex, _stream_status(collector), stream=True, collector=collector)
+        return resp
+
+    def _relay(self, event: bytes, collector: Collector, rw: Rewrite) -> bytes:
+        """One SSE event as the client gets it, its tokens collected on the way."""
+        if not event.startswith(b"data: ") or event == b"data: [DONE]\n\n":
+            return event
+        try:
+            chunk = parse(event[6:-2])
+        except (ValueError, UnicodeDecodeError):
+            return event
+        if not isinstance(chunk, dict):
+            return event
+        collector.add_chunk(chunk)
+        if not rw.strips or "choices" not in chunk:
+            return event
+        payload = event[6:-2]
+        stripped = strip_chunk(chunk, rw, payload)
+        if stripped is None:
+            return b""
+        return event if stripped is payload else b"data: " + stripped + b"\n\n"
+
+
+def _stream_status(collector: Collector) -> int:
+    """200, or the code of an error the engine sent inside the stream."""
+    if collector.error is None:
+        return 200
+    code = collector.error.get("code")
+    return code if isinstance(code, int) and 400 <= code < 600 else 500
