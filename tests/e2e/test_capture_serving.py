@@ -18,7 +18,7 @@ import json
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 import pyarrow as pa
@@ -43,22 +43,7 @@ from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.outcomes import Succeed
 from rtrl_localkube.tools import OperatorProcess
 from tests.conftest import REPO
-
-if TYPE_CHECKING:
-    from tests.vllm_engine import TinyModel
-
-# What this test runs comes from three other pieces of work: the capture proxy, the
-# kubelet stand-in's readiness probes and vLLM image (with the tiny model fixture), and
-# the seal step. Until a branch holds all three, it says which is missing.
-for _needed, _what in (
-    ("rtrl_serving.capture", "the capture proxy (rtrl-capture)"),
-    ("rtrl_localkube.probes", "the kubelet stand-in's readiness probes"),
-    ("rtrl_trainer.seal", "the seal step (rtrl-job seal)"),
-):
-    pytest.importorskip(_needed, reason=f"needs {_what}")
-if not hasattr(__import__("tests.vllm_engine").vllm_engine, "TinyModel"):
-    pytest.skip("needs the tiny_model fixture (tests/vllm_engine.py)", allow_module_level=True)
-
+from tests.vllm_engine import TinyModel
 
 # two vLLM engines starting at once on a loaded 2-core machine: imports alone take minutes
 ENGINES_READY_SECONDS = 900

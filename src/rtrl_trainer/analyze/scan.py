@@ -85,6 +85,7 @@ def scan(config: AnalyzeConfig) -> Scan:
         store,
         partitions=partitions,
         columns=[*REQUIRED_COLUMNS, *extra] if extra else None,
+        require=extra,  # an analysis by session cannot use a file without sessions
     )
     selection = Quarantined(report=reader.report)
     steps = config.step_starts

@@ -37,7 +37,7 @@ from rtrl.core.shards.reader import (
     plan_file,
 )
 from rtrl.core.shards.report import UNREADABLE, WRONG_TYPE, FileReport, ValidationReport
-from rtrl.core.shards.schema import CANONICAL_COLUMNS, CastPlan
+from rtrl.core.shards.schema import CANONICAL_COLUMNS, CastPlan, SchemaProblem
 from rtrl.core.store.base import ObjectStore
 
 
@@ -49,7 +49,9 @@ class ValidatingReader:
     kept. ``columns`` projects the output (default: the required canonical columns; ask for
     :data:`~rtrl.core.shards.schema.CANONICAL_COLUMNS` to get the optional ones too): all
     canonical columns are read and checked whatever the projection (an optional one a file
-    lacks is read as nulls, which pass).
+    lacks is read as nulls, which pass). ``require`` names optional columns that a file must
+    hold all the same (a consumer that cannot run without them, such as an analysis by
+    session): a file without one is rejected as ``missing_column``.
     ``vocab_size`` is the vocabulary of the model the rows are for
     (:mod:`~rtrl.core.shards.vocabulary`): ids at or beyond it are quarantined, as negative
     ids always are.
@@ -64,6 +66,7 @@ class ValidatingReader:
         prefix: str = "",
         partitions: PartitionFilter | None = None,
         vocab_size: int | None = None,
+        require: Sequence[str] = (),
     ) -> None:
         if vocab_size is not None and vocab_size < 1:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
@@ -74,6 +77,7 @@ class ValidatingReader:
         self.partitions = partitions
         uri = self.store.url(prefix.strip("/") + "/") if prefix.strip("/") else self.store.uri
         self.vocab_size = vocab_size
+        self.require = tuple(require)
         self.report = ValidationReport(uri=uri, vocab_size=vocab_size)
         self._read_columns = list(dict.fromkeys([*CANONICAL_COLUMNS, *self.columns]))
         self._project = self.columns != self._read_columns
@@ -98,6 +102,13 @@ class ValidatingReader:
             with open_parquet(self.store, shard) as parquet:
                 file.rows_total = parquet.metadata.num_rows
                 plan = plan_file(parquet, shard, self._read_columns)
+                absent = [
+                    SchemaProblem(name, "missing_column", f"column {name!r} is missing")
+                    for name in self.require
+                    if not parquet.schema_arrow.get_all_field_indices(name)
+                ]
+                if absent:
+                    plan = [*absent, *(plan if not isinstance(plan, CastPlan) else [])]
                 if not isinstance(plan, CastPlan):
                     file.status = "rejected"
                     for problem in plan:
