@@ -6,6 +6,10 @@ several looks, side by side with the benchmark's own computation on the same can
 Run: ``python bench/analysis_agreement.py`` (a few minutes); it prints, per canary and look,
 the largest differences between the two (relative changes, their intervals' bounds, the
 boundaries) and whether every verdict and decision agrees; exit 1 if any does not.
+
+``--method today --job /path/to/main/.venv/bin/rtrl-job`` checks the calibration's "today"
+(mixture intervals, CUPED on each user's own history, nothing else) against the analysis of
+another checkout, run as a program: that the "before" figures are the previous code's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime, timedelta
@@ -29,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.analysis_methods import (  # noqa: E402
+    TODAY,
     Analysis,
     LookStats,
     Method,
@@ -52,9 +58,12 @@ from rtrl_trainer.analyze.rule import DECISIONS, VERDICTS  # noqa: E402
 from rtrl_trainer.cli import main as rtrl_job  # noqa: E402
 
 SINCE = datetime(2026, 1, 5, 0, 0, tzinfo=UTC)
-METHOD = Method(
-    "group-sequential, predicted, weighted, novelty rule", reconcile=False, weighted=True
-)
+METHODS = {
+    "after": Method(
+        "group-sequential, predicted, weighted, novelty rule", reconcile=False, weighted=True
+    ),
+    "today": TODAY,
+}
 # the prompt length written for each bin: its lower edge (bin 0: 100 tokens)
 LENGTHS = (100, *PROMPT_EDGES)
 
@@ -203,6 +212,8 @@ def main() -> int:
     parser.add_argument("--traffic", type=float, default=3000.0)
     parser.add_argument("--looks", default="3,6,12,24", help="hours")
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--method", choices=sorted(METHODS), default="after")
+    parser.add_argument("--job", help="an rtrl-job program to run instead of this checkout's")
     args = parser.parse_args()
     looks = [float(h) for h in args.looks.split(",")]
     pop = Population(users=args.users, traffic=args.traffic, pre_hours=24.0)
@@ -212,7 +223,7 @@ def main() -> int:
     users = draw_users(rng, pop, e)
     covs = None
     blocks: dict[int, list[Any]] = {}
-    analysis = Analysis(METHOD, "user", e, pop.hours)
+    analysis = Analysis(METHODS[args.method], "user", e, pop.hours)
     seen: dict[float, Any] = {}
 
     def on_look(look: Look) -> None:
@@ -239,18 +250,27 @@ def main() -> int:
             for hours in looks:
                 out = Path(tmp) / f"out{i}-{hours:g}"
                 now = SINCE + timedelta(hours=hours)
-                code = rtrl_job([
+                argv = [
                     "analyze", "--shards", (Path(tmp) / f"c{i}").as_uri() + "/",
                     "--baseline", "base", "--canary", "cand", "--out", out.as_uri() + "/",
                     "--since", iso(SINCE), "--now", iso(now), "--config", str(config),
                     *step_args(hours), *(["--max-duration-reached"] if hours >= 24 else []),
-                ])  # fmt: skip
+                ]  # fmt: skip
+                if args.job:
+                    code = subprocess.run([args.job, *argv], check=False).returncode
+                else:
+                    code = rtrl_job(argv)
                 doc = json.loads((out / "analysis.json").read_text())
                 assert code == 0, doc["message"]
                 diffs, bounds, settled, settled_z, judgement, promote, promote_z = seen[hours]
                 largest = 0.0
                 rows = {
-                    m["name"]: (m, diffs[m["name"]], bounds[m["name"]][0]) for m in doc["metrics"]
+                    m["name"]: (
+                        m,
+                        diffs[m["name"]],
+                        None if bounds is None else bounds[m["name"]][0],
+                    )
+                    for m in doc["metrics"]
                 }
                 if doc.get("settled") is not None:
                     rows["settled"] = (doc["settled"], settled, settled_z)
@@ -259,12 +279,16 @@ def main() -> int:
                     rows["weighted"] = (weighted, promote, promote_z)
                 lines = []
                 for name, (row, d, zs) in rows.items():
-                    z = zs[i]
+                    z = math.nan if zs is None else zs[i]
                     ours = {
                         "relative_difference": math.expm1(float(d.log_ratio[i])),
                         "boundary": float(z) if math.isfinite(z) else None,
                     }
-                    if math.isfinite(z):
+                    if zs is None:  # the mixture's always-valid interval, as judged
+                        cmp = judgement.comparisons[name]
+                        ours["relative_ci_low"] = float(np.asarray(cmp.rel_low)[i])
+                        ours["relative_ci_high"] = float(np.asarray(cmp.rel_high)[i])
+                    elif math.isfinite(z):
                         radius = z * math.sqrt(float(d.log_var[i]))
                         ours["relative_ci_low"] = math.expm1(float(d.log_ratio[i]) - radius)
                         ours["relative_ci_high"] = math.expm1(float(d.log_ratio[i]) + radius)
