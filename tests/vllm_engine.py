@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,10 +91,17 @@ class VllmEngine:
         return self.model.directory
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
-        """The official OpenAI client, pointed at the engine."""
+        """The official OpenAI client, pointed at the engine. Kept until the session ends
+        and closed then: a client dropped with its pool open is an unclosed socket that
+        the garbage collector reports in whichever test runs at that moment."""
         import openai
 
-        return openai.OpenAI(base_url=self.base_url, api_key="unused", **kwargs)
+        client = openai.OpenAI(base_url=self.base_url, api_key="unused", **kwargs)
+        _CLIENTS.append(client)
+        return client
+
+
+_CLIENTS: list[openai.OpenAI] = []
 
 
 class EngineSession:
@@ -278,6 +286,8 @@ def tiny_model(pytestconfig: pytest.Config) -> TinyModel:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(pytestconfig: pytest.Config) -> VllmEngine:
+def vllm_engine(pytestconfig: pytest.Config) -> Iterator[VllmEngine]:
     """The session's real vLLM engine (see the module docstring)."""
-    return _session(pytestconfig).get_engine()
+    yield _session(pytestconfig).get_engine()
+    while _CLIENTS:
+        _CLIENTS.pop().close()

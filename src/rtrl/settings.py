@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
+
+from pydantic import ValidationError
+
+from rtrl.core.api.errors import error_message, format_loc
+from rtrl.core.api.policy import TenancyPolicy
 
 T = TypeVar("T", int, float)
 
@@ -37,6 +42,9 @@ class Settings:
     peering_lifetime: int = 60
     # A file that gets one JSON line per round (bench/operator_latency.py); None: no trace.
     round_trace: str | None = None
+    # What an RLCycle's author may make the operator do (rtrl.core.api.policy), as the
+    # chart's ``policy`` values in JSON (RTRL_POLICY); unset: nothing beyond its own objects.
+    policy: TenancyPolicy = field(default_factory=TenancyPolicy)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -50,7 +58,24 @@ class Settings:
             switch_interval=_number(env, "RTRL_SWITCH_INTERVAL", cls.switch_interval),
             peering_lifetime=_integer(env, "RTRL_PEERING_LIFETIME", cls.peering_lifetime),
             round_trace=env.get("RTRL_ROUND_TRACE") or None,
+            policy=_policy(env),
         )
+
+
+def _policy(env: Mapping[str, str]) -> TenancyPolicy:
+    raw = env.get(POLICY_ENV)
+    if raw is None or not raw.strip():
+        return TenancyPolicy()
+    try:
+        return TenancyPolicy.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = format_loc(("policy", *first["loc"])) if first["loc"] else "policy"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise SettingsError(f"{POLICY_ENV}: {where}: {error_message(first)}{more}") from None
+
+
+POLICY_ENV = "RTRL_POLICY"
 
 
 def _number(env: Mapping[str, str], variable: str, default: float) -> float:

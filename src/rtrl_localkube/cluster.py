@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from rtrl.core.api import names
+from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.core.store import read_committed_json
 from rtrl.planning import (
     Create,
@@ -252,6 +253,8 @@ class LocalCluster:
             target=copy.deepcopy(dep),
             canary=copy.deepcopy(canary),
             secret=None,
+            # One machine, one user: the RLCycles' author is the admin.
+            policy=UNRESTRICTED,
         )
         wanted = results_to_read(observed)
         if not wanted:

@@ -32,6 +32,7 @@ from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.forkserver import Child, ForkServer
 from rtrl_localkube.invariants import Ledger, Violation, status_problems
 from rtrl_localkube.killproxy import KillProxy, Write
+from rtrl_localkube.tools import OPEN_POLICY_ENV
 
 RTRL = "rtrl.io/v1alpha1"
 # What the fork server imports once: the operator's command and everything it loads.
@@ -40,6 +41,7 @@ OPERATOR_ENV = {
     "RTRL_RESYNC_SECONDS": "1",  # a round a second at least: rounds() counts them
     "RTRL_ERROR_BACKOFF_SECONDS": "0.5",
     "PYTHONUNBUFFERED": "1",
+    **OPEN_POLICY_ENV,
 }
 
 

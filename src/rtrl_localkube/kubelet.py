@@ -35,9 +35,8 @@ signals a pod's processes, as the OOM killer or a crash would.
 
 Not done, on purpose: liveness and startup probes, ``exec`` and ``grpc`` readiness probes
 (such a container is ready once it runs), init containers, resource limits, and
-``runAsUser`` unless a test sets
-``runner.identities`` (processes run as the kubelet's user; with it, as the
-securityContext's user and capabilities: pods.py).
+``runAsUser`` unless a test sets ``runner.identities`` (processes run as the kubelet's
+user; with it, as the securityContext's user and capabilities: pods.py).
 """
 
 from __future__ import annotations
@@ -109,6 +108,7 @@ class Kubelet:
             token=self._token,
             node_name=node,
             network=self.network,
+            api_server=controlplane.url,  # pods reach the API as their ServiceAccount (pods.py)
         )
         self._scripts: list[tuple[str, Outcome]] = []
         self._workers: dict[str, Worker] = {}

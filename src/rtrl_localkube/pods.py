@@ -7,8 +7,15 @@ How a pod spec maps onto this machine:
 
 - Command: ``command`` + ``args`` with Kubernetes ``$(VAR)`` expansion (``$$`` escapes). A bare
   executable that exists next to ``sys.executable`` (``rtrl-job``, ``rtrl``, ``python``...)
-  resolves there; others go through ``PATH``. Image entrypoints are not known: a container
-  without ``command`` cannot start.
+  resolves there; others go through ``PATH``. Image entrypoints are not known, except the
+  operator image's (:data:`ENTRYPOINTS`: ``rtrl operator``, as images/operator/Dockerfile
+  says): another container without ``command`` cannot start.
+- The API from inside a pod: a container that mounts its service-account token where
+  Kubernetes puts it (``podvolumes.SERVICE_ACCOUNT_DIR``) gets ``KUBECONFIG`` naming a
+  kubeconfig beside its volumes, for the runner's ``api_server``, with that volume's token
+  file (``tokenFile``) and CA: what in-cluster configuration reads from
+  ``KUBERNETES_SERVICE_HOST`` and those files, which no process here can reach at their
+  absolute paths. So the chart's operator runs as a pod, as its ServiceAccount.
 - Images: every image "is" this machine's environment, except vLLM's official image
   (:data:`VLLM_IMAGES`), which is the vLLM venv (``make vllm``): its ``python3`` /
   ``python`` is that venv's interpreter, so ``python3 -m vllm.entrypoints.openai.api_server``
@@ -58,7 +65,6 @@ How a pod spec maps onto this machine:
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import subprocess
@@ -75,9 +81,10 @@ from rtrl_localkube.podprocess import expand_vars
 from rtrl_localkube.podprocess import rewrite as rewrite_for_local
 from rtrl_localkube.processes import KILL_GRACE_SECONDS, die_with_parent, kill_group
 
+from .podimages import entrypoint, is_vllm_image
 from .podnet import PodNetwork
 from .podprocess import BIN, tail
-from .podvolumes import PodSources, SetupError
+from .podvolumes import PodSources, SetupError, in_cluster_kubeconfig
 
 # An interpreter of this Python version that other users can run (the venv's may not be).
 IDENTITY_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -86,15 +93,8 @@ SITE_PACKAGES = (
 )
 SITE_PACKAGES = SITE_PACKAGES / "site-packages"
 _CONSOLE_SCRIPT = re.compile(r"^from ([\w.]+) import (\w+)$", re.MULTILINE)
-# vLLM's official image (docs/serving.md), with or without the registry's name in front
-VLLM_IMAGES = ("vllm/vllm-openai:*", "vllm/vllm-openai@*", "*/vllm/vllm-openai:*",
-               "*/vllm/vllm-openai@*", "vllm/vllm-openai")  # fmt: skip
 # SIGTERM to SIGKILL for the engine's supervisor: the kubelet's own cap (podlife.py)
 VLLM_STOP_GRACE = 3.0
-
-
-def is_vllm_image(image: str) -> bool:
-    return any(fnmatch.fnmatchcase(image, pattern) for pattern in VLLM_IMAGES)
 
 
 def reachable_by(path: Path, uid: int, gids: set[int]) -> bool:
@@ -143,6 +143,8 @@ class PodRunner(PodSources):
     each Job gets a rendezvous port of its own (``podnet.py``)."""
 
     network: PodNetwork | None = None
+    # the API server's URL, for a pod that mounts its service-account token (module docstring)
+    api_server: str = ""
 
     def _hostnames_job(self, pod: Mapping[str, Any]) -> str:
         """The Job whose pod hostnames are rewritten to loopback in args and env: none where
@@ -160,6 +162,9 @@ class PodRunner(PodSources):
     ) -> dict[str, str]:
         env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
         env |= self.extra_env
+        kubeconfig = in_cluster_kubeconfig(self.api_server, mounts)
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = os.fspath(kubeconfig)
         if is_vllm_image(str(container.get("image", ""))):
             env |= CPU_ENV
         env |= dict(base or {})
@@ -207,7 +212,7 @@ class PodRunner(PodSources):
         env: Mapping[str, str],
         mounts: list[tuple[str, str]],
     ) -> list[str]:
-        command = list(container.get("command") or [])
+        command = list(container.get("command") or []) or entrypoint(str(container.get("image")))
         if not command:
             raise SetupError("no command: image entrypoints are not known here, set `command`")
         job = self._hostnames_job(pod)

@@ -4,6 +4,7 @@ pod spec maps onto it): each volume is a local directory, written as the kubelet
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -20,6 +21,30 @@ TokenSource = Callable[[dict[str, Any], str | None, int], str]
 class SetupError(Exception):
     """The container cannot start (missing Secret, no command...): the pod fails, with this
     message, not the runner."""
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_kubeconfig(api_server: str, mounts: list[tuple[str, str]]) -> Path | None:
+    """A kubeconfig for the service account whose token is mounted at
+    :data:`SERVICE_ACCOUNT_DIR` (written beside that volume), or None without one."""
+    local = next((Path(path) for mount, path in mounts if mount == SERVICE_ACCOUNT_DIR), None)
+    if not api_server or local is None or not (local / "token").exists():
+        return None
+    config = local.parent / f"{local.name}.kubeconfig"
+    config.write_text(
+        json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
+            "clusters": [{"name": "in-cluster", "cluster": {
+                "server": api_server, "certificate-authority": os.fspath(local / "ca.crt")}}],
+            "users": [{"name": "service-account",
+                       "user": {"tokenFile": os.fspath(local / "token")}}],
+            "contexts": [{"name": "in-cluster",
+                          "context": {"cluster": "in-cluster", "user": "service-account"}}],
+        })
+    )  # fmt: skip
+    return config
 
 
 @dataclass

@@ -15,11 +15,15 @@ from typing import Any
 
 import yaml
 
+from rtrl.core.api.policy import UNRESTRICTED
 from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.controlplane_setup import REPO
 from rtrl_localkube.processes import die_with_parent, free_port
 
 TOOLS_BIN = REPO / ".tools" / "bin"
+# The operator's policy on a machine of one user, the admin and every RLCycle's author at
+# once (rtrl.core.api.policy): what an OperatorProcess runs under unless told otherwise.
+OPEN_POLICY_ENV = {"RTRL_POLICY": UNRESTRICTED.model_dump_json(by_alias=True)}
 
 
 def tool(name: str) -> str:
@@ -101,6 +105,7 @@ class OperatorProcess:
             "RTRL_RESYNC_SECONDS": "1",
             "RTRL_ERROR_BACKOFF_SECONDS": "0.5",
         }
+        environment.setdefault(*next(iter(OPEN_POLICY_ENV.items())))
         environment |= dict(env or {})
         rtrl = Path(sys.executable).parent / "rtrl"
         if not any(a == "--liveness" or a.startswith("--liveness=") for a in args):

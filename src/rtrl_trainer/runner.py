@@ -26,7 +26,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rtrl.core.store import StoreError
+from rtrl.core.cliargs import endpoint_url
+from rtrl.core.store import StoreError, redact
 from rtrl_trainer import progress
 from rtrl_trainer.spec_file import ConfigError, time_arg
 
@@ -36,8 +37,9 @@ EXIT_USAGE = 2
 
 
 def one_line(exc: BaseException) -> str:
-    """The error's message on one line (a store error may quote a multi-line response)."""
-    return " ".join(str(exc).split())
+    """The error's message on one line (a store error may quote a multi-line response),
+    with no URL's secret in it (:func:`~rtrl.core.store.redact`: whatever raised it)."""
+    return redact(" ".join(str(exc).split()))
 
 
 def run_step(
@@ -58,7 +60,7 @@ def run_step(
     try:
         result = body()
     except ConfigError as exc:
-        print(f"rtrl-job {name}: {exc}", file=sys.stderr)
+        print(f"rtrl-job {name}: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except failed as exc:
         print(f"{name}: {prefix}{one_line(exc)}", file=sys.stderr)
@@ -98,6 +100,7 @@ def add_now_argument(parser: argparse.ArgumentParser, what: str) -> None:
 def add_endpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint-url",
+        type=endpoint_url,
         metavar="URL",
         help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
     )

@@ -115,3 +115,22 @@ def test_the_serving_image_has_no_entrypoint_and_runs_non_root() -> None:
             "command"
         ]
     )
+
+
+def test_numeric_limits_render_as_the_integers_the_service_parses() -> None:
+    """Helm reads values.yaml's numbers as floats: ``quote`` of 1048576 gave
+    ``"1.048576e+06"``, which rtrl-feedback refuses, so its pod never started."""
+    from rtrl_serving.feedback.cli import build_parser
+
+    for extra in ([], ["--set", "feedback.maxBodyBytes=2097152", "--set", "feedback.maxEvents=50"]):
+        (deployment,) = [d for k, d in feedback_objects(render(*ON, *extra)).items()
+                         if k == "Deployment"]  # fmt: skip
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]
+               ["containers"][0]["env"]}  # fmt: skip
+        body, events = env["RTRL_FEEDBACK_MAX_BODY_BYTES"], env["RTRL_FEEDBACK_MAX_EVENTS"]
+        assert re.fullmatch(r"[0-9]+", body) and re.fullmatch(r"[0-9]+", events), (body, events)
+        # as the pod reads them: from its environment
+        args = build_parser(environ={k: v for k, v in env.items() if v}).parse_args([])
+        assert (args.max_body_bytes, args.max_events) == (
+            (1048576, 1000) if not extra else (2097152, 50)
+        )

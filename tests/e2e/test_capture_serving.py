@@ -177,19 +177,24 @@ def test_each_arms_requests_are_captured_with_its_checkpoint_and_the_seal_runs(
     served: dict[str, list[str]] = {}
     for arm, pod in (("stable", stable), ("canary", canary)):
         port = node.runner.network.host_port(pod, SIDECAR)  # type: ignore[union-attr]
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-        ids = []
-        for user in range(3):
-            raw = client.completions.with_raw_response.create(
-                model="composer",
-                prompt=[256, *b"def add(a, b):"],
-                max_tokens=4,
-                temperature=1.0,
-                extra_headers={"X-User": f"{arm}-user-{user}", "X-Session": "s1", "X-Org": "acme"},
-            )
-            answer = raw.parse()
-            assert len(answer.choices) == 1 and answer.choices[0].logprobs is None  # not asked
-            ids.append(raw.headers["X-Rtrl-Interaction-Id"])
+        # closed here: an open pool is an unclosed socket that fails a later test at GC
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused") as client:
+            ids = []
+            for user in range(3):
+                raw = client.completions.with_raw_response.create(
+                    model="composer",
+                    prompt=[256, *b"def add(a, b):"],
+                    max_tokens=4,
+                    temperature=1.0,
+                    extra_headers={
+                        "X-User": f"{arm}-user-{user}",
+                        "X-Session": "s1",
+                        "X-Org": "acme",
+                    },
+                )
+                answer = raw.parse()
+                assert len(answer.choices) == 1 and answer.choices[0].logprobs is None  # not asked
+                ids.append(raw.headers["X-Rtrl-Interaction-Id"])
         served[arm] = ids
 
     def shipped() -> pa.Table | None:

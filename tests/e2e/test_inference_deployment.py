@@ -146,15 +146,15 @@ def test_the_example_deployment_serves_rtrls_checkpoint_with_real_vllm(
     kube.wait_for(lambda: any(running(p) for p in pods_of(kube, app)), timeout=60, message=tail)
     # Ready only once vLLM answers /health: the probe, not the process, decides
     kube.wait_for(lambda: available(kube, name) == 1, timeout=VLLM_READY_SECONDS, message=logs)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-    answer = client.completions.create(
-        model="composer",  # the example's --served-model-name
-        prompt=[256, *b"def add(a, b):"],
-        max_tokens=8,
-        temperature=1.0,
-        logprobs=0,
-        extra_body={"return_token_ids": True},
-    )
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused") as client:
+        answer = client.completions.create(
+            model="composer",  # the example's --served-model-name
+            prompt=[256, *b"def add(a, b):"],
+            max_tokens=8,
+            temperature=1.0,
+            logprobs=0,
+            extra_body={"return_token_ids": True},
+        )
     assert answer.model == "composer"
     choice = answer.choices[0]
     assert len((choice.model_extra or {})["token_ids"]) == 8

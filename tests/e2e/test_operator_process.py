@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.kube.apply import apply, write_status
 from rtrl.kube.cache import CACHED_KINDS, CachingClient, ObjectCache
 from rtrl.kube.client import KubeClient, KubeError
@@ -200,7 +201,7 @@ def test_a_replica_with_a_stale_view_cannot_undo_what_the_active_one_did(
     view = stale_view(kube_api, KubeClient(kube_api.api_client), training)
     rlc = view.get("RLCycle", kube_api.namespace, NAME)
     assert rlc is not None
-    decided = plan(observe(view, rlc), datetime.now(UTC))
+    decided = plan(observe(view, rlc, UNRESTRICTED), datetime.now(UTC))
     writes = [a for a in decided.actions if isinstance(a, PatchStatus) and a.kind == "Checkpoint"]
     assert [(a.name, a.status.get("phase")) for a in writes] == [("composer-1", "Evaluating")]
     with pytest.raises(KubeError) as refused:

@@ -332,6 +332,10 @@ def clone_with_edits(clone: Path, moto: str, root: Path) -> None:
     doc["spec"]["training"]["image"] = example["spec"]["training"]["image"]
     doc["metadata"]["namespace"] = NAMESPACE
     (examples / "rlcycle.yaml").write_text(yaml.safe_dump(doc))
+    # The admin's edit of the policy: the store the RLCycle names is theirs.
+    values = load((examples / "helm" / "policy-values.yaml").read_text())
+    values["policy"]["endpoints"] = [moto]
+    (examples / "helm" / "policy-values.yaml").write_text(yaml.safe_dump(values))
     # A server that runs here (no GPU, no vLLM), serving the example's model URI.
     served_uri = load((REPO / "examples" / "checkpoint-base.yaml").read_text())["spec"]["uri"]
     server = deployment(root, serving_uri=served_uri)

@@ -148,3 +148,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The tenancy policy as the operator reads it (RTRL_POLICY, JSON): the values' policy, with
+an empty jobServiceAccount or secretLabel left out (null: the namespace's default account;
+any Secret), and maxResources set to null (helm drops a key set to null: no limit).
+*/}}
+{{- define "rtrl-operator.policy" -}}
+{{- $policy := deepCopy .Values.policy -}}
+{{- if not (hasKey $policy "maxResources") }}{{- $_ := set $policy "maxResources" nil }}{{- end -}}
+{{- if not $policy.jobServiceAccount }}{{- $_ := unset $policy "jobServiceAccount" }}{{- end -}}
+{{- if not $policy.secretLabel }}{{- $_ := set $policy "secretLabel" nil }}{{- end -}}
+{{- toJson $policy -}}
+{{- end -}}

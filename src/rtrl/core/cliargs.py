@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 N = TypeVar("N", int, float)
 
@@ -48,3 +49,26 @@ def fraction_up_to(high: float) -> Callable[[str], float]:
 
     parse.__name__ = f"fraction_up_to_{high:g}"
     return parse
+
+
+def endpoint_url(text: str) -> str:
+    """An S3-compatible endpoint: an http(s) URL with a host, and no credentials, query or
+    fragment. Refused without repeating it: what a pasted URL holds besides its host may
+    be a secret (``http://KEY:SECRET@host``, a presigned query)."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError("expected an http(s) URL, e.g. http://minio:9000")
+    if "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(
+            "must not hold credentials (user:password@): they come from the credentials "
+            "files, the environment or the pod's role"
+        )
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError("must not have a query or fragment")
+    try:
+        parts.port  # noqa: B018 (urllib checks the port when it is asked for it)
+    except ValueError:
+        raise argparse.ArgumentTypeError("has a port that is not a number") from None
+    if any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError("must not contain whitespace")
+    return text

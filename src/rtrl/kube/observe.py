@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rtrl.core.api import names
-from rtrl.core.store import read_committed_json
+from rtrl.core.api.policy import TenancyPolicy
+from rtrl.core.store import FileCredentials, read_committed_json
 from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
 from rtrl.planning.manifests.names import canary_service_name
 from rtrl.planning.manifests.seal import seal_name
@@ -16,6 +19,7 @@ from rtrl.planning.timeutil import parse_time
 from .client import KubeClient, KubeError
 
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+SESSION_KEY = "AWS_SESSION_TOKEN"
 MAX_MESSAGE = 1024
 
 
@@ -96,13 +100,59 @@ def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
 
 
 def secret_state(client: KubeClient, namespace: str, name: str) -> SecretState:
-    """Whether the credentials Secret exists and which keys it lacks; the values are never
-    kept, logged or put in status."""
+    """Whether the credentials Secret exists, which keys it lacks and its labels; the
+    values are never kept, logged or put in status."""
+    return read_secret(client, namespace, name)[0]
+
+
+def read_secret(
+    client: KubeClient, namespace: str, name: str
+) -> tuple[SecretState, FileCredentials | None]:
+    """The credentials Secret's state, and its credentials when it holds both keys: what
+    the operator reads the RLCycle's step results with (never its own). Kept in memory for
+    the round only; the repr of the credentials shows none of them."""
     found = client.get("Secret", namespace, name)
     if found is None:
-        return SecretState(found=False)
-    keys = set(found.get("data") or {}) | set(found.get("stringData") or {})
-    return SecretState(True, tuple(k for k in SECRET_KEYS if k not in keys))
+        return SecretState(found=False), None
+    data = dict(found.get("data") or {})
+    keys = set(data) | set(found.get("stringData") or {})
+    labels = {
+        str(k): str(v) for k, v in ((found.get("metadata") or {}).get("labels") or {}).items()
+    }
+    state = SecretState(True, tuple(k for k in SECRET_KEYS if k not in keys), labels)
+    values = {}
+    for key in (*SECRET_KEYS, SESSION_KEY):
+        try:
+            values[key] = base64.b64decode(str(data[key]), validate=True).decode().strip()
+        except (KeyError, binascii.Error, UnicodeDecodeError):
+            continue
+    if not all(values.get(key) for key in SECRET_KEYS):
+        return state, None
+    credentials = FileCredentials(
+        access_key_id=values[SECRET_KEYS[0]],
+        secret_access_key=values[SECRET_KEYS[1]],
+        session_token=values.get(SESSION_KEY) or None,
+    )
+    return state, credentials
+
+
+def result_credentials(
+    storage: dict[str, Any],
+    secret: tuple[SecretState, FileCredentials | None] | None,
+    policy: TenancyPolicy,
+) -> tuple[bool, FileCredentials | None]:
+    """Whether the operator may read the RLCycle's step results, and with which
+    credentials: the RLCycle's own (its credentialsSecret) when it has them; else the
+    operator's own identity (None), only from its own endpoint or one the admin's policy
+    allows. A spec's endpoint never gets the operator's key (issue 32: it received it in
+    the signature of every result read)."""
+    endpoint = storage.get("endpoint")
+    if endpoint and not policy.allows_endpoint(str(endpoint)):
+        return False, None  # the plan makes the RLCycle Invalid: EndpointNotAllowed
+    if storage.get("credentialsSecret"):
+        credentials = secret[1] if secret is not None else None
+        return credentials is not None, credentials
+    return True, None
 
 
 # The reads of a round are independent: issued together, a round costs about one request's
@@ -193,7 +243,12 @@ def relevant_checkpoints(
     return [c for c in checkpoints if c["metadata"]["name"] in names]  # in the listed order
 
 
-def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
+def observe(
+    client: KubeClient, rlcycle: dict[str, Any], policy: TenancyPolicy | None = None
+) -> Observed:
+    """What one round of ``rlcycle`` decides from, under the admin's ``policy`` (the
+    operator's settings; None: the default, which allows nothing beyond its own objects)."""
+    policy = policy if policy is not None else TenancyPolicy()
     meta = rlcycle["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     spec = rlcycle.get("spec") or {}
@@ -215,7 +270,7 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
     if rollout.get("router") == "gatewayapi" and rollout.get("httpRoute"):
         reads["route"] = lambda: client.get("HTTPRoute", namespace, str(rollout["httpRoute"]))
     if storage.get("credentialsSecret"):
-        reads["secret"] = lambda: secret_state(client, namespace, str(storage["credentialsSecret"]))
+        reads["secret"] = lambda: read_secret(client, namespace, str(storage["credentialsSecret"]))
     kinds = {
         "checkpoints": "Checkpoint",
         "jobs": "Job",
@@ -261,19 +316,24 @@ def observe(client: KubeClient, rlcycle: dict[str, Any]) -> Observed:
         services=services,
         config_maps=config_maps,
         deployment=deployment,
-        secret=secret,
+        secret=secret[0] if secret is not None else None,
         target=dep,
         canary=canary,
         http_route=route,
         stable_service=stable_service,
         seal=got.get("seal"),
+        policy=policy,
     )
     wanted = results_to_read(observed)
-    if not wanted:
+    readable, credentials = result_credentials(storage, secret, policy)
+    if not wanted or not readable:
         return observed
     results = {
         uri: read_committed_json(
-            uri, endpoint_url=storage.get("endpoint"), region=storage.get("region")
+            uri,
+            endpoint_url=storage.get("endpoint"),
+            region=storage.get("region"),
+            credentials=credentials,
         )
         for uri in wanted
     }

@@ -140,6 +140,7 @@ def start(settings: Settings) -> None:
     Process.listed.clear()
     Process.cache = ObjectCache()
     NOTIFIER.reset()
+    NOTIFIER.policy = settings.policy
     set_object_source(lambda kind: Process.cache.list(kind, None))
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would
@@ -212,7 +213,8 @@ def reconcile_once(
         rlcycle = kube.get("RLCycle", namespace, name)
         if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
             raise RLCycleGoneError(f"{namespace}/{name}")
-        observed = with_webhooks(kube, rlcycle, observe(kube, rlcycle))
+        policy = Process.settings.policy
+        observed = with_webhooks(kube, rlcycle, observe(kube, rlcycle, policy))
         marks["observed"] = time.perf_counter()
         now = datetime.now(UTC)
         decided = plan(observed, now)
@@ -242,7 +244,7 @@ def with_webhooks(kube: CachingClient, rlcycle: dict[str, Any], observed: Any) -
     """What the webhooks answered: the confirm webhook of a gate that waits for it, and the
     notifications this process is done with."""
     meta = rlcycle["metadata"]
-    confirmed, why = confirm(kube, rlcycle)
+    confirmed, why = confirm(kube, rlcycle, Process.settings.policy)
     delivered, failed = NOTIFIER.done(meta["namespace"], meta["name"])
     if confirmed is None and not delivered:
         return observed

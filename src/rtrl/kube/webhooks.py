@@ -10,6 +10,12 @@ order they were decided. A failed delivery is retried with backoff
 (:meth:`Notifier.done`) in its next round, whose plan drops it from the outbox; what this
 process has not delivered when it dies is still in the outbox, and the next one sends it
 (at-least-once: a receiver dedupes by the entry's id).
+
+Where a webhook may go is the admin's, not the RLCycle author's: a redirect is never
+followed (it answered with the redirect, which is a failed delivery: an RLCycle's webhook
+redirected to any address had the operator POST there), the admin's policy may limit the
+hosts (``policy.webhookHosts``), and the URL's Secret must carry the policy's label, as
+the credentials Secret must (:mod:`rtrl.core.api.policy`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from urllib.parse import urlsplit
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION
+from rtrl.core.api.policy import TenancyPolicy
 
 from .client import KubeClient, KubeError
 
@@ -63,9 +70,12 @@ def redact(text: str, url: str) -> str:
     return text
 
 
-def secret_url(client: KubeClient, namespace: str, ref: Mapping[str, Any]) -> str:
+def secret_url(
+    client: KubeClient, namespace: str, ref: Mapping[str, Any], policy: TenancyPolicy
+) -> str:
     """The URL in Secret ``ref.name``, key ``ref.key``; WebhookError (naming the Secret and
-    key, never the value) when it is missing or not an http(s) URL."""
+    key, never the value) when it is missing, not an http(s) URL, in a Secret without the
+    policy's label, or to a host the policy does not allow."""
     name, key = str(ref.get("name") or ""), str(ref.get("key") or "")
     try:
         secret = KubeClient.get(client, "Secret", namespace, name)
@@ -73,6 +83,13 @@ def secret_url(client: KubeClient, namespace: str, ref: Mapping[str, Any]) -> st
         raise WebhookError(f"cannot read Secret {name}: HTTP {exc.status} {exc.reason}") from None
     if secret is None:
         raise WebhookError(f"Secret {name} not found")
+    label = policy.secret_label_pair()
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    if label is not None and labels.get(label[0]) != label[1]:
+        raise WebhookError(
+            f"Secret {name} does not carry the label {label[0]}={label[1]} that marks a Secret "
+            "for RLCycles"
+        )
     raw = (secret.get("data") or {}).get(key)
     if raw is None:
         raise WebhookError(f"Secret {name} has no key {key}")
@@ -82,7 +99,30 @@ def secret_url(client: KubeClient, namespace: str, ref: Mapping[str, Any]) -> st
         raise WebhookError(f"Secret {name} key {key} is not text") from None
     if not _URL.match(url):
         raise WebhookError(f"Secret {name} key {key} does not hold an http(s) URL")
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        raise WebhookError(f"Secret {name} key {key} does not hold an http(s) URL") from None
+    if not policy.allows_webhook_host(host, port):
+        # The host is not named: a webhook URL is a secret, all of it.
+        raise WebhookError(
+            f"Secret {name} key {key}: the URL's host is not one the operator's policy lets "
+            "webhooks reach (policy.webhookHosts)"
+        )
     return url
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is the webhook's answer, never followed: the Secret's URL is where the
+    admin's policy let the operator POST, and a redirect could send it anywhere (the
+    cluster's own services, a cloud's metadata address)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def post(url: str, document: Mapping[str, Any], content_type: str, event_id: str = "") -> int:
@@ -95,7 +135,7 @@ def post(url: str, document: Mapping[str, Any], content_type: str, event_id: str
         request = urllib.request.Request(
             url, data=json.dumps(document).encode(), headers=headers, method="POST"
         )
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+        with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         exc.close()
@@ -183,6 +223,8 @@ class Notifier:
         self._lock = threading.Lock()
         self._state: dict[Key, dict[str, Delivery]] = {}
         self.woken: Callable[[str, str], None] = lambda namespace, name: None
+        # The admin's policy (set when the operator starts: rtrl.kube.reconcile.start).
+        self.policy = TenancyPolicy()
 
     def reset(self) -> None:
         """Forget every delivery (the operator starts again, in tests): what is still in
@@ -252,7 +294,7 @@ class Notifier:
         target = str(spec.get("name"))
         error = ""
         try:
-            url = secret_url(client, key[0], spec.get("urlSecret") or {})
+            url = secret_url(client, key[0], spec.get("urlSecret") or {}, self.policy)
             document, content_type = body(str(spec.get("format") or "json"), rlcycle, entry)
             status = post(url, document, content_type, str(entry["id"]))
             if not 200 <= status < 300:
@@ -300,7 +342,9 @@ _ANSWERS: dict[tuple[str, ...], tuple[float, tuple[bool | None, str]]] = {}
 _ANSWERS_MAX = 1024
 
 
-def confirm(client: KubeClient, rlcycle: Mapping[str, Any]) -> tuple[bool | None, str]:
+def confirm(
+    client: KubeClient, rlcycle: Mapping[str, Any], policy: TenancyPolicy
+) -> tuple[bool | None, str]:
     """While ``status.awaitingApproval`` names a webhook gate: whether the confirm webhook
     releases it (HTTP 200, as Flagger's confirm-rollout), and why not, in words; asked at
     most once per ``confirmWebhook.interval`` (rounds woken by other events in between get
@@ -318,7 +362,7 @@ def confirm(client: KubeClient, rlcycle: Mapping[str, Any]) -> tuple[bool | None
     last = _ANSWERS.get(key)
     if last is not None and last[1][0] is not True and time.monotonic() - last[0] < interval:
         return last[1]
-    answer = _ask(client, meta, hook, waiting)
+    answer = _ask(client, meta, hook, waiting, policy)
     if len(_ANSWERS) >= _ANSWERS_MAX:
         _ANSWERS.clear()
     _ANSWERS[key] = (time.monotonic(), answer)
@@ -330,6 +374,7 @@ def _ask(
     meta: Mapping[str, Any],
     hook: Mapping[str, Any],
     waiting: Mapping[str, Any],
+    policy: TenancyPolicy,
 ) -> tuple[bool | None, str]:
     question = {
         "name": meta.get("name"),
@@ -341,7 +386,7 @@ def _ask(
         "since": waiting.get("since"),
     }
     try:
-        url = secret_url(client, str(meta.get("namespace")), hook.get("urlSecret") or {})
+        url = secret_url(client, str(meta.get("namespace")), hook.get("urlSecret") or {}, policy)
         status = post(url, question, "application/json")
     except WebhookError as exc:
         return False, str(exc)

@@ -25,6 +25,7 @@ from .manifests import seal
 from .manifests.canary import CHECKPOINT_ID_ENV, set_env_patch
 from .reading import meta
 from .round import READY_POLL_SECONDS, Round
+from .tenancy import job_service_account
 
 
 def check_capture(r: Round) -> tuple[str, str]:
@@ -144,7 +145,7 @@ def _keep_seal(r: Round) -> None:
             r.act(Delete("batch/v1", "CronJob", name))
             r.event("SealRemoved", f"CronJob {name} deleted: spec.capture is unset")
         return
-    want = seal.seal_cronjob(r.rlc, r.spec)
+    want = seal.seal_cronjob(r.rlc, r.spec, job_service_account(r.spec, r.obs.policy))
     name = want["metadata"]["name"]
     if stored is None:
         r.act(Create(want))

@@ -43,6 +43,7 @@ from .reading import step_jobs as _step_jobs
 from .round import Plan, Round
 from .schedule import next_run
 from .stage_result import data_summary
+from .tenancy import job_service_account
 from .timeutil import iso
 
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
@@ -154,7 +155,10 @@ def create_step(
             previous=(r.serving_of(ck).get("spec") or {}).get("parent"),
             excluded=r.rolled_back(),
         )
-    job = job_manifest(r.rlc, r.spec, ck, step=step, attempt=attempt, args=args)
+    account = job_service_account(r.spec, r.obs.policy)
+    job = job_manifest(
+        r.rlc, r.spec, ck, step=step, attempt=attempt, args=args, service_account=account
+    )
     r.act(Create(job))
     again = f" (attempt {attempt + 1} of {r.spec.jobs.backoff_limit + 1})" if attempt else ""
     r.event(

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtrl.core.api.policy import TenancyPolicy
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -46,10 +48,12 @@ class DeploymentState:
 
 @dataclass(frozen=True)
 class SecretState:
-    """The storage credentials Secret: found, and which required keys it lacks."""
+    """The storage credentials Secret: found, which required keys it lacks, its labels
+    (the policy may require one: rtrl.planning.tenancy); never its values."""
 
     found: bool
     missing_keys: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,6 @@ class Observed:
     # delivered, or given up after its retries (``undeliverable``: id, target, why).
     delivered: frozenset[str] = frozenset()
     undeliverable: tuple[tuple[str, str, str], ...] = ()
+    # The admin's tenancy policy the operator runs under (its settings); the default
+    # allows nothing beyond the RLCycle's own objects.
+    policy: TenancyPolicy = field(default_factory=TenancyPolicy)

@@ -42,6 +42,7 @@ from .reading import phase as _phase
 from .reading import step_jobs as _step_jobs
 from .rollout import drive_canary
 from .round import Plan, Round
+from .tenancy import policy_problem
 
 
 def results_to_read(observed: Observed) -> list[str]:
@@ -103,6 +104,9 @@ def run(r: Round) -> Plan:
     if spec is None:
         return r.invalid("SpecInvalid", problem)
     r.spec = spec
+    problem_reason, problem = policy_problem(spec, r.obs.policy, r.obs.secret)
+    if problem_reason:
+        return r.invalid(problem_reason, problem)
     problem_reason, problem = check_environment(r)
     if problem_reason:
         return r.invalid(problem_reason, problem)

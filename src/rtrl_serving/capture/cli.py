@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from rtrl.core.store import StoreError, open_store, redact
 from rtrl_serving.capture.config import ConfigError, parse_args
 from rtrl_serving.capture.proxy import CaptureProxy
 
@@ -29,7 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rtrl-capture: {exc}", file=sys.stderr)
         return 2
-    proxy = CaptureProxy(config)
+    try:
+        store = open_store(config.events)
+    except (ValueError, StoreError) as exc:
+        # The events store cannot be built from what the pod was given (an endpoint with
+        # credentials in $AWS_ENDPOINT_URL): one line, as for a flag.
+        print(f"rtrl-capture: --events: {redact(' '.join(str(exc).split()))}", file=sys.stderr)
+        return 2
+    proxy = CaptureProxy(config, store)
     web.run_app(
         proxy.app(),
         host=config.listen_host,

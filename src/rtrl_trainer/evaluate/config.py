@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError
 
 from rtrl.core.api.common import ApiModel
 from rtrl.core.api.rlcycle import EvalSpec, EvalSuite
+from rtrl.core.store import parse_store_uri
 from rtrl_trainer.evaluate.model import Decoding
 from rtrl_trainer.evaluate.sandbox_types import Limits
 from rtrl_trainer.spec_file import ConfigError, load_sections, to_json, validation_problems
@@ -93,6 +94,15 @@ def build_config(
     max_tasks: int | None = None,
     insecure_sandbox: bool = False,
 ) -> EvalConfig:
+    # Every store URI is checked before anything is read (a usage error, exit 2, whichever
+    # flag holds it), as train and stage do.
+    uris = {"--candidate": candidate, "--parent": parent, "--out": out, "--heldout": heldout}
+    for option, uri in uris.items():
+        try:
+            if uri is not None:
+                parse_store_uri(uri)
+        except ValueError as exc:
+            raise ConfigError(f"{option}: {exc}") from None
     eval_doc: dict[str, Any] = {}
     options_doc: dict[str, Any] = {}
     where, prefix = "--config", ""

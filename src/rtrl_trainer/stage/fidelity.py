@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rtrl.core.api.rlcycle import FidelitySpec
 from rtrl.core.shards import CANONICAL_COLUMNS, ShardFile, list_files
 from rtrl.core.shards.checks import check_rows
-from rtrl.core.shards.reader import STREAM_BUFFER_SIZE, plan_file
+from rtrl.core.shards.limits import oversized_strings
+from rtrl.core.shards.reader import declared_types, open_parquet, plan_file
 from rtrl.core.shards.sampling import unmatched
 from rtrl.core.shards.schema import CastPlan
 from rtrl.core.store import ObjectStore, StoreError, open_store
@@ -147,21 +147,20 @@ def sample_rows(
 def _first_rows(store: ObjectStore, shard: ShardFile, probe: int, n: int) -> pa.RecordBatch | None:
     """The first ``n`` rows of row group ``probe`` (modulo their number) of ``shard``,
     canonical, read through a small buffer (a few pages, not the row group); None when
-    the file cannot be used (the validating reader counts it in pass 1)."""
+    the file cannot be used (the validating reader counts it in pass 1). Opened as every
+    reader opens a shard: within the limits of its footer (rtrl.core.shards.limits)."""
     try:
-        with store.open_input(shard.key) as handle:
-            parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=STREAM_BUFFER_SIZE)
-            if parquet.num_row_groups == 0:
+        with open_parquet(store, shard, stream=True) as opened:
+            if opened.num_row_groups == 0:
                 return None
-            plan = plan_file(parquet, shard, CANONICAL_COLUMNS)
+            plan = plan_file(opened, shard, CANONICAL_COLUMNS)
             if not isinstance(plan, CastPlan):
                 return None
-            group = probe % parquet.num_row_groups
-            raw = next(
-                parquet.iter_batches(batch_size=n, row_groups=[group], columns=plan.read_names),
-                None,
-            )
-            return None if raw is None else plan.apply(raw)
+            group = probe % opened.num_row_groups
+            raw = next(opened.batches(plan.read_names, n, row_group=group), None)
+            if raw is None or oversized_strings(raw) is not None:
+                return None
+            return plan.apply(declared_types(raw, opened.schema))
     except StoreError:
         raise
     except Exception:  # a foreign file fails in many ways: pass 1 reports it

@@ -15,7 +15,7 @@ from typing import Any
 
 from rtrl.core.api.common import ApiModel
 from rtrl.core.api.rlcycle import TrainingSpec
-from rtrl_trainer.runner import run_step
+from rtrl_trainer.runner import add_endpoint_argument, run_step
 from rtrl_trainer.train.config import (
     TRAINER_FLAGS,
     TRAINER_SWITCHES,
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="RLCycle manifest, its spec, or a mapping with training (and trainer)",
     )
-    parser.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
+    add_endpoint_argument(parser)
     group = parser.add_argument_group("overrides of spec.training (the RLCycle API's fields)")
     _add_flags(group, "training", TrainingSpec, TRAINING_FLAGS)
     for switch, name in TRAINING_SWITCHES.items():

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from rtrl_trainer import progress
-from rtrl_trainer.runner import EXIT_FAILED
+from rtrl_trainer.runner import EXIT_FAILED, one_line
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ def say(message: str, *, force: bool = False) -> None:
 
 def fail(exc: BaseException) -> int:
     """The one stderr line of a failed run (this rank's), and its exit code."""
-    print(f"rtrl-job train: {exc}", file=sys.stderr)
+    print(f"rtrl-job train: {one_line(exc)}", file=sys.stderr)
     return EXIT_FAILED
 
 

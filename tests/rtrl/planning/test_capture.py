@@ -47,7 +47,7 @@ class CaptureWorld(World):
     def observed(self) -> Observed:
         obs = super().observed()
         return Observed(
-            **{**obs.__dict__, "seal": copy.deepcopy(self.cron_jobs.get("composer-seal"))}
+            **{**obs.__dict__, "seal": copy.deepcopy(self.cron_jobs.get("composer-seal"))},
         )
 
     def apply(self, actions: list[Any]) -> None:

@@ -18,6 +18,7 @@ import pytest
 from rtrl.core.api import names
 from rtrl.core.api.checkpoint import CheckpointStatus
 from rtrl.core.api.cron import parse_cron
+from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.core.api.rlcycle import RLCycleStatus
 from rtrl.core.api.yamlfile import load
 from rtrl.planning import (
@@ -101,6 +102,8 @@ class World:
         # With the gatewayapi router: the stable Service the route's backendRef names.
         self.stable_service: dict[str, Any] | None = None
         self.secret: SecretState | None = SecretState(True)
+        # The admin's policy the operator runs under (tests of it set one of their own).
+        self.policy = UNRESTRICTED
         self.events: list[Emit] = []
         self.patches: list[Patch] = []
         self.analyses: list[str] = []
@@ -109,6 +112,7 @@ class World:
 
     def observed(self) -> Observed:
         obs = Observed(
+            policy=self.policy,
             rlcycle=copy.deepcopy(self.rlcycle),
             checkpoints=[copy.deepcopy(c) for c in self.checkpoints.values()],
             jobs=list(self.jobs.values()),

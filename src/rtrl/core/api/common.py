@@ -212,7 +212,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # An OCI image reference, loosely: no whitespace, no scheme. Registries check the rest.
 IMAGE_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$"
 # The object-store URIs rtrl understands: S3 (any S3-compatible endpoint) and local files.
-STORE_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?|file:///[^\s]*)$"
+# No query or fragment: a store URI names a prefix; a presigned URL pasted in is refused.
+STORE_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s?#]*)?|file:///[^\s?#]*)$"
 # Kubernetes resource.Quantity, as the API server's own OpenAPI schema spells it.
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rtrl.core.redaction import redact
+
 from .common import PATTERN_HINTS
 
 
@@ -26,7 +28,8 @@ def format_loc(loc: Iterable[int | str]) -> str:
 
 def error_message(error: Mapping[str, Any]) -> str:
     """The message of one pydantic error record, without pydantic's jargon; never the
-    input value, except for pattern mismatches of fields that hold no secrets."""
+    input value, except for pattern mismatches of fields that hold no secrets, and those
+    :func:`~rtrl.core.redaction.redact`-ed (a presigned URL given as a store URI)."""
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown field"
@@ -35,5 +38,5 @@ def error_message(error: Mapping[str, Any]) -> str:
     if kind == "string_pattern_mismatch":
         hint = PATTERN_HINTS.get(error["ctx"]["pattern"])
         if hint:
-            return f"{error['input']!r} {hint}"
+            return f"{redact(repr(error['input']))} {hint}"
     return str(error["msg"]).removeprefix("Value error, ")

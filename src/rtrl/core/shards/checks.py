@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtrl.core.shards import sampling
+from rtrl.core.shards.limits import MAX_LIST_LENGTH, TOO_LONG
 from rtrl.core.shards.sampling import SAMPLING_OUT_OF_RANGE, UNKNOWN_LOGPROBS_MODE
 from rtrl.core.shards.schema import COMPLETION_LIST_COLUMNS, NON_NULL_COLUMNS, TOKEN_ID_COLUMNS
 
@@ -124,6 +125,24 @@ def check_nulls(batch: pa.RecordBatch, flags: RowFlags) -> None:
         if values.null_count:
             positions = np.flatnonzero(~_valid(values)) + offsets[0]
             flags.flag(NULL_REQUIRED, _rows_of_positions(offsets, positions))
+
+
+def check_list_limits(batch: pa.RecordBatch, flags: RowFlags) -> None:
+    """No list longer than :data:`~rtrl.core.shards.limits.MAX_LIST_LENGTH`: the longest
+    sequence any training takes, and what keeps a row's cost bounded downstream."""
+    for name in _LIST_COLUMNS:
+        lengths = np.diff(_offsets(batch.column(name)))
+        over = lengths > MAX_LIST_LENGTH
+        if over.any():
+            flags.flag(TOO_LONG, over)
+            row = int(np.flatnonzero(over)[0])
+            known = flags.details.get(TOO_LONG)
+            if known is None or row < known[0]:
+                flags.details[TOO_LONG] = (
+                    row,
+                    f"{name} holds {int(lengths[row]):,} values, over the "
+                    f"{MAX_LIST_LENGTH:,} of a list",
+                )
 
 
 def check_list_lengths(batch: pa.RecordBatch, flags: RowFlags) -> None:
@@ -251,6 +270,7 @@ def check_rows(batch: pa.RecordBatch, vocab_size: int | None = None) -> RowFlags
     batches: see :mod:`rtrl.core.shards.dedup`); token ids against ``vocab_size`` when
     given, else only against 0."""
     flags = RowFlags(batch.num_rows)
+    check_list_limits(batch, flags)
     check_nulls(batch, flags)
     check_list_lengths(batch, flags)
     check_logprobs(batch, flags)

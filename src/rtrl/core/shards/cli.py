@@ -18,11 +18,12 @@ import argparse
 import json
 import sys
 
-from rtrl.core.cliargs import positive_int
+from rtrl.core.cliargs import endpoint_url, positive_int
 from rtrl.core.shards.layout import resolve_store
 from rtrl.core.shards.reader import DEFAULT_BATCH_SIZE
 from rtrl.core.shards.validate import validate
 from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
+from rtrl.core.store import redact
 from rtrl.core.store.base import ObjectStore, StoreError
 from rtrl.core.store.local import LocalStore
 
@@ -91,6 +92,8 @@ def add_shards_parser(
     )
     check.add_argument(
         "--endpoint-url",
+        type=endpoint_url,
+        metavar="URL",
         default=None,
         help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
     )
@@ -107,26 +110,26 @@ def _missing_command(parser: argparse.ArgumentParser) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Run ``rtrl shards validate``; print the report; return the exit code."""
+    """Run ``rtrl shards validate``; print the report; return the exit code. Every error
+    is one line, with no URL's secret in it (a presigned URL pasted as the URI)."""
     partitions: dict[str, set[str]] = {}
     for name, value in args.partition:
         partitions.setdefault(name, set()).add(value)
     try:
         store = resolve_store(args.uri, endpoint_url=args.endpoint_url)
-    except ValueError as exc:
-        print(f"rtrl shards validate: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except (ValueError, StoreError) as exc:
+        # A URI no store understands, or a store that cannot be built (an endpoint from
+        # $AWS_ENDPOINT_URL with credentials in it).
+        return _usage(str(exc))
     if isinstance(store, LocalStore) and not store.root.is_dir():
-        print(f"rtrl shards validate: {store.root} is not a directory", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(f"{store.root} is not a directory")
     vocab_size = args.vocab_size
     if args.checkpoint is not None:
         try:
             vocab_size = read_vocab_size(_checkpoint_store(args.checkpoint, args.endpoint_url))
         except (ValueError, StoreError) as exc:
             # VocabularyError is a ValueError; so is a URI no store understands.
-            print(f"rtrl shards validate: checkpoint {args.checkpoint}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return _usage(f"checkpoint {args.checkpoint}: {exc}")
     try:
         report = validate(
             store,
@@ -137,13 +140,17 @@ def run_validate(args: argparse.Namespace) -> int:
     except StoreError as exc:
         # The store failed (no such bucket, no access, unreachable), not the shards: there
         # is no report to give, only the reason the URI cannot be read.
-        print(f"rtrl shards validate: cannot read {args.uri}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(f"cannot read {args.uri}: {exc}")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(report.render())
     return EXIT_OK if report.ok else EXIT_BAD
+
+
+def _usage(message: str) -> int:
+    print(f"rtrl shards validate: {redact(' '.join(message.split()))}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _checkpoint_store(uri: str, endpoint_url: str | None) -> ObjectStore:

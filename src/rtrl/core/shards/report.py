@@ -23,6 +23,8 @@ from rtrl.core.shards.checks import (
     TIME_OUT_OF_RANGE,
     TOKEN_OUT_OF_RANGE,
 )
+from rtrl.core.shards.footer import OVER_LIMIT
+from rtrl.core.shards.limits import TOO_LONG
 from rtrl.core.shards.sampling import SAMPLING_OUT_OF_RANGE, UNKNOWN_LOGPROBS_MODE
 
 UNREADABLE = "unreadable"
@@ -30,9 +32,11 @@ MISSING_COLUMN = "missing_column"
 WRONG_TYPE = "wrong_type"
 
 # Reasons that condemn a whole file (or, for wrong_type on a value that does not fit its
-# canonical type, a whole batch of it) rather than individual rows.
-FILE_REASONS: tuple[str, ...] = (UNREADABLE, MISSING_COLUMN, WRONG_TYPE)
+# canonical type, a whole batch of it) rather than individual rows. over_limit: the file's
+# footer describes more than the reader's limits allow (rtrl.core.shards.limits).
+FILE_REASONS: tuple[str, ...] = (UNREADABLE, OVER_LIMIT, MISSING_COLUMN, WRONG_TYPE)
 ROW_REASONS: tuple[str, ...] = (
+    TOO_LONG,
     NULL_REQUIRED,
     LIST_LENGTH_MISMATCH,
     LOGPROB_POSITIVE,

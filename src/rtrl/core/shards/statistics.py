@@ -14,7 +14,8 @@ contradicts its file's footer).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import struct
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -74,30 +75,43 @@ def _file_range(
     its footer cannot be read; :class:`_UndeclaredError` when it holds values of unknown range."""
     try:
         # The reader's own opening: the same files count as unreadable, store errors raise.
-        with open_parquet(store, shard) as parquet:
-            metadata = parquet.metadata
+        with open_parquet(store, shard) as opened:
+            footer = opened.footer
     except ShardError:
         return None  # rejected whole by the validating reader
     leaves = [
-        index
-        for index in range(metadata.num_columns)
-        if metadata.schema.column(index).path.split(".")[0] in columns
+        (index, leaf)
+        for index, leaf in enumerate(footer.leaves)
+        if leaf.path.split(".")[0] in columns
     ]
     low: int | None = None
     high: int | None = None
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        for index in leaves:
-            chunk = row_group.column(index)
-            stats = chunk.statistics
-            if stats is not None and stats.has_min_max:
-                if chunk.physical_type not in ("INT32", "INT64"):
+    for group in footer.row_groups:
+        for index, leaf in leaves:
+            chunk = group.chunks[index]
+            if chunk.min_value is not None and chunk.max_value is not None:
+                decode = _INTEGERS.get(chunk.physical_type)
+                if decode is None or leaf.unsigned:
                     raise _UndeclaredError
-                low = stats.min if low is None else min(low, stats.min)
-                high = stats.max if high is None else max(high, stats.max)
-            elif chunk.num_values and (stats is None or stats.null_count != chunk.num_values):
+                least, most = decode(chunk.min_value), decode(chunk.max_value)
+                low = least if low is None else min(low, least)
+                high = most if high is None else max(high, most)
+            elif chunk.num_values and chunk.null_count != chunk.num_values:
                 # Values (or a chunk that does not say how many are null) without a range.
                 raise _UndeclaredError
     if low is None or high is None:
         return None
-    return int(low), int(high)
+    return low, high
+
+
+def _integer(fmt: str) -> Callable[[bytes], int]:
+    def decode(value: bytes) -> int:
+        if len(value) != struct.calcsize(fmt):
+            raise _UndeclaredError  # a statistic of another size than its type's
+        return int(struct.unpack(fmt, value)[0])
+
+    return decode
+
+
+# Statistics are stored as the plain encoding of the value: little-endian, signed.
+_INTEGERS = {"INT32": _integer("<i"), "INT64": _integer("<q")}

@@ -18,17 +18,21 @@ import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rtrl.core.shards.checks import DUPLICATE_INTERACTION_ID, check_rows
 from rtrl.core.shards.dedup import SeenIds, hash_strings
+from rtrl.core.shards.footer import OVER_LIMIT
 from rtrl.core.shards.layout import PartitionFilter, resolve_store
+from rtrl.core.shards.limits import TOO_LONG, oversized_strings
 from rtrl.core.shards.reader import (
     DEFAULT_BATCH_SIZE,
+    OpenShard,
     ShardError,
     ShardFile,
     UnreadableBatchError,
+    declared_types,
     decoded,
     describe_error,
     list_files,
@@ -36,7 +40,13 @@ from rtrl.core.shards.reader import (
     output_columns,
     plan_file,
 )
-from rtrl.core.shards.report import UNREADABLE, WRONG_TYPE, FileReport, ValidationReport
+from rtrl.core.shards.report import (
+    MAX_EXAMPLES,
+    UNREADABLE,
+    WRONG_TYPE,
+    FileReport,
+    ValidationReport,
+)
 from rtrl.core.shards.schema import CANONICAL_COLUMNS, CastPlan, SchemaProblem
 from rtrl.core.store.base import ObjectStore
 
@@ -99,13 +109,14 @@ class ValidatingReader:
         file = FileReport(key=shard.key, url=shard.url)
         self.report.files.append(file)
         try:
-            with open_parquet(self.store, shard) as parquet:
-                file.rows_total = parquet.metadata.num_rows
-                plan = plan_file(parquet, shard, self._read_columns)
+            with open_parquet(self.store, shard) as opened:
+                # What the footer plausibly holds, not what it claims (limits.check_footer).
+                file.rows_total = opened.rows
+                plan = plan_file(opened, shard, self._read_columns)
                 absent = [
                     SchemaProblem(name, "missing_column", f"column {name!r} is missing")
                     for name in self.require
-                    if not parquet.schema_arrow.get_all_field_indices(name)
+                    if not opened.schema.get_all_field_indices(name)
                 ]
                 if absent:
                     plan = [*absent, *(plan if not isinstance(plan, CastPlan) else [])]
@@ -116,12 +127,22 @@ class ValidatingReader:
                         file.add_problem(problem.reason, problem.message, rows=lost)
                     return
                 first_row = 0
-                for index in range(parquet.num_row_groups):
-                    yield from self._read_row_group(file, parquet, index, first_row, plan)
-                    first_row += parquet.metadata.row_group(index).num_rows
+                for index in range(opened.num_row_groups):
+                    yield from self._read_row_group(file, opened, index, first_row, plan)
+                    first_row += opened.row_group_rows(index)
         except ShardError as exc:
+            if exc.reason == OVER_LIMIT:
+                # Beyond the limits, from its footer: rejected whole, none of it decoded.
+                file.status = "rejected"
+                file.rows_total = exc.rows
+                file.add_problem(OVER_LIMIT, exc.detail, rows=exc.rows)
+                return
             file.status = "unreadable"
-            file.add_problem(UNREADABLE, describe_error(exc.__cause__ or exc))
+            if exc.__cause__ is None:  # the footer contradicts itself (limits.check_footer)
+                file.rows_total = exc.rows
+                file.add_problem(UNREADABLE, exc.detail, rows=exc.rows)
+            else:
+                file.add_problem(UNREADABLE, describe_error(exc.__cause__))
             return
         if file.status == "ok" and file.rows_good < file.rows_total:
             file.status = "bad"
@@ -129,33 +150,40 @@ class ValidatingReader:
     def _read_row_group(
         self,
         file: FileReport,
-        parquet: pq.ParquetFile,
+        opened: OpenShard,
         index: int,
         first_row: int,
         plan: CastPlan,
     ) -> Iterator[pa.RecordBatch]:
         """The good rows of one row group; ``first_row`` is its first row in the file."""
-        end = first_row + parquet.metadata.row_group(index).num_rows
-        batches = parquet.iter_batches(
-            batch_size=self.batch_size, row_groups=[index], columns=plan.read_names
-        )
+        end = first_row + opened.row_group_rows(index)
+        batches = opened.batches(plan.read_names, self.batch_size, row_group=index)
         try:
-            for raw in decoded(batches):
-                rows = raw.num_rows
+            for read in decoded(batches):
+                raw, rows = read, read.num_rows
+                numbers = np.arange(first_row, first_row + rows)
+                first_row += rows
+                oversized = oversized_strings(raw)
+                if oversized is not None:
+                    # Still dictionary-encoded: the rows that would decode beyond the
+                    # limits go before a value of theirs is copied out.
+                    mask, first, detail = oversized
+                    examples = numbers[mask][:MAX_EXAMPLES].tolist()
+                    file.add_rows(TOO_LONG, int(mask.sum()), examples,
+                                  f"row {numbers[first]}: {detail}")  # fmt: skip
+                    raw = raw.filter(pa.array(~mask))
+                    numbers = numbers[~mask]
                 try:
-                    batch = plan.apply(raw)
+                    batch = plan.apply(declared_types(raw, opened.schema))
                 except pa.ArrowInvalid as exc:
                     # A value that does not fit its canonical type (an int64 token id beyond
                     # int32): the cast is all-or-nothing per batch, so it is quarantined.
+                    span = f"rows {numbers[0]}-{numbers[-1]}" if len(numbers) else "rows"
                     file.add_problem(
-                        WRONG_TYPE,
-                        f"rows {first_row}-{first_row + rows - 1}: {describe_error(exc)}",
-                        rows=rows,
+                        WRONG_TYPE, f"{span}: {describe_error(exc)}", rows=raw.num_rows
                     )
-                    first_row += rows
                     continue
-                good = self._good_rows(file, batch, first_row)
-                first_row += rows
+                good = self._good_rows(file, batch, numbers)
                 if good.num_rows:
                     file.rows_good += good.num_rows
                     yield good.select(self.columns) if self._project else good
@@ -172,7 +200,8 @@ class ValidatingReader:
         if first_row < end:
             # A corrupt page header can make the decoder end a row group early without an
             # error (pyarrow yields nothing more of it): the footer says how many rows there
-            # were, so the missing ones are counted, never silently lost.
+            # were (limits.check_footer found that plausible), so the missing ones are
+            # counted, never silently lost.
             file.status = "unreadable"
             file.add_problem(
                 UNREADABLE,
@@ -181,7 +210,11 @@ class ValidatingReader:
                 rows=end - first_row,
             )
 
-    def _good_rows(self, file: FileReport, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
+    def _good_rows(
+        self, file: FileReport, batch: pa.RecordBatch, numbers: npt.NDArray[np.int64]
+    ) -> pa.RecordBatch:
+        """The rows of ``batch`` that pass every check; ``numbers`` are their row numbers
+        in the file (for the report's examples)."""
         flags = check_rows(batch, self.vocab_size)
         ids = batch.column("interaction_id")
         # Only rows good on every other count claim their id: a quarantined row is never
@@ -198,8 +231,8 @@ class ValidatingReader:
         for reason, mask in flags.reasons.items():
             rows = np.flatnonzero(mask)
             found = flags.details.get(reason)
-            detail = None if found is None else f"row {found[0] + first_row}: {found[1]}"
-            file.add_rows(reason, int(rows.size), (rows[:5] + first_row).tolist(), detail)
+            detail = None if found is None else f"row {numbers[found[0]]}: {found[1]}"
+            file.add_rows(reason, int(rows.size), numbers[rows[:MAX_EXAMPLES]].tolist(), detail)
         return batch.filter(pa.array(~bad))
 
 

@@ -22,11 +22,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rtrl.core.shards.layout import partition_segment, resolve_store
+from rtrl.core.shards.limits import MAX_CHUNK_BYTES
 from rtrl.core.shards.schema import REQUIRED_COLUMNS, CastPlan, plan_casts
 from rtrl.core.store.base import ObjectStore, join_key
 
 DEFAULT_ROW_GROUP_SIZE = 16_384
 DEFAULT_ROWS_PER_FILE = 262_144
+# A row group is cut earlier when one of its columns would decode to more than this: half
+# the readers' limit of a column chunk (rtrl.core.shards.limits), so that long rows (8k-token
+# prompts at 16,384 rows a group) never make a file the readers reject.
+GROUP_COLUMN_BYTES = MAX_CHUNK_BYTES // 2
 
 
 def _partition_checkpoint(batch: pa.RecordBatch) -> pa.Array:
@@ -144,6 +149,7 @@ class _ShardWriter:
     def _write_group(self, state: _OpenPartition) -> None:
         rows = min(self._next_group_rows(state), state.pending_rows)
         table = pa.Table.from_batches(state.pending, schema=self.schema)
+        rows = _rows_within_budget(table, rows)
         group, rest = table.slice(0, rows), table.slice(rows)
         if state.writer is None:
             state.path = self._file_path(state)
@@ -195,6 +201,14 @@ class _ShardWriter:
         state.writer, state.path = None, None
         state.part += 1
         state.rows_in_file = 0
+
+
+def _rows_within_budget(table: pa.Table, rows: int) -> int:
+    """The first ``rows`` rows of ``table``, or fewer (halved until they fit, one at
+    least), so that no column of them takes more than :data:`GROUP_COLUMN_BYTES`."""
+    while rows > 1 and max(c.nbytes for c in table.slice(0, rows).columns) > GROUP_COLUMN_BYTES:
+        rows //= 2
+    return rows
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from rtrl.core.redaction import redact
 from rtrl.core.store.base import (
     MANIFEST_NAME,
     Manifest,
@@ -23,11 +24,12 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     join_key,
-    redact,
 )
+from rtrl.core.store.credentials import FileCredentials
 
 __all__ = [
     "MANIFEST_NAME",
+    "FileCredentials",
     "Manifest",
     "ObjectInfo",
     "ObjectNotFound",
@@ -92,12 +94,16 @@ def parse_store_uri(uri: str) -> StoreURI:
 
 
 def open_store(
-    uri: str, *, endpoint_url: str | None = None, region: str | None = None
+    uri: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    credentials: FileCredentials | None = None,
 ) -> ObjectStore:
-    """The store rooted at ``uri``. ``endpoint_url`` (else ``AWS_ENDPOINT_URL``) and
-    ``region`` apply to S3 only; credentials come from the files in
-    ``$RTRL_STORAGE_CREDENTIALS_DIR`` when it is set (read at each call: a rotated Secret
-    applies to the next store opened), else from boto3's default chain."""
+    """The store rooted at ``uri``. ``endpoint_url`` (else ``AWS_ENDPOINT_URL``),
+    ``region`` and ``credentials`` apply to S3 only; without ``credentials`` they come
+    from the files in ``$RTRL_STORAGE_CREDENTIALS_DIR`` when it is set (read at each call:
+    a rotated Secret applies to the next store opened), else from boto3's default chain."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "file":
         from rtrl.core.store.local import LocalStore
@@ -106,7 +112,13 @@ def open_store(
     # Imported here so file:// users (the CLI's validate, the demo) do not pay for boto3.
     from rtrl.core.store.s3 import S3Store
 
-    return S3Store(parsed.bucket, parsed.path, endpoint_url=endpoint_url, region=region)
+    return S3Store(
+        parsed.bucket,
+        parsed.path,
+        endpoint_url=endpoint_url,
+        region=region,
+        credentials=credentials,
+    )
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -120,14 +132,20 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def read_committed_json(
-    uri: str, *, endpoint_url: str | None = None, region: str | None = None
+    uri: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    credentials: FileCredentials | None = None,
 ) -> dict[str, Any] | str | None:
     """The JSON object at ``uri`` once its prefix is committed (manifest written last), None
     while it is not, or a string saying why it could not be read. How the operator and the
     local demo read a step's result document (stage.json, eval.json, analysis.json...)."""
     prefix, name = split_uri(uri)
     try:
-        store = open_store(prefix, endpoint_url=endpoint_url, region=region)
+        store = open_store(
+            prefix, endpoint_url=endpoint_url, region=region, credentials=credentials
+        )
         if store.committed("") is None:
             return None
         doc = json.loads(store.get_bytes(name))

@@ -14,34 +14,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Re-exported: store errors are where most redacted text comes from.
+from rtrl.core.redaction import redact
+
 MANIFEST_NAME = "_MANIFEST.json"
 MANIFEST_VERSION = 1
-
-
-# Secrets a URL can carry: userinfo (``http://KEY:SECRET@host``) and the signature,
-# credential and token of a presigned query string (SigV4, and SigV2's names).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@'\"]*@")
-_SIGNED_QUERY = re.compile(
-    r"(?i)\b(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|AWSAccessKeyId)"
-    r"=[^&\s'\"#]*"
-)
-REDACTED = "***"
-
-
-def redact(text: str) -> str:
-    """``text`` with the secrets of any URL in it replaced by ``***``: the userinfo of
-    ``scheme://user:password@host`` and presigned query values (``X-Amz-Signature``,
-    ``X-Amz-Credential``, ``X-Amz-Security-Token``). Store errors end up in logs, events
-    and status, which more people read than may read the storage Secret."""
-    text = _USERINFO.sub(rf"\1{REDACTED}@", text)
-    return _SIGNED_QUERY.sub(rf"\1={REDACTED}", text)
 
 
 class StoreError(Exception):

@@ -36,6 +36,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from rtrl.core.redaction import redact
 from rtrl.core.store.base import (
     ObjectInfo,
     ObjectNotFound,
@@ -43,9 +44,8 @@ from rtrl.core.store.base import (
     StoreError,
     check_key,
     check_prefix,
-    redact,
 )
-from rtrl.core.store.credentials import file_credentials
+from rtrl.core.store.credentials import FileCredentials, file_credentials
 from rtrl.core.store.local import TEMP_PREFIX
 from rtrl.core.store.retries import (
     BODY_ATTEMPTS_ENV,
@@ -85,13 +85,20 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
 
 def check_endpoint_url(endpoint_url: str) -> str:
     """``endpoint_url`` unchanged, or :class:`StoreError` when it carries credentials
-    (``http://KEY:SECRET@host``): botocore never signs with them, and a URL is shown in
-    errors, logs and the RLCycle itself."""
-    if "@" in urlsplit(endpoint_url).netloc:
+    (``http://KEY:SECRET@host``) or a query or fragment (a presigned URL pasted as the
+    endpoint): botocore never signs with them, and a URL is shown in errors, logs and the
+    RLCycle itself."""
+    parts = urlsplit(endpoint_url)
+    if "@" in parts.netloc:
         raise StoreError(
             f"endpoint URL {redact(endpoint_url)} has credentials in it (user:password@); "
             "S3 credentials come from storage.credentialsSecret or the pod's cloud role, "
             "never from the endpoint"
+        )
+    if parts.query or parts.fragment:
+        raise StoreError(
+            f"endpoint URL {redact(endpoint_url)} has a query or fragment; an S3 endpoint is "
+            "a scheme, a host and a port"
         )
     return endpoint_url
 
@@ -126,9 +133,10 @@ class S3Store(ObjectStore):
 
     ``client`` replaces the client this store would build (tests, or sharing one client);
     the endpoint, region, botocore retry and timeout arguments then do not apply to it
-    (``body_attempts`` does). A store built
-    without one reads :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set
-    (StoreError if they cannot be read), boto3's default chain otherwise.
+    (``body_attempts`` does). A store built without one uses ``credentials`` when given
+    (the operator reading a step's result with the RLCycle's own Secret), else reads
+    :func:`file_credentials` when ``RTRL_STORAGE_CREDENTIALS_DIR`` is set (StoreError if
+    they cannot be read), boto3's default chain otherwise.
     """
 
     def __init__(
@@ -149,6 +157,7 @@ class S3Store(ObjectStore):
         read_timeout: float = 60.0,
         page_size: int = 1000,
         read_buffer_size: int = 256 * 1024,
+        credentials: FileCredentials | None = None,
     ) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid S3 bucket name {bucket!r}")
@@ -190,8 +199,9 @@ class S3Store(ObjectStore):
                 request_checksum_calculation="when_required" if custom else None,
                 response_checksum_validation="when_required" if custom else None,
             )
-            # Given explicitly, file credentials win over anything in the environment.
-            creds = file_credentials()
+            # Given explicitly, credentials win over anything in the environment: the
+            # argument's (the operator reading with an RLCycle's own Secret), else the files'.
+            creds = credentials if credentials is not None else file_credentials()
             # A session per store: sessions are not thread-safe, the client built from one is.
             session = (
                 boto3.session.Session(botocore_session=core)

@@ -8,7 +8,8 @@ from boto3.exceptions import RetriesExceededError as Boto3RetriesExceededError
 from botocore.exceptions import ClientError, NoCredentialsError
 from s3transfer.exceptions import RetriesExceededError
 
-from rtrl.core.store.base import ObjectNotFound, StoreError, redact
+from rtrl.core.redaction import redact
+from rtrl.core.store.base import ObjectNotFound, StoreError
 from rtrl.core.store.credentials import CREDENTIALS_DIR_ENV
 from rtrl.core.store.retries import BODY_ATTEMPTS_ENV, RetrySettings
 

@@ -252,6 +252,7 @@ def job_manifest(
     step: str,
     attempt: int,
     args: list[str],
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     """A step Job: non-root, read-only root filesystem, scratch and config mounted, store
     credentials as files (never env); the training step as an Indexed Job behind the
@@ -335,8 +336,8 @@ def job_manifest(
                 t.model_dump(mode="json", by_alias=True, exclude_none=True)
                 for t in training.tolerations
             ]
-    if spec.storage.service_account_name:
-        pod_spec["serviceAccountName"] = spec.storage.service_account_name
+    if service_account:  # the spec's once the policy allowed it, else the admin's
+        pod_spec["serviceAccountName"] = service_account
     if spec.jobs.active_deadline:
         job_spec["activeDeadlineSeconds"] = int(parse_duration(spec.jobs.active_deadline))
     container: dict[str, Any] = {

@@ -58,8 +58,11 @@ def seal_args(spec: RLCycleSpec) -> list[str]:
     return args
 
 
-def seal_cronjob(rlcycle: Mapping[str, Any], spec: RLCycleSpec) -> dict[str, Any]:
-    """The CronJob, owned by the RLCycle (garbage-collected with it)."""
+def seal_cronjob(
+    rlcycle: Mapping[str, Any], spec: RLCycleSpec, service_account: str | None = None
+) -> dict[str, Any]:
+    """The CronJob, owned by the RLCycle (garbage-collected with it); its pods run as
+    ``service_account`` (rtrl.planning.tenancy.job_service_account)."""
     capture = spec.capture
     assert capture is not None
     meta = rlcycle["metadata"]
@@ -88,8 +91,8 @@ def seal_cronjob(rlcycle: Mapping[str, Any], spec: RLCycleSpec) -> dict[str, Any
         "volumes": volumes,
         "securityContext": copy.deepcopy(POD_SECURITY),
     }
-    if spec.storage.service_account_name:
-        pod["serviceAccountName"] = spec.storage.service_account_name
+    if service_account:
+        pod["serviceAccountName"] = service_account
     job: dict[str, Any] = {
         "backoffLimit": BACKOFF_LIMIT,
         "template": {"metadata": {"labels": job_labels}, "spec": pod},

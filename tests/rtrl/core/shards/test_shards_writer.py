@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -174,3 +175,18 @@ def test_a_failed_write_leaves_no_partial_files(tmp_path: Path) -> None:
     assert leftovers and all(name.startswith("part-") for name in leftovers)
     for path in tmp_path.rglob("part-*.parquet"):
         assert pq.ParquetFile(path).metadata.num_rows == 30
+
+
+def test_long_rows_are_written_in_row_groups_the_readers_accept(tmp_path: Path) -> None:
+    """1,024 prompts of 36,000 tokens are 147 MB of ids: as one row group (what the row count
+    alone gave) the readers rejected the file, a column chunk over their 128 MiB limit; the
+    writer cuts its row groups so that no column of one is over half of that."""
+    n, tokens = 1024, 36_000
+    ids = pa.array(np.ones(n * tokens, np.int32))
+    prompts = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * tokens), ids)
+    rows = replace(table(n, seed=5), "prompt_ids", prompts)
+    (key,) = write_shards(rows, tmp_path, partition_by=[])
+    footer = pq.read_metadata(tmp_path / key)
+    assert footer.num_rows == n and footer.num_row_groups > 1
+    report = validate(tmp_path)
+    assert report.ok and report.rows_good == n, report.render()

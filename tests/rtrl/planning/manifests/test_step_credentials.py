@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.api.yamlfile import load
 from rtrl.core.store import credentials
@@ -26,6 +27,7 @@ from rtrl.planning.manifests.jobs import (
     job_manifest,
 )
 from rtrl.planning.manifests.names import STEPS
+from rtrl.planning.tenancy import job_service_account
 from tests.conftest import REPO
 
 STARTED = datetime(2026, 11, 29, tzinfo=UTC)
@@ -46,7 +48,13 @@ def manifests(cycle_spec: RLCycleSpec) -> dict[str, dict[str, Any]]:
     checkpoint["metadata"]["uid"] = "ck-uid"
     return {
         step: job_manifest(
-            rlcycle, cycle_spec, checkpoint, step=step, attempt=0, args=[step, "--out=x"]
+            rlcycle,
+            cycle_spec,
+            checkpoint,
+            step=step,
+            attempt=0,
+            args=[step, "--out=x"],
+            service_account=job_service_account(cycle_spec, UNRESTRICTED),
         )
         for step in STEPS
     }
