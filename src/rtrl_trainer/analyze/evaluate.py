@@ -17,10 +17,10 @@ from rtrl_trainer.analyze.accumulate import (
     PRIMARY,
     ROWS_PER_UNIT,
     Arms,
-    Weighting,
 )
 from rtrl_trainer.analyze.confidence import judgeable
 from rtrl_trainer.analyze.estimate import Difference
+from rtrl_trainer.analyze.ledger import Weighting
 from rtrl_trainer.analyze.reconcile import NAME as LOGGED
 from rtrl_trainer.analyze.reconcile import logged_per_served, rows_per_share
 from rtrl_trainer.analyze.rule import Metric

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from rtrl_trainer.analyze.accumulate import Ledger, row_looks, unit_looks
 from rtrl_trainer.analyze.estimate import cell_sums
+from rtrl_trainer.analyze.ledger import Ledger, row_looks, unit_looks
 from rtrl_trainer.analyze.looks import Looks, from_us, to_us
 
 SINCE = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
