@@ -90,6 +90,11 @@ class VllmEngine:
     def model_dir(self) -> Path:
         return self.model.directory
 
+    @property
+    def s3_endpoint(self) -> str:
+        """The session's S3 (moto over HTTP): the model the engine serves, and the events."""
+        return self.model.s3_endpoint
+
     def client(self, **kwargs: Any) -> openai.OpenAI:
         """The official OpenAI client, pointed at the engine. Kept until the session ends
         and closed then: a client dropped with its pool open is an unclosed socket that

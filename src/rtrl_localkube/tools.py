@@ -76,6 +76,24 @@ class Cli:
     def helm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.run([tool("helm"), *args], **kwargs)
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Wait until each CRD (``crd/<name>``, or ``--all``) is Established. ``kubectl wait
+        --for=condition=Established`` fails at once ("accessor error: <nil>") when it reads a
+        CRD before the server has written any condition, which a loaded machine shows: the
+        wait is retried until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(1, int(deadline - time.monotonic()))
+            result = self.kubectl(
+                "wait", "--for=condition=Established", *crds, f"--timeout={left}s", check=False
+            )
+            if result.returncode == 0:
+                return
+            if time.monotonic() >= deadline or "accessor error" not in result.stderr:
+                self.kubectl("wait", "--for=condition=Established", *crds, "--timeout=1s")
+                return
+            time.sleep(0.5)
+
     def get(self, *args: str) -> Any:
         """``kubectl get ... -o json``, decoded."""
         return yaml.safe_load(self.kubectl("get", *args, "-o", "json").stdout)

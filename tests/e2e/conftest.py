@@ -59,7 +59,7 @@ def controlplane(
         # The Gateway API's standard channel, so the server validates the operator's routes.
         gateway_api = os.fspath(controlplane_binaries / "gateway-api")
         admin.kubectl("apply", "--server-side", "-f", gateway_api)
-        admin.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        admin.wait_established("crd", "--all")
         yield cp
 
 
@@ -130,8 +130,7 @@ def release(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
     cli.helm(
         "install", RELEASE, "charts/rtrl-operator", "-n", RELEASE_NAMESPACE, "--create-namespace"
     )
-    cli.kubectl("wait", "--for=condition=Established", "crd/rlcycles.rtrl.io",
-                "crd/checkpoints.rtrl.io", "--timeout=60s")  # fmt: skip
+    cli.wait_established("crd/rlcycles.rtrl.io", "crd/checkpoints.rtrl.io")
     accounts = cli.get("serviceaccounts", "-n", RELEASE_NAMESPACE, "-l",
                        f"app.kubernetes.io/instance={RELEASE}")["items"]  # fmt: skip
     assert len(accounts) == 1, accounts

@@ -36,7 +36,7 @@ def test_kubectl_apply_crds(fresh: tuple[ControlPlane, Cli]) -> None:
     _, cli = fresh
     out = cli.kubectl("apply", "-f", "crds/").stdout
     assert "rlcycles.rtrl.io created" in out and "checkpoints.rtrl.io created" in out
-    cli.kubectl("wait", "--for=condition=Established", *CRDS, "--timeout=30s")
+    cli.wait_established(*CRDS)
 
 
 def test_helm_install_upgrade_uninstall(fresh: tuple[ControlPlane, Cli], tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_helm_install_upgrade_uninstall(fresh: tuple[ControlPlane, Cli], tmp_pat
     install = cli.helm("install", "rtrl", "charts/rtrl-operator", "-n", "rtrl-system",
                        "--create-namespace")  # fmt: skip
     assert "STATUS: deployed" in install.stdout, install.stdout
-    cli.kubectl("wait", "--for=condition=Established", *CRDS, "--timeout=30s")
+    cli.wait_established(*CRDS)
     cli.kubectl("create", "namespace", "ml-serving")
     cli.kubectl("apply", "-f", "examples/")
     # An RLCycle an earlier rtrl left its finalizer on.

@@ -90,7 +90,7 @@ def replicas(
     # ``release``: the chart's CRDs (a test run alone installs them here)
     # kopf's peering CRDs, as the chart installs them for more than one replica
     admin.kubectl("apply", "-f", "charts/rtrl-operator/files/kopf-peering-crds.yaml")
-    admin.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
+    admin.wait_established("crd/kopfpeerings.kopf.dev")
     kube_api.create(
         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rtrl"}}
     )

@@ -159,8 +159,7 @@ class QuickStart:
     def helm_install(self, command: str) -> None:
         out = self.sh(command).stdout
         assert "STATUS: deployed" in out, out
-        self.cli.kubectl("wait", "--for=condition=Established", "crd/rlcycles.rtrl.io",
-                         "crd/checkpoints.rtrl.io", "--timeout=60s")  # fmt: skip
+        self.cli.wait_established("crd/rlcycles.rtrl.io", "crd/checkpoints.rtrl.io")
 
     def rollout_status(self, command: str) -> None:
         """The operator's pod cannot pull the image (never pushed); the operator runs as a

@@ -105,6 +105,8 @@ def analyze_args(
         f"--config={CONFIG_MOUNT}/{CONFIG_FILE}",
         f"--now={iso(r.now)}",
     ]
+    if r.spec.capture is not None:  # each arm's served requests, against the rows it logged
+        args.append(f"--events={r.spec.capture.events}")
     if max_reached:
         args.append("--max-duration-reached")
     return args

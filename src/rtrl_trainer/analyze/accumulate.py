@@ -1,12 +1,12 @@
-"""Streaming per-unit sums for :func:`rtrl_trainer.analyze.estimate.difference`, and the
-analysis's per-arm statistics built on them (:class:`Arms`).
+"""Streaming per-unit sums for :func:`rtrl_trainer.analyze.estimate.difference`, look by
+look, and the analysis's per-arm statistics built on them (:class:`Arms`).
 
 The analysis reads shards batch by batch; a unit's rows are spread over files and hours,
-so its sums are kept by key (a user or session id) until the pass ends, and only then
-turned into the Gram matrix the cluster-robust variance needs. With the request as the
-unit every row is its own unit and the Gram matrix is block-diagonal: per-row second
-moments are summed per key (the user, whose pre-exposure mean is each row's covariate)
-instead, so memory grows with the number of users, never with rows.
+so its sums are kept by key (a user or session id) until the pass ends. The group-sequential
+test needs every metric's variance at every earlier look of the plan too
+(:mod:`.looks`), so the sums are kept per (key, look the rows first count at) in a
+:class:`~.ledger.Ledger` (:mod:`.ledger`); the covariates come from the pre-exposure rows
+(:mod:`.pre_exposure`).
 """
 
 from __future__ import annotations
@@ -22,145 +22,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtrl.core.api.rlcycle import AssignmentUnit
+from rtrl_trainer.analyze import covariates as cov_model
 from rtrl_trainer.analyze.confidence import Estimate
-from rtrl_trainer.analyze.estimate import Difference, N, Q, X, Z, difference, independent
+from rtrl_trainer.analyze.estimate import Difference, independent
+from rtrl_trainer.analyze.ledger import (
+    _ROW,
+    _UNIT,
+    Keys,
+    Ledger,
+    PerLook,
+    Weighting,
+    row_looks,
+    unit_looks,
+)
+from rtrl_trainer.analyze.looks import Looks
+from rtrl_trainer.analyze.pre_exposure import Covariates, PreExposure, covariates, first_rows
 from rtrl_trainer.monitors import LatencyHistogram
 from rtrl_trainer.reward import filled
 
-# Per-key columns: x, n (per unit); and xx, nn, xn (per row, request unit only).
-_COLUMNS_UNIT = 2
-_COLUMNS_ROW = 5
-
-
-@dataclass
-class Keys:
-    """Dense integer ids for string keys, shared by every metric of one analysis."""
-
-    ids: dict[Any, int] = field(default_factory=dict)
-    covariate_key: list[Any] = field(default_factory=list)  # the user behind each key
-
-    def lookup(self, keys: np.ndarray, users: np.ndarray) -> np.ndarray:
-        unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        mapped = np.empty(len(unique), dtype=np.int64)
-        for i, (key, row) in enumerate(zip(unique.tolist(), first.tolist(), strict=True)):
-            found = self.ids.get(key)
-            if found is None:
-                found = self.ids[key] = len(self.ids)
-                self.covariate_key.append(users[row])
-            mapped[i] = found
-        return mapped[inverse]
-
-
-@dataclass
-class MetricSums:
-    """One metric's sums per (key, cell), the cell being ``arm * strata + stratum``."""
-
-    strata: int
-    per_row: bool
-    data: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    rows: int = 0  # rows added: the request unit's unit count
-
-    def __post_init__(self) -> None:
-        width = _COLUMNS_ROW if self.per_row else _COLUMNS_UNIT
-        self.data = np.zeros((0, 2 * self.strata, width))
-
-    def _grow(self, size: int) -> None:
-        if self.data.shape[0] >= size:
-            return
-        width = _COLUMNS_ROW if self.per_row else _COLUMNS_UNIT
-        grown = np.zeros((max(size, 2 * self.data.shape[0], 1024), 2 * self.strata, width))
-        grown[: self.data.shape[0]] = self.data
-        self.data = grown
-
-    def add(self, ids: np.ndarray, cell: np.ndarray, x: Any, n: Any) -> None:
-        if ids.size == 0:
-            return
-        self.rows += int(ids.size)
-        xs = np.asarray(x, dtype=np.float64)
-        ns = np.broadcast_to(np.asarray(n, dtype=np.float64), xs.shape)
-        self._grow(int(ids.max()) + 1)
-        columns = [xs, ns, xs * xs, ns * ns, xs * ns] if self.per_row else [xs, ns]
-        for column, values in enumerate(columns):
-            np.add.at(self.data[:, :, column], (ids, cell), values)
-
-    def finish(self, keys: int, covariate: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """(totals [2, S, 3], Gram [6S, 6S], units); ``covariate[k]`` is key k's row
-        covariate (its user's pre-exposure mean)."""
-        self._grow(keys)
-        data = self.data[:keys]
-        c = covariate[:keys, None]
-        cells = 2 * self.strata
-        totals = np.zeros((cells, Q))
-        totals[:, X] = data[:, :, 0].sum(axis=0)
-        totals[:, N] = data[:, :, 1].sum(axis=0)
-        totals[:, Z] = (data[:, :, 1] * c).sum(axis=0)
-        gram = np.zeros((cells * Q, cells * Q))
-        if self.per_row:
-            xx, nn, xn = (data[:, :, i] for i in (2, 3, 4))
-            for cell in range(cells):
-                block = np.array(
-                    [
-                        [xx[:, cell].sum(), xn[:, cell].sum(), (c[:, 0] * xn[:, cell]).sum()],
-                        [0.0, nn[:, cell].sum(), (c[:, 0] * nn[:, cell]).sum()],
-                        [0.0, 0.0, (c[:, 0] ** 2 * nn[:, cell]).sum()],
-                    ]
-                )
-                block = np.triu(block) + np.triu(block, 1).T
-                gram[cell * Q : (cell + 1) * Q, cell * Q : (cell + 1) * Q] = block
-            units = self.rows
-        else:
-            vectors = np.zeros((keys, cells * Q))
-            vectors[:, X::Q] = data[:, :, 0]
-            vectors[:, N::Q] = data[:, :, 1]
-            vectors[:, Z::Q] = data[:, :, 1] * c
-            active = np.any(data[:, :, 1] != 0, axis=1) | np.any(data[:, :, 0] != 0, axis=1)
-            vectors = vectors[active]
-            gram = vectors.T @ vectors
-            units = int(active.sum())
-        return totals.reshape(2, self.strata, Q), gram, units
-
-
-@dataclass
-class PreExposure:
-    """Each user's sums of every metric on the stable checkpoint before the canary."""
-
-    sums: dict[str, dict[Any, list[float]]] = field(default_factory=dict)
-
-    def add(self, name: str, users: np.ndarray, x: Any, n: Any) -> None:
-        xs = np.asarray(x, dtype=np.float64)
-        ns = np.broadcast_to(np.asarray(n, dtype=np.float64), xs.shape)
-        if xs.size == 0:
-            return
-        unique, inverse = np.unique(users, return_inverse=True)
-        sx = np.bincount(inverse, xs, len(unique))
-        sn = np.bincount(inverse, ns, len(unique))
-        table = self.sums.setdefault(name, {})
-        for user, a, b in zip(unique.tolist(), sx.tolist(), sn.tolist(), strict=True):
-            entry = table.setdefault(user, [0.0, 0.0])
-            entry[0] += a
-            entry[1] += b
-
-    def covariate(self, name: str, users: list[Any]) -> tuple[np.ndarray, int]:
-        """Per key: its user's pre-exposure mean, the overall pre-exposure mean for users
-        not seen before (so their covariate carries no information); and how many keys had
-        one of their own."""
-        table = self.sums.get(name, {})
-        total_x = sum(v[0] for v in table.values())
-        total_n = sum(v[1] for v in table.values())
-        overall = total_x / total_n if total_n > 0 else 0.0
-        values = np.full(len(users), overall)
-        own = 0
-        for i, user in enumerate(users):
-            entry = table.get(user)
-            if entry is not None and entry[1] > 0:
-                values[i] = entry[0] / entry[1]
-                own += 1
-        return values, own
-
-
-# --- the analysis's per-arm statistics ------------------------------------------------
-
-# The metrics measured on matured rows: name -> (rows it is measured on, x, n) from a batch.
 METRICS = (
     "edit_persistence",
     "dissatisfied_followup_rate",
@@ -170,7 +49,9 @@ METRICS = (
     "invalid_tool_call_rate",
     "mean_completion_tokens",
 )
+PRIMARY = "edit_persistence"
 FEEDBACK_MISSING = "feedback_missing_rate"
+ROWS_PER_UNIT = "rows_per_unit"
 
 
 def metric_values(batch: pa.RecordBatch) -> dict[str, tuple[Any, Any, Any]]:
@@ -213,75 +94,148 @@ def strings(array: pa.Array, fallback: pa.Array | None) -> np.ndarray:
 
 @dataclass
 class Arms:
-    """Everything the analysis keeps while it streams: per-metric sums by unit and cell,
-    pre-exposure sums by user, per-step sample-ratio counts, latency histograms."""
+    """Everything the analysis keeps while it streams: per-metric sums by unit, look and
+    cell, pre-exposure sums by user, first rows, per-step sample-ratio counts, latency
+    histograms per look."""
 
     strata: int
     unit: AssignmentUnit
+    looks: Looks
+    settle_bins: int = 0  # 5-minute bins from a user's first row to settled rows (0: none)
     keys: Keys = field(default_factory=Keys)
-    sums: dict[str, MetricSums] = field(default_factory=dict)
+    sums: dict[str, Ledger] = field(default_factory=dict)
     pre: PreExposure = field(default_factory=PreExposure)
-    rows: list[int] = field(default_factory=lambda: [0, 0])  # matured rows per arm
-    latency: list[LatencyHistogram] = field(
-        default_factory=lambda: [LatencyHistogram(), LatencyHistogram()]
+    window_first: dict[Any, list[Any]] = field(default_factory=dict)  # user -> first row
+    # per arm: user -> their first row in that arm (the settled rows' clock)
+    arm_first: tuple[dict[Any, list[Any]], dict[Any, list[Any]]] = field(
+        default_factory=lambda: ({}, {})
     )
+    rows: list[int] = field(default_factory=lambda: [0, 0])  # matured rows per arm, last look
+    latency: dict[int, list[LatencyHistogram]] = field(default_factory=dict)  # per look
     # per step: request unit -> [baseline rows, canary rows]; else unit -> [first created,
     # its arm, bit mask of the arms it was seen in]
     srm_rows: list[list[int]] = field(default_factory=list)
     srm_first: list[dict[Any, list[int]]] = field(default_factory=list)
+    assigned: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [L, 2, S] rows
+    logged_hours: Counter[tuple[int, int]] = field(default_factory=Counter)  # (arm, hour)
     pre_rows: int = 0
 
     def __post_init__(self) -> None:
         per_row = self.unit == AssignmentUnit.REQUEST
+        cells, count = 2 * self.strata, self.looks.count
+        # the primary's rows keep their 5-minute bin and arm (the settled rows are chosen by
+        # both at the end): tag = 2 bin + arm
+        tags = 2 * (int(self.looks.bins(np.array([self.looks.last]))[0]) + 1)
         for name in (*METRICS, FEEDBACK_MISSING):
-            self.sums[name] = MetricSums(self.strata, per_row)
+            width = _ROW if per_row else _UNIT
+            self.sums[name] = Ledger(cells, width, count, tags if name == PRIMARY else 1)
+        self.sums[ROWS_PER_UNIT] = Ledger(cells, 1, count)
         self.srm_rows = [[0, 0] for _ in range(self.strata)]
         self.srm_first = [{} for _ in range(self.strata)]
+        self.assigned = np.zeros((count, 2, self.strata))
+
+    def _add(  # noqa: PLR0917 (where, then what: the rows' keys, looks, cells; x and n)
+        self, name: str, ids: np.ndarray, looks: np.ndarray, cells: np.ndarray, x: Any, n: Any,
+        *, tags: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
+        ledger = self.sums[name]
+        xs = np.broadcast_to(np.asarray(x, dtype=np.float64), ids.shape)
+        ns = np.broadcast_to(np.asarray(n, dtype=np.float64), ids.shape)
+        if ledger.width == _ROW:
+            columns = [xs, ns, xs * xs, ns * ns, xs * ns, np.ones(ids.shape)]
+        else:
+            columns = [xs, ns]
+        ledger.add(ids, looks, cells, columns, tags)
 
     def add(
-        self,
-        batch: pa.RecordBatch,
-        arm: np.ndarray,
-        stratum: np.ndarray,
-        *,
-        keys: np.ndarray,
-        users: np.ndarray,
-        matured: np.ndarray,
-        judged: np.ndarray,
-    ) -> None:
-        """Add rows of the canary window: ``matured`` ones to the metrics, ``judged`` ones
-        (old enough for feedback to have arrived) to the missing-feedback rate."""
-        cell = arm * self.strata + stratum
-        seen = judged & (arm >= 0)  # matured rows are among these: one key lookup
+        self, batch: pa.RecordBatch, arm: np.ndarray, stratum: np.ndarray, *, keys: np.ndarray,
+        users: np.ndarray, created: np.ndarray, feedback: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Add rows of the canary window (``arm`` -1: neither arm): each metric at the look
+        its row first counts at, the missing-feedback rate from the look the row is judged
+        at (and, for feedback that comes later, back out at the look it comes)."""
+        count = self.looks.count
+        seen = arm >= 0
         if not seen.any():
             return
-        seen_ids = self.keys.lookup(keys[seen], users[seen])
-        self.sums[FEEDBACK_MISSING].add(seen_ids, cell[seen], ~matured[seen], 1.0)
-        sel = matured & (arm >= 0)
+        judged = self.looks.judged(created)
+        arrived = np.searchsorted(self.looks.times, feedback, side="left")
+        counted = np.maximum(judged, arrived)
+        keep = seen & (judged < count)
+        if not keep.any():
+            return
+        ids_all = np.full(arm.shape, -1, dtype=np.int64)
+        ids_all[keep] = self.keys.lookup(keys[keep], users[keep])
+        cell = arm * self.strata + stratum
+        # missing feedback: judged from the look the row is old enough at, missing until
+        # the look its feedback arrives by (if ever)
+        missing = (arrived > judged).astype(np.float64)
+        self._add(FEEDBACK_MISSING, ids_all[keep], judged[keep], cell[keep], missing[keep], 1.0)
+        late = keep & (arrived > judged) & (arrived < count)
+        if late.any():
+            ledger = self.sums[FEEDBACK_MISSING]
+            minus = np.full(int(late.sum()), -1.0)
+            zero = np.zeros(minus.shape)
+            columns = [minus, zero] if ledger.width == _UNIT else [minus, zero, minus, zero,
+                                                                   minus, zero]  # fmt: skip
+            ledger.add(ids_all[late], arrived[late], cell[late], columns)
+        sel = keep & (counted < count)
         if not sel.any():
             return
         for a in (0, 1):
             self.rows[a] += int(np.count_nonzero(sel & (arm == a)))
         picked = batch.filter(pa.array(sel))
-        ids = seen_ids[matured[seen]]
-        cells = cell[sel]
+        ids, looks, cells = ids_all[sel], counted[sel], cell[sel]
+        bins = 2 * self.looks.bins(created[sel]) + arm[sel]
         values = metric_values(picked)
         for name, (mask, x, n) in values.items():
+            tags = bins if name == PRIMARY else None
             if mask is None:
-                self.sums[name].add(ids, cells, x, n)
+                self._add(name, ids, looks, cells, x, n, tags=tags)
             else:
-                self.sums[name].add(ids[mask], cells[mask], x, n)
+                self._add(name, ids[mask], looks[mask], cells[mask], x, n,
+                          tags=None if tags is None else tags[mask])  # fmt: skip
         known, latency, _ = values["latency_ms"]
-        lat_arm = arm[sel][known]
-        for a in (0, 1):
-            self.latency[a].add(np.asarray(latency, dtype=np.float64)[lat_arm == a])
+        lat = np.asarray(latency, dtype=np.float64)
+        lat_arm, lat_look = arm[sel][known], looks[known]
+        for j in np.unique(lat_look).tolist():
+            hists = self.latency.setdefault(j, [LatencyHistogram(), LatencyHistogram()])
+            for a in (0, 1):
+                hists[a].add(lat[(lat_look == j) & (lat_arm == a)])
 
-    def add_pre(self, batch: pa.RecordBatch, users: np.ndarray) -> None:
+    def add_pre(self, batch: pa.RecordBatch, users: np.ndarray, created: np.ndarray) -> None:
         """The stable arm's rows from before the canary: each user's covariates."""
         self.pre_rows += batch.num_rows
         for name, (mask, x, n) in metric_values(batch).items():
             who = users if mask is None else users[mask]
             self.pre.add(name, who, x, n)
+        first_rows(self.pre.first, users, created, strings(batch.column("org"), None),
+                   prompt_bins(batch))  # fmt: skip
+
+    def add_assigned(
+        self, batch: pa.RecordBatch, arm: np.ndarray, stratum: np.ndarray, *, keys: np.ndarray,
+        users: np.ndarray, created: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Rows created by the last look, counted at assignment (no maturity): the sample
+        ratio, the rows per unit, each user's first row in the canary."""
+        mine = arm >= 0
+        if not mine.any():
+            return
+        self.count_assigned(np.where(mine, arm, -1), stratum, keys, created)
+        looks = self.looks.assigned(created[mine])
+        np.add.at(self.assigned, (looks, arm[mine], stratum[mine]), 1.0)
+        ids = self.keys.lookup(keys[mine], users[mine])
+        cells = (arm * self.strata + stratum)[mine]
+        self.sums[ROWS_PER_UNIT].add(ids, looks, cells, [1.0])
+        orgs, bins = strings(batch.column("org"), None)[mine], prompt_bins(batch)[mine]
+        first_rows(self.window_first, users[mine], created[mine], orgs, bins)
+        for a in (0, 1):
+            in_arm = arm[mine] == a
+            first_rows(self.arm_first[a], users[mine][in_arm], created[mine][in_arm],
+                       orgs[in_arm], bins[in_arm])  # fmt: skip
+        hours = created[mine] // 3_600_000_000  # the epoch hour: the seal's hours
+        for key, count in Counter(zip(arm[mine].tolist(), hours.tolist(), strict=True)).items():
+            self.logged_hours[key] += count
 
     def count_assigned(
         self, arm: np.ndarray, stratum: np.ndarray, keys: np.ndarray, created: np.ndarray
@@ -328,24 +282,79 @@ class Arms:
             both.append(sum(1 for entry in first.values() if entry[2] == 3))
         return base, canary, both
 
-    def differences(self, adjust: bool) -> tuple[dict[str, Difference], dict[str, int]]:
-        """Every metric's difference, and per metric how many units had a covariate."""
-        found: dict[str, Difference] = {}
-        covered: dict[str, int] = {}
+    # -- at the end of the pass --------------------------------------------------------
+
+    def covariates(self, features: bool = True) -> Covariates:
+        return covariates(self.pre, self.window_first, self.keys.covariate_key,
+                          features=features)  # fmt: skip
+
+    def per_look(
+        self, name: str, covariate: np.ndarray, groups: tuple[np.ndarray, ...] = (),
+        select: np.ndarray | None = None, weighting: Weighting | None = None,
+    ) -> PerLook:  # fmt: skip
         count = len(self.keys.ids)
-        for name, sums in self.sums.items():
-            if adjust and name in self.pre.sums:
-                covariate, covered[name] = self.pre.covariate(name, self.keys.covariate_key)
-            else:
-                covariate, covered[name] = np.zeros(count), 0
-            totals, gram, units = sums.finish(count, covariate)
-            if not np.any(totals[..., 1] > 0):
-                continue
-            found[name] = difference(totals, gram, units, adjust=adjust and covered[name] > 0)
-        b, c = (quantile_estimate(h, 0.95) for h in self.latency)
-        if b is not None and c is not None:
-            found["latency_p95_ms"] = independent(b.value, b.var, b.n, c.value, c.var, c.n)
-        return found, covered
+        ledger = self.sums[name]
+        if self.unit == AssignmentUnit.REQUEST and name != ROWS_PER_UNIT:
+            return row_looks(ledger, count, self.looks.count, covariate, self.strata,
+                             groups=groups, select=select)  # fmt: skip
+        return unit_looks(
+            ledger, count, self.looks.count, covariate, self.strata, groups=groups,
+            select=select, counts=name == ROWS_PER_UNIT, weighting=weighting,
+        )  # fmt: skip
+
+    def settled(self) -> np.ndarray | None:
+        """The primary's ledger entries of settled rows: created at least ``settle_bins``
+        5-minute bins after their user's first row in the same arm (a user moved from the
+        stable arm to the canary at a later step starts anew: the novelty is the canary's)
+        (None: no such rule)."""
+        if self.settle_bins <= 0:
+            return None
+        ledger = self.sums[PRIMARY]
+        key, _, _ = ledger.entries()
+        if key.size == 0:
+            return np.zeros(0, dtype=bool)
+        first = np.array(
+            [[self._first_bin(u, a) for a in (0, 1)] for u in self.keys.covariate_key],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        tag = ledger.tag[: ledger.size]
+        bins, arms = tag // 2, tag % 2
+        anonymous = np.array([u == "" for u in self.keys.covariate_key], dtype=bool)
+        result: np.ndarray = (bins >= first[key, arms] + self.settle_bins) & ~anonymous[key]
+        return result
+
+    def _first_bin(self, user: Any, arm: int) -> int:
+        found = self.arm_first[arm].get(user)
+        if found is None:
+            return np.iinfo(np.int64).max // 4
+        return int((found[0] - self.looks.since) // 300_000_000)
+
+    def quantile_differences(self) -> Difference | None:
+        """The latency p95 at every look (histograms cumulated over the looks)."""
+        if not self.latency:
+            return None
+        cum = [LatencyHistogram(), LatencyHistogram()]
+        found = []
+        for j in range(self.looks.count):
+            for a in (0, 1):
+                h = self.latency.get(j)
+                if h is not None:
+                    cum[a].counts = cum[a].counts + h[a].counts
+            b, c = (quantile_estimate(h, 0.95) for h in cum)
+            found.append((b, c))
+        if found[-1][0] is None or found[-1][1] is None:
+            return None
+        nan = Estimate(np.nan, np.nan, 0.0)
+        rows = [(b or nan, c or nan) for b, c in found]
+        return independent(
+            np.array([b.value for b, _ in rows]), np.array([b.var for b, _ in rows]),
+            np.array([b.n for b, _ in rows]), np.array([c.value for _, c in rows]),
+            np.array([c.var for _, c in rows]), np.array([c.n for _, c in rows]),
+        )  # fmt: skip
+
+
+def prompt_bins(batch: pa.RecordBatch) -> np.ndarray:
+    return cov_model.prompt_bin(filled(pc.list_value_length(batch.column("prompt_ids")), 0))
 
 
 def quantile_estimate(hist: LatencyHistogram, q: float) -> Estimate | None:

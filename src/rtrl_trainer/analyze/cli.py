@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a checkpoint that served as stable before the baseline (its ancestors): its "
         "interactions in analysis.preExposure before --since give covariates too; repeat",
     )
+    parser.add_argument(
+        "--events",
+        metavar="URI",
+        help="the capture proxy's events root (spec.capture.events): each arm's served "
+        "requests in the canary's sealed hours, reconciled with the rows it logged "
+        "(guardrail loggedPerServed)",
+    )
     add_config_argument(parser, "rollout and/or data")
     add_now_argument(parser, "the analysis time")
     parser.add_argument(
@@ -109,6 +116,7 @@ CONFIG_FLAGS = (
     "endpoint_url",
     "steps",
     "pre_exposure_from",
+    "events",
 )
 
 

@@ -165,20 +165,14 @@ class Comparison(NamedTuple):
     variance_reduction: Any = 0.0
 
 
-def compare(diff: Difference, alpha: float, tau: float, *, events: bool = False) -> Comparison:
-    """Always-valid intervals for the canary's absolute and relative difference; ``tau`` is
-    the relative effect size the test is tuned to (the absolute interval mixes over
-    ``tau`` times the baseline, the relative one over ``log(1 + tau)`` on the log scale,
-    so its bounds ``exp(log ratio -+ radius) - 1`` never fall below -100%). ``events``:
-    the metric is a rate, judged only with ``MIN_EVENTS`` events in each arm."""
+def judgeable(diff: Difference, *, events: bool = False) -> tuple[Any, Any]:
+    """(enough, few_events): whether a verdict may be drawn on this difference (at least
+    ``MIN_SAMPLES`` rows per arm, a positive baseline, finite variances, and for a rate
+    ``MIN_EVENTS`` events per arm), and whether it is a rate short of events."""
     with np.errstate(all="ignore"):
-        b, c = np.asarray(diff.baseline, np.float64), np.asarray(diff.canary, np.float64)
-        d = np.asarray(diff.difference, np.float64)
-        abs_radius = np.asarray(cs_radius(diff.var, alpha, tau * np.abs(b)))
-        log_ratio = np.asarray(diff.log_ratio, np.float64)
-        log_radius = np.asarray(cs_radius(diff.log_var, alpha, math.log1p(tau)))
-        rel = np.expm1(log_ratio)
-        few = np.zeros(np.shape(rel), dtype=bool)
+        b = np.asarray(diff.baseline, np.float64)
+        c = np.asarray(diff.canary, np.float64)
+        few = np.zeros(np.shape(np.asarray(diff.log_ratio)), dtype=bool)
         if events:
             counts = np.minimum(
                 np.asarray(diff.events_baseline, np.float64),
@@ -193,9 +187,45 @@ def compare(diff: Difference, alpha: float, tau: float, *, events: bool = False)
             & np.isfinite(c)
             & ~few
         )
+    return enough, few
+
+
+def compare(
+    diff: Difference,
+    alpha: float,
+    tau: float,
+    *,
+    events: bool = False,
+    boundary: Any = None,
+    boundary_abs: Any = None,
+) -> Comparison:
+    """Intervals for the canary's absolute and relative difference.
+
+    With ``boundary`` (the group-sequential boundary of this look, :mod:`.sequential`; on
+    the log scale, ``boundary_abs`` on the absolute one, the same when not given) each is
+    the estimate plus or minus the boundary times its standard error: a repeated
+    confidence interval. Without, the always-valid mixture interval: ``tau`` is the
+    relative effect size it is tuned to (the absolute interval mixes over ``tau`` times the
+    baseline, the relative one over ``log(1 + tau)`` on the log scale). The relative bounds
+    are ``exp(log ratio -+ radius) - 1``, never below -100%. ``events``: the metric is a
+    rate, judged only with ``MIN_EVENTS`` events in each arm."""
+    with np.errstate(all="ignore"):
+        b = np.asarray(diff.baseline, np.float64)
+        d = np.asarray(diff.difference, np.float64)
+        log_ratio = np.asarray(diff.log_ratio, np.float64)
+        if boundary is None:
+            abs_radius = np.asarray(cs_radius(diff.var, alpha, tau * np.abs(b)))
+            log_radius = np.asarray(cs_radius(diff.log_var, alpha, math.log1p(tau)))
+        else:
+            z_log = np.asarray(boundary, np.float64)
+            z_abs = z_log if boundary_abs is None else np.asarray(boundary_abs, np.float64)
+            abs_radius = z_abs * np.sqrt(np.asarray(diff.var, np.float64))
+            log_radius = z_log * np.sqrt(np.asarray(diff.log_var, np.float64))
+        rel = np.expm1(log_ratio)
+        enough, few = judgeable(diff, events=events)
     return Comparison(
         unwrap(b),
-        unwrap(c),
+        unwrap(diff.canary),
         unwrap(d),
         unwrap(d - abs_radius),
         unwrap(d + abs_radius),

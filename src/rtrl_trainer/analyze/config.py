@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rtrl.core.api.common import parse_duration
-from rtrl.core.api.rlcycle import DataSpec, RolloutSpec
+from rtrl.core.api.rlcycle import DataSpec, RolloutSpec, SequentialTest
 from rtrl.core.store import parse_store_uri
+from rtrl_trainer.analyze.looks import BIN_US, Looks
 from rtrl_trainer.spec_file import ConfigError, format_time, load_sections, validate_section
 
 RESULT_NAME = "analysis.json"
@@ -37,6 +38,29 @@ class AnalyzeConfig:
     endpoint_url: str | None = None
     steps: tuple[tuple[datetime, float], ...] = ()
     pre_exposure_from: tuple[str, ...] = ()
+    events: str | None = None  # the capture proxy's events root: served requests per arm
+
+    @property
+    def looks(self) -> Looks:
+        """The looks of the plan replayed (:mod:`.looks`): the group-sequential test's every
+        ``analysis.interval`` from ``--since`` up to ``--now``; the mixture's one, now."""
+        analysis = self.rollout.analysis
+        return Looks.plan(
+            since=self.since,
+            now=self.now,
+            interval=timedelta(seconds=parse_duration(analysis.interval)),
+            max_duration=timedelta(seconds=parse_duration(analysis.max_duration)),
+            maturity=timedelta(seconds=parse_duration(self.data.maturity)),
+            planned=analysis.sequential_test == SequentialTest.GROUP_SEQUENTIAL,
+        )
+
+    @property
+    def settle_bins(self) -> int:
+        """5-minute bins from a user's first row in the canary to their settled rows."""
+        window = self.rollout.analysis.novelty_window
+        if window is None:
+            return 0
+        return -(-int(parse_duration(window) * 1_000_000) // BIN_US)
 
     @property
     def step_plan(self) -> list[tuple[datetime, float | None]]:
@@ -84,6 +108,7 @@ def build_config(
     endpoint_url: str | None = None,
     steps: list[tuple[datetime, float]] | None = None,
     pre_exposure_from: list[str] | None = None,
+    events: str | None = None,
 ) -> AnalyzeConfig:
     """Validate the file and flags; :class:`ConfigError` naming the field otherwise."""
     data_doc: dict[str, Any] = {}
@@ -120,6 +145,11 @@ def build_config(
         parse_store_uri(out)
     except ValueError as exc:
         raise ConfigError(f"--out: {exc}") from None
+    if events is not None:
+        try:
+            parse_store_uri(events)
+        except ValueError as exc:
+            raise ConfigError(f"--events: {exc}") from None
     ordered = list(steps or [])
     for i, (at, share) in enumerate(ordered):
         if i and at <= ordered[i - 1][0]:
@@ -149,4 +179,5 @@ def build_config(
         pre_exposure_from=tuple(
             c for c in dict.fromkeys(pre_exposure_from or []) if c not in (baseline, canary)
         ),
+        events=events,
     )

@@ -3,13 +3,14 @@ in words, and one row per metric (:func:`decide`, what the analyze step calls)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
-from rtrl_trainer.analyze.confidence import MIN_EVENTS, MIN_SAMPLES, Comparison
+from rtrl_trainer.analyze.confidence import MIN_EVENTS, MIN_SAMPLES, Comparison, compare
 from rtrl_trainer.analyze.estimate import Difference
 from rtrl_trainer.analyze.rule import (
     BEYOND,
@@ -17,6 +18,7 @@ from rtrl_trainer.analyze.rule import (
     GOAL_WORSE,
     GUARDRAIL,
     HELD,
+    HELD_NOVELTY,
     HELD_SRM,
     HOLD,
     NON_INFERIOR,
@@ -44,6 +46,7 @@ class Analysis:
     metrics: list[dict[str, Any]]
     srm: dict[str, Any]
     missing: list[str]
+    settled: dict[str, Any] | None = None
 
 
 def _num(value: float, unit: str) -> str:
@@ -70,9 +73,13 @@ def _band_text(band: Band) -> str:
     return ", ".join(parts)
 
 
-def describe(metric: Metric, cmp: Comparison, code: int) -> str:
+def describe(
+    metric: Metric, cmp: Comparison, code: int, *, kind: str = "always-valid",
+    judged: bool = True,
+) -> str:  # fmt: skip
     """``edit_persistence: canary 0.614 vs 0.600 (+2.3%), always-valid 98.7% CI [+0.4%,
-    +4.2%]: better``"""
+    +4.2%]: better``; ``kind`` names the interval (``repeated`` for the group-sequential
+    test's); ``judged`` False: this look of the plan spends no error on the metric."""
     text = f"{metric.name}: canary {_num(cmp.canary, metric.unit)} vs " + _num(
         cmp.baseline, metric.unit
     )
@@ -81,9 +88,11 @@ def describe(metric: Metric, cmp: Comparison, code: int) -> str:
     elif math.isfinite(cmp.relative):
         level = f"{100 * (1 - metric.alpha):.3g}%"
         text += (
-            f" ({_pct(cmp.relative)}), always-valid {level} CI "
+            f" ({_pct(cmp.relative)}), {kind} {level} CI "
             f"[{_pct(cmp.rel_low)}, {_pct(cmp.rel_high)}]"
         )
+        if not judged:
+            text += " (no verdict at this look: the plan spends no error here)"
     if metric.band is not None:
         text += f", band {_band_text(metric.band)}"
     if cmp.few_events:
@@ -100,21 +109,40 @@ def decide(
     *,
     srm: SrmResult | None = None,
     max_duration_reached: bool = False,
+    metrics: list[Metric] | None = None,
+    boundaries: Mapping[str, Sequence[float]] | None = None,
+    settled: Difference | None = None,
+    settled_boundary: Sequence[float] | None = None,
+    promote: Difference | None = None,
+    promote_boundary: Sequence[float] | None = None,
 ) -> Analysis:
     """The decision for one canary from each arm's estimates, with reasons and metric rows
-    (see :func:`judge` for the rule)."""
-    metrics = plan(analysis, guardrails)
+    (see :func:`judge` for the rule). ``boundaries``: per metric the group-sequential
+    boundary of this look on the log and absolute scales, and the finite ones to print when
+    these are infinite (no verdict at this look); without: the mixture's intervals.
+    ``settled``: the primary goal among settled rows, with its boundaries likewise."""
+    if metrics is None:
+        unmeasured = () if "logged_per_served" in diffs else ("logged_per_served",)
+        metrics = plan(analysis, guardrails, unmeasured=unmeasured)
     mismatch = bool(srm.mismatch) if srm is not None else False
     suspect = bool(srm.p_value <= SRM_HOLD_P) if srm is not None else False
+    verdict_z = None if boundaries is None else {k: (v[0], v[1]) for k, v in boundaries.items()}
     j = judge(
         metrics,
         diffs,
+        boundaries=verdict_z,
+        settled=settled,
+        settled_boundary=None if settled_boundary is None else settled_boundary[0],
+        settled_alpha=analysis.alpha,
+        promote=promote,
+        promote_boundary=None if promote_boundary is None else promote_boundary[0],
         srm_mismatch=mismatch,
         srm_suspect=suspect,
         max_duration_reached=max_duration_reached,
         policy=analysis.inconclusive,
         margin=analysis.non_inferiority_margin,
     )
+    kind = "always-valid" if boundaries is None else "repeated"
     rows: list[dict[str, Any]] = []
     lines: list[str] = []
     missing: list[str] = []
@@ -122,13 +150,20 @@ def decide(
         cmp = j.comparisons[metric.name]
         code = int(j.verdicts[metric.name])
         found = diffs.get(metric.name)
+        judged = True
+        if found is not None and boundaries is not None and metric.name in boundaries:
+            z = boundaries[metric.name]
+            judged = math.isfinite(z[0])
+            if not judged:  # print the interval with the last finite boundary of the plan
+                cmp = compare(found, metric.alpha, metric.tau, events=metric.events,
+                              boundary=z[2], boundary_abs=z[3])  # fmt: skip
         if found is None or not all(
             math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary, cmp.ci_low, cmp.ci_high)
         ):
             missing.append(metric.name)
             lines.append(f"{metric.name}: not measured in both arms: {VERDICTS[code]}")
             continue
-        lines.append(describe(metric, cmp, code))
+        lines.append(describe(metric, cmp, code, kind=kind, judged=judged))
         row: dict[str, Any] = {
             "name": metric.name,
             "kind": metric.kind,
@@ -150,9 +185,60 @@ def decide(
             "canary_samples": int(found.n_canary),
             "variance_reduction": _finite(cmp.variance_reduction),
         }
+        if len(found.part_reduction) == 2:
+            row["variance_reduction_new"] = _finite(found.part_reduction[0])
+            row["variance_reduction_returning"] = _finite(found.part_reduction[1])
+        if boundaries is not None and metric.name in boundaries:
+            row["boundary"] = _finite(boundaries[metric.name][0])
         if metric.band is not None:
             row["band"] = metric.band.to_k8s()
         rows.append(row)
+    if promote is not None and j.promote is not None:
+        primary = next(m for m in metrics if m.name == PRIMARY)
+        cmp, code = j.promote, int(j.promote_verdict)
+        pz = promote_boundary
+        judged = pz is None or math.isfinite(pz[0])
+        if pz is not None and not judged:
+            cmp = compare(promote, primary.alpha, primary.tau, events=primary.events,
+                          boundary=pz[2], boundary_abs=pz[3])  # fmt: skip
+        if all(math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary)):
+            lines.insert(
+                1, "precision-weighted " + describe(primary, cmp, code, kind=kind, judged=judged)
+            )
+            found_row: dict[str, Any] | None = next((r for r in rows if r["name"] == PRIMARY), None)
+            if found_row is not None:
+                found_row["precision_weighted"] = {
+                    "relative_difference": _finite(cmp.relative),
+                    "relative_ci_low": _finite(cmp.rel_low),
+                    "relative_ci_high": _finite(cmp.rel_high),
+                    "verdict": VERDICTS[code],
+                    "boundary": None if pz is None else _finite(pz[0]),
+                }
+    settled_doc: dict[str, Any] | None = None
+    if settled is not None and j.settled is not None:
+        primary = next(m for m in metrics if m.name == PRIMARY)
+        primary = dataclasses.replace(primary, alpha=analysis.alpha)
+        code = int(j.settled_verdict)
+        cmp = j.settled
+        sz = settled_boundary
+        judged = sz is None or math.isfinite(sz[0])
+        if sz is not None and not judged:
+            cmp = compare(settled, primary.alpha, primary.tau, events=primary.events,
+                          boundary=sz[2], boundary_abs=sz[3])  # fmt: skip
+        if all(math.isfinite(float(v)) for v in (cmp.baseline, cmp.canary)):
+            lines.append("settled " + describe(primary, cmp, code, kind=kind, judged=judged))
+            settled_doc = {
+                "novelty_window": analysis.novelty_window,
+                "baseline": float(cmp.baseline),
+                "canary": float(cmp.canary),
+                "relative_difference": _finite(cmp.relative),
+                "relative_ci_low": _finite(cmp.rel_low),
+                "relative_ci_high": _finite(cmp.rel_high),
+                "verdict": VERDICTS[code],
+                "baseline_samples": int(settled.n_baseline),
+                "canary_samples": int(settled.n_canary),
+                "boundary": None if sz is None else _finite(sz[0]),
+            }
     cause = int(j.cause)
     beyond = [m.name for m in metrics if j.verdicts[m.name] == BEYOND]
     held = f" ({', '.join(beyond)} beyond its band)" if beyond else ""
@@ -172,6 +258,12 @@ def decide(
         lead.append(f"goal significantly worse: {', '.join(worse)}")
     elif cause == PRIMARY_BETTER:
         lead.append(f"{PRIMARY} significantly better and no goal worse, no guardrail tripped")
+    elif cause == HELD_NOVELTY:
+        lead.append(
+            f"promotion held: {PRIMARY} significantly better, but not yet among the "
+            f"interactions of users past their first {analysis.novelty_window} in the canary "
+            "(a novelty effect fades); the analysis goes on until it is, or maxDuration"
+        )
     elif cause == HELD:
         lead.append(
             f"promotion held: {PRIMARY} significantly better, but the estimate of "
@@ -217,4 +309,4 @@ def decide(
             p_value=float(srm.p_value),
             mismatch=bool(srm.mismatch),
         )
-    return Analysis(DECISIONS[int(j.decision)], lead + lines, rows, srm_doc, missing)
+    return Analysis(DECISIONS[int(j.decision)], lead + lines, rows, srm_doc, missing, settled_doc)

@@ -56,7 +56,8 @@ class Difference(NamedTuple):
     difference and ``var`` its variance; ``log_ratio`` and ``log_var`` the same on the log
     scale (NaN where a level is not positive); ``n_*`` the denominators (rows) and
     ``events_*`` the numerators of each arm (the event counts of a rate);
-    ``variance_reduction`` is ``1 - var / var_unadjusted`` (0 without covariates)."""
+    ``variance_reduction`` is ``1 - var / var_unadjusted`` (0 without covariates), and
+    ``part_reduction`` the same within each part of the units asked for."""
 
     baseline: Any
     canary: Any
@@ -70,6 +71,9 @@ class Difference(NamedTuple):
     events_canary: Any
     variance_reduction: Any
     theta: Any
+    # per part of the units (``parts`` of :func:`difference`): 1 - their contribution to
+    # the adjusted variance / to the unadjusted one
+    part_reduction: tuple[Any, ...] = ()
 
 
 def _quad(beta: np.ndarray, gram: np.ndarray) -> np.ndarray:
@@ -77,13 +81,16 @@ def _quad(beta: np.ndarray, gram: np.ndarray) -> np.ndarray:
     return np.asarray(np.einsum("...i,...ij,...j->...", beta, gram, beta))
 
 
-def difference(totals: Any, gram: Any, units: Any, *, adjust: bool = True) -> Difference:
+def difference(
+    totals: Any, gram: Any, units: Any, *, adjust: bool = True, parts: tuple[Any, ...] = ()
+) -> Difference:
     """The stratified, cluster-robust (and, with ``adjust``, CUPED-adjusted) difference.
 
     ``totals``: ``[..., 2, S, 3]`` (arm 0 = baseline, 1 = canary; stratum; x, n, z);
     ``gram``: ``[..., 6S, 6S]`` over the flattened ``(arm, stratum, sum)`` index;
     ``units``: ``[...]``, the number of units (the small-sample factor ``U / (U - 1)``).
-    A stratum missing from either arm carries no weight.
+    A stratum missing from either arm carries no weight. ``parts``: Gram matrices of groups
+    of the units (new and returning ones, say) whose variance reduction to report.
     """
     t = np.asarray(totals, dtype=np.float64)
     g = np.asarray(gram, dtype=np.float64)
@@ -143,6 +150,11 @@ def difference(totals: Any, gram: Any, units: Any, *, adjust: bool = True) -> Di
         log_ratio = np.where(positive, np.log(c_level) - np.log(b_level), np.nan)
         log_var = np.where(positive, _quad(beta_r, g) * factor, np.nan)
         reduction = np.where(var_raw > 0, 1 - var / var_raw, 0.0)
+        by_part = []
+        for part in parts:
+            pg = np.asarray(part, dtype=np.float64)
+            raw_part = _quad(beta_a, pg)
+            by_part.append(np.where(raw_part > 0, 1 - _quad(beta_d, pg) / raw_part, np.nan))
         valid = np.any(present, axis=-1)
     nan = np.nan
     return Difference(
@@ -158,6 +170,7 @@ def difference(totals: Any, gram: Any, units: Any, *, adjust: bool = True) -> Di
         unwrap(t[..., 1, :, X].sum(axis=-1)),
         unwrap(np.where(valid, reduction, nan)),
         unwrap(theta),
+        tuple(unwrap(np.where(valid, r, nan)) for r in by_part),
     )
 
 

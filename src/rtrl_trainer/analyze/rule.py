@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec, InconclusivePolicy
+from rtrl.core.api.rlcycle import (
+    AnalysisSpec,
+    Band,
+    GuardrailsSpec,
+    InconclusivePolicy,
+    SequentialTest,
+)
 from rtrl_trainer.analyze.confidence import Comparison, compare
 from rtrl_trainer.analyze.estimate import Difference, independent
 
@@ -29,6 +35,26 @@ METHOD = {
         "Multinomial Count Data, NeurIPS 2022"
     ),
 }
+GROUP_SEQUENTIAL_METHOD = {
+    "name": "group-sequential repeated confidence intervals, alpha spent over the planned "
+    "analyses (alpha t^rho of calendar time), Bonferroni across metrics",
+    "citation": (
+        "Lan & DeMets, Discrete sequential boundaries for clinical trials, Biometrika 70(3), "
+        "1983; Kim & DeMets, Design and analysis of group sequential tests based on the type "
+        "I error spending rate function, Biometrika 74(1), 1987; Jennison & Turnbull, Group "
+        "Sequential Methods with Applications to Clinical Trials, 2000; covariates: Deng, Xu, "
+        "Kohavi & Walker, WSDM 2013 (CUPED), Tang et al., CUPAC, 2020; sample ratio: Lindon & "
+        "Malek, Anytime-Valid Inference for Multinomial Count Data, NeurIPS 2022"
+    ),
+}
+
+
+def method_of(analysis: AnalysisSpec) -> dict[str, str]:
+    """analysis.json's ``method``: what the intervals are and where they come from."""
+    if analysis.sequential_test == SequentialTest.MIXTURE:
+        return dict(METHOD)
+    return dict(GROUP_SEQUENTIAL_METHOD)
+
 
 # Share of alpha spent on the goal metrics (split equally between them); the guardrails
 # share the rest equally. Weighted Bonferroni: the family-wise error of all verdicts,
@@ -52,6 +78,7 @@ DECISIONS = ("continue", "promote", "rollback")
 # Why the decision was taken.
 NO_CAUSE, SRM, GUARDRAIL, GOAL_WORSE, PRIMARY_BETTER = 0, 1, 2, 3, 4
 POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD, HELD, HELD_SRM = 5, 6, 7, 8, 9, 10
+HELD_NOVELTY = 11
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,8 @@ GUARDRAILS: dict[str, tuple[str, bool]] = {
     "mean_completion_tokens": ("mean_completion_tokens", True),
     "latency_p95": ("latency_p95_ms", False),
     "feedback_missing_rate": ("feedback_missing_rate", False),
+    "rows_per_unit": ("rows_per_unit", True),
+    "logged_per_served": ("logged_per_served", True),
 }
 # Guardrails that are rates of events.
 EVENT_RATES = frozenset(
@@ -92,12 +121,16 @@ EVENT_RATES = frozenset(
 )
 
 
-def plan(analysis: AnalysisSpec, guardrails: GuardrailsSpec) -> list[Metric]:
-    """The metrics judged under this spec, each with its share of ``analysis.alpha``."""
+def plan(
+    analysis: AnalysisSpec, guardrails: GuardrailsSpec, *, unmeasured: tuple[str, ...] = ()
+) -> list[Metric]:
+    """The metrics judged under this spec, each with its share of ``analysis.alpha``;
+    ``unmeasured`` guardrails (``logged_per_served`` without the capture proxy's events)
+    are left out and spend nothing."""
     bands = [
         (name, higher, band)
         for field_name, (name, higher) in GUARDRAILS.items()
-        if (band := getattr(guardrails, field_name)) is not None
+        if (band := getattr(guardrails, field_name)) is not None and name not in unmeasured
     ]
     goal_share = GOAL_ALPHA_SHARE if bands else 1.0
     goal_alpha = analysis.alpha * goal_share / len(GOALS)
@@ -178,12 +211,22 @@ class Judgement:
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     verdicts: dict[str, Any] = field(default_factory=dict)
     non_inferior: Any = False
+    settled: Comparison | None = None  # the primary goal among settled rows
+    settled_verdict: Any = None
+    promote: Comparison | None = None  # the precision-weighted primary
+    promote_verdict: Any = None
 
 
 def judge(
     metrics: Sequence[Metric],
     diffs: Mapping[str, Difference],
     *,
+    boundaries: Mapping[str, tuple[Any, Any]] | None = None,
+    settled: Difference | None = None,
+    settled_boundary: Any = None,
+    settled_alpha: float = 0.05,
+    promote: Difference | None = None,
+    promote_boundary: Any = None,
     srm_mismatch: Any = False,
     srm_suspect: Any = False,
     max_duration_reached: bool = False,
@@ -200,6 +243,11 @@ def judge(
        guardrail's estimate is beyond its band (verdict ``beyond``), or the sample-ratio
        evidence is suspect (``srm_suspect``: p <= SRM_HOLD_P): then continue, the promotion
        held until the guardrail trips or its estimate comes back (the test trips or clears);
+       and, with ``settled`` (the primary goal over the rows of users past their first
+       hours in the canary), unless that one is significantly better too, at
+       ``settled_alpha`` (``HELD_NOVELTY``: the effect may be a novelty). It only ever
+       holds a promotion the primary goal earned at its own alpha, so it spends none of the
+       family's; its own alpha bounds the chance that a pure novelty is promoted;
     5. otherwise continue, or at the maximum duration the inconclusive policy: rollback;
        promote-if-non-inferior (promote when every goal's interval excludes a relative harm
        bigger than ``margin`` and no guardrail is ``beyond``, else rollback); hold
@@ -207,6 +255,17 @@ def judge(
     Holding only ever turns a promotion into a continuation, so the chance of a false
     promotion stays within alpha.
     A metric missing from ``diffs`` gets no verdict (inconclusive / ok).
+
+    ``boundaries`` (metric name -> the group-sequential boundary of this look on the log and
+    the absolute scale, :mod:`.sequential`) turns each interval into a repeated confidence
+    interval; without them (or for a metric they lack: no verdict at this look, ``inf``
+    where not given), the always-valid mixture intervals.
+
+    ``promote``: the primary goal's precision-weighted difference (:mod:`.weights`), with its
+    ``promote_boundary``: when given, the evidence that promotes is its (``better``), while
+    the primary's interaction-weighted difference in ``diffs`` still decides harm
+    (``worse``) and non-inferiority. Each is used on one side, so the family's error stays
+    within alpha.
     """
     srm = np.asarray(srm_mismatch, dtype=bool)
     shape = srm.shape
@@ -218,7 +277,13 @@ def judge(
     judgement = Judgement(decision=CONTINUE, cause=NO_CAUSE)
     nan = independent(np.nan, np.nan, 0.0, np.nan, np.nan, 0.0)
     for metric in metrics:
-        cmp = compare(diffs.get(metric.name, nan), metric.alpha, metric.tau, events=metric.events)
+        z_log, z_abs = (
+            (None, None) if boundaries is None else boundaries.get(metric.name, (np.inf, np.inf))
+        )
+        cmp = compare(
+            diffs.get(metric.name, nan), metric.alpha, metric.tau, events=metric.events,
+            boundary=z_log, boundary_abs=z_abs,
+        )  # fmt: skip
         code = verdict(metric, cmp)
         judgement.comparisons[metric.name] = cmp
         judgement.verdicts[metric.name] = code
@@ -228,17 +293,39 @@ def judge(
             beyond = beyond | (codes == BEYOND)
             continue
         worse = worse | (codes == WORSE)
-        if metric.name == PRIMARY:
+        if metric.name != PRIMARY:
+            pass
+        elif promote is None:
             better = better | (codes == BETTER)
+        else:
+            cmp_w = compare(
+                promote, metric.alpha, metric.tau, events=metric.events,
+                boundary=promote_boundary, boundary_abs=promote_boundary,
+            )  # fmt: skip
+            judgement.promote = cmp_w
+            judgement.promote_verdict = verdict(metric, cmp_w)
+            better = better | (np.asarray(judgement.promote_verdict) == BETTER)
         noninf = noninf & np.asarray(non_inferior(metric, cmp, margin))
+    unsettled = np.zeros(shape, dtype=bool)
+    if settled is not None:
+        primary = next(m for m in metrics if m.name == PRIMARY)
+        cmp = compare(
+            settled, settled_alpha, primary.tau, events=primary.events,
+            boundary=settled_boundary, boundary_abs=settled_boundary,
+        )  # fmt: skip
+        judgement.settled = cmp
+        judgement.settled_verdict = verdict(primary, cmp)
+        unsettled = np.asarray(judgement.settled_verdict) != BETTER
     decision = np.full(
-        np.broadcast_shapes(shape, tripped.shape, beyond.shape, better.shape), CONTINUE
+        np.broadcast_shapes(shape, tripped.shape, beyond.shape, better.shape, unsettled.shape),
+        CONTINUE,
     )
     cause = np.full(decision.shape, NO_CAUSE)
     suspect = np.asarray(srm_suspect, dtype=bool)
     noninf = noninf & ~beyond & ~suspect
     for mask, code, why in (
         (better, PROMOTE, PRIMARY_BETTER),
+        (better & unsettled, CONTINUE, HELD_NOVELTY),
         (better & suspect, CONTINUE, HELD_SRM),
         (better & beyond, CONTINUE, HELD),
         (worse, ROLLBACK, GOAL_WORSE),

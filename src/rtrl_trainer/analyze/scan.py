@@ -23,6 +23,8 @@ from rtrl.core.store import open_store
 from rtrl.core.store.local import LocalStore
 from rtrl_trainer.analyze.accumulate import Arms, strings
 from rtrl_trainer.analyze.config import AnalyzeConfig
+from rtrl_trainer.analyze.looks import from_us
+from rtrl_trainer.analyze.reconcile import Served, count_served
 from rtrl_trainer.progress import Progress
 from rtrl_trainer.quarantine import Quarantined
 from rtrl_trainer.reward import filled
@@ -52,6 +54,7 @@ class Scan:
     selection: Quarantined
     excluded: Counter[str] = field(default_factory=Counter)
     bad_by_arm: Counter[str] = field(default_factory=Counter)
+    served: Served | None = None  # the capture proxy's counts (--events)
 
 
 UNIT_COLUMN = {AssignmentUnit.USER: "user_id", AssignmentUnit.SESSION: "session_id"}
@@ -86,10 +89,11 @@ def scan(config: AnalyzeConfig) -> Scan:
     )
     selection = Quarantined(report=reader.report)
     steps = config.step_starts
-    result = Scan(Arms(len(steps), unit), selection)
+    looks = config.looks
+    result = Scan(Arms(len(steps), unit, looks, config.settle_bins), selection)
     arms = result.arms
-    now = _us(config.now)
-    cutoff = _us(config.cutoff)
+    as_of = looks.last  # the data judged are those of the last look of the plan
+    cutoff = as_of - looks.maturity
     since = _us(config.since) if config.since is not None else None
     starts = np.array([_us(at) for at in steps], dtype=np.int64)
     pre_since = (
@@ -132,18 +136,18 @@ def scan(config: AnalyzeConfig) -> Scan:
         if config.pre_exposure_from:
             earlier |= _mask(pc.is_in(ckpt, pa.array(config.pre_exposure_from)))
         users = strings(batch.column("user_id"), None)
-        old_enough = created <= cutoff
         window = np.ones(batch.num_rows, dtype=bool)
         if since is not None:
             window = created >= since
             before = ~window
-            pre = before & earlier & old_enough & (feedback <= now)
+            pre = before & earlier & (created <= cutoff) & (feedback <= as_of)
             if pre_since is not None:
                 pre &= created >= pre_since
             if pre.any():
-                arms.add_pre(batch.filter(pa.array(pre)), users[pre])
+                arms.add_pre(batch.filter(pa.array(pre)), users[pre], created[pre])
             result.excluded["before_since"] += int(np.count_nonzero(before & ~pre & (arm >= 0)))
-        matured = window & old_enough & (feedback <= now)
+        old_enough = created <= cutoff
+        matured = window & old_enough & (feedback <= as_of)
         result.excluded["too_recent"] += int(np.count_nonzero(window & ~old_enough))
         result.excluded["immature"] += int(np.count_nonzero(window & old_enough & ~matured))
         if unit == AssignmentUnit.REQUEST:
@@ -151,15 +155,24 @@ def scan(config: AnalyzeConfig) -> Scan:
         else:
             keys = strings(batch.column(UNIT_COLUMN[unit]), batch.column("interaction_id"))
         stratum = np.maximum(np.searchsorted(starts, created, side="right") - 1, 0)
-        counted = window & (created <= now)
-        if counted.any():
-            arms.count_assigned(np.where(counted, arm, -1), stratum, keys, created)
+        assigned = window & (created <= as_of)
+        if assigned.any():
+            arms.add_assigned(
+                batch, np.where(assigned, arm, -1), stratum, keys=keys, users=users,
+                created=created,
+            )  # fmt: skip
         arms.add(
             batch, np.where(window, arm, -1), stratum,
-            keys=keys, users=users, matured=matured, judged=window & old_enough,
+            keys=keys, users=users, created=created, feedback=feedback,
         )  # fmt: skip
     progress.update(len(reader.report.files))
     progress.end(rows=rows)
+    if config.events is not None and config.since is not None:
+        result.served = count_served(
+            open_store(config.events, endpoint_url=config.endpoint_url), store,
+            since=config.since, until=from_us(as_of),
+            checkpoints=(config.baseline, config.canary),
+        )  # fmt: skip
     for file in reader.report.files:
         served_by = parse_partitions(file.key).get(key)
         lost = file.rows_bad + selection.mismatched.get(file.url, 0)

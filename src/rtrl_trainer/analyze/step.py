@@ -40,7 +40,9 @@ from typing import Any
 from rtrl.core.store import open_store
 from rtrl_trainer.analyze.config import RESULT_NAME, AnalyzeConfig, AnalyzeError
 from rtrl_trainer.analyze.decide import decide
-from rtrl_trainer.analyze.rule import METHOD
+from rtrl_trainer.analyze.evaluate import evaluate
+from rtrl_trainer.analyze.reconcile import NAME as LOGGED
+from rtrl_trainer.analyze.rule import method_of, plan
 from rtrl_trainer.analyze.scan import scan
 from rtrl_trainer.analyze.srm import srm_steps
 from rtrl_trainer.quarantine import MAX_BAD_FILES, quarantine, quarantine_message
@@ -61,6 +63,7 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
     arms = found.arms
     analysis_spec = config.rollout.analysis
     plan_ = config.step_plan
+    looks = config.looks
     doc: dict[str, Any] = {
         "ok": True,
         "decision": "continue",
@@ -74,7 +77,14 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         "metrics_missing": [],
         "srm": None,
         "alpha": analysis_spec.alpha,
-        "method": dict(METHOD),
+        "method": method_of(analysis_spec),
+        "sequential": {
+            "test": str(analysis_spec.sequential_test),
+            "spending_exponent": analysis_spec.spending_exponent,
+            "interval": analysis_spec.interval,
+            "max_duration": analysis_spec.max_duration,
+            **looks.describe(),
+        },
         "inconclusive_policy": str(analysis_spec.inconclusive),
         "non_inferiority_margin": analysis_spec.non_inferiority_margin,
         "max_duration_reached": config.max_duration_reached,
@@ -122,13 +132,30 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
                 [float(plan_[i][1] or 0) / 100 for i in checked],
                 analysis_spec.srm_alpha,
             )
-        diffs, covered = arms.differences(analysis_spec.variance_reduction)
+        served = found.served
+        metrics = plan(
+            analysis_spec, config.rollout.guardrails,
+            unmeasured=() if served is not None else (LOGGED,),
+        )  # fmt: skip
+        shares = [float(share or 0) / 100 for _, share in plan_]
+        ev = evaluate(
+            arms, metrics, analysis_spec, config.rollout.guardrails, shares=shares,
+            served=None if served is None else served.per_look(
+                arms.looks, arms.logged_hours, (config.baseline, config.canary)
+            ),
+        )  # fmt: skip
         result = decide(
-            diffs,
+            ev.diffs,
             analysis_spec,
             config.rollout.guardrails,
             srm=srm,
             max_duration_reached=config.max_duration_reached,
+            metrics=metrics,
+            boundaries=ev.boundaries,
+            settled=ev.settled,
+            settled_boundary=ev.settled_boundary,
+            promote=ev.promote,
+            promote_boundary=ev.promote_boundary,
         )
         last = checked[-1] if checked else len(plan_) - 1
         result.srm.update(
@@ -147,7 +174,11 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
                 for i in range(len(plan_))
             ],
         )
-        doc["variance_reduction"]["units_with_covariate"] = covered
+        doc["variance_reduction"].update(
+            units_with_covariate=ev.with_history,
+            units=ev.units,
+            model_users=ev.pre_users,
+        )
         doc.update(
             decision=result.decision,
             message=result.reasons[0],
@@ -155,7 +186,20 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
             metrics=result.metrics,
             metrics_missing=result.missing,
             srm=result.srm,
+            settled=result.settled,
         )
+        if served is not None:
+            doc["reconciliation"] = {
+                "events": config.events,
+                "sealed_hours": [format_time(h) for h in sorted(served.by_hour)],
+                "served": {
+                    config.baseline: sum(
+                        c.get(config.baseline, 0) for c in served.by_hour.values()
+                    ),
+                    config.canary: sum(c.get(config.canary, 0) for c in served.by_hour.values()),
+                },
+                "files": served.files,
+            }
     doc["timing"] = {"seconds": round(time.perf_counter() - clock, 3)}
     with tempfile.TemporaryDirectory(prefix="rtrl-analyze-") as tmp:
         path = Path(tmp) / RESULT_NAME

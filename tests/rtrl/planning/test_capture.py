@@ -361,6 +361,22 @@ def test_the_stage_reads_exactly_what_was_sealed() -> None:
     assert "--sealed" not in args["args"]
 
 
+def test_the_analysis_reconciles_the_rows_with_what_each_arm_served() -> None:
+    world = CaptureWorld()
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    job = world.manifests["composer-1-analyze-0-0"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--events={CAPTURE['events']}" in args
+    plain = World()
+    to_canary(plain)
+    plain.now += timedelta(minutes=30)
+    plain.reconcile()
+    args = plain.manifests["composer-1-analyze-0-0"]["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in args[0]["args"] if a.startswith("--events")]
+
+
 def test_the_seal_cronjob_runs_rtrl_job_seal_with_the_spec_and_credentials() -> None:
     world = CaptureWorld()
     world.reconcile()

@@ -62,9 +62,14 @@ def test_alpha_is_split_across_goals_and_guardrails() -> None:
         "latency_ms",
     ]
     assert [m.name for m in guards] == [
-        "edit_rate", "clarification_rate", "invalid_tool_call_rate", "feedback_missing_rate"
+        "edit_rate", "clarification_rate", "invalid_tool_call_rate", "feedback_missing_rate",
+        "logged_per_served",
     ]  # fmt: skip
     assert sum(m.alpha for m in metrics) == pytest.approx(0.05)
+    # without the capture proxy's events the reconciliation is not judged: it spends nothing
+    measured = plan(AnalysisSpec(alpha=0.05), GuardrailsSpec(), unmeasured=("logged_per_served",))
+    assert "logged_per_served" not in {m.name for m in measured}
+    assert sum(m.alpha for m in measured) == pytest.approx(0.05)
 
 
 def arms(

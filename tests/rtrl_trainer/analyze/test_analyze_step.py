@@ -101,7 +101,10 @@ def test_guardrail_trip_and_schema(ask_instead_of_edit: Path, tmp_path: Path) ->
     assert doc["reasons"][0].startswith("guardrail tripped: edit_rate, clarification_rate")
     assert doc["baseline_samples"] == doc["canary_samples"] == 12_000
     assert doc["srm"]["mismatch"] is False and doc["srm"]["expected_canary_share"] == 0.5
-    assert doc["method"]["citation"].startswith("Johari")
+    assert doc["method"]["citation"].startswith("Lan & DeMets")
+    assert doc["sequential"]["test"] == "group-sequential"
+    # 08:00 to 12:00 every 15 minutes: 16 looks, judged as of the last
+    assert doc["sequential"]["looks"] == 16 and doc["sequential"]["as_of"] == NOW_ISO
     assert doc["now"] == NOW_ISO and doc["since"] == SINCE and doc["alpha"] == 0.05
     assert doc["quarantined"] == {}
     kinds = {m["name"]: m["kind"] for m in doc["metrics"]}

@@ -572,6 +572,13 @@ class InconclusivePolicy(StrEnum):
     HOLD = "hold"
 
 
+class SequentialTest(StrEnum):
+    """How the analysis stays valid while it looks again and again."""
+
+    GROUP_SEQUENTIAL = "group-sequential"
+    MIXTURE = "mixture"
+
+
 class AnalysisSpec(ApiModel):
     """The sequential A/B test that decides promotion."""
 
@@ -611,6 +618,34 @@ class AnalysisSpec(ApiModel):
         description="How far before the canary's start the stable arm's interactions (the "
         "baseline and the checkpoints that served before it) give each unit's "
         "pre-exposure covariates (variance reduction; at most 365d).",
+    )
+    sequential_test: SequentialTest = Field(
+        SequentialTest.GROUP_SEQUENTIAL,
+        description="group-sequential: the error is spent over the planned analyses (every "
+        "interval until maxDuration; an analysis between two of them repeats the last one's "
+        "answer); mixture: always-valid intervals, for any number of analyses at any time "
+        "(e.g. past maxDuration with inconclusive: hold), at the price of wider intervals.",
+    )
+    spending_exponent: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        description="group-sequential: the share of alpha spent by a fraction t of "
+        "maxDuration is t to this power (0: O'Brien-Fleming's shape, which saves nearly all "
+        "of it for the end; larger spends later).",
+    )
+    precision_weighting: bool = Field(
+        True,
+        description="With users or sessions as the unit: promotion rests on the primary "
+        "goal with each unit weighted by its precision (its rows count until its own "
+        "deviation from its covariate dominates them), so heavy and new units do not drown "
+        "the others; harm is still judged with every interaction counted alike.",
+    )
+    novelty_window: Duration1d | None = Field(
+        "2h",
+        description="Promotion also needs the primary goal significantly better among the "
+        "interactions of users at least this long after their first in the canary: a "
+        "novelty effect is not promoted (null: off).",
     )
 
 
@@ -666,6 +701,18 @@ class GuardrailsSpec(ApiModel):
         default_factory=lambda: Band(max_relative_rise=0.10),
         description="Share of interactions older than data.maturity whose feedback never "
         "arrived: a canary that suppresses feedback would otherwise look better.",
+    )
+    rows_per_unit: Band | None = Field(
+        None,
+        description="Logged interactions per unit of assignment (per request: each arm's "
+        "interactions against its share): a logging fault that drops one arm's rows moves "
+        "it before the rows it leaves mislead the goals.",
+    )
+    logged_per_served: Band | None = Field(
+        default_factory=lambda: Band(max_relative_drop=0.01),
+        description="Share of the requests an arm served (the capture proxy's generation "
+        "events) that reached the shards, in the sealed hours of the canary: a logging "
+        "fault or failing requests in one arm. Judged when the analysis has the events.",
     )
 
 
