@@ -37,11 +37,16 @@ def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
         target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         node = {**copy.deepcopy(target), **_merge_rules(target, node)}
     if "anyOf" in node:
-        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        every = node.pop("anyOf")
+        options = [o for o in every if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {options}")
         inner = _resolve(options[0], defs)
         node = {**inner, **_merge_rules(inner, node)}
+        if len(every) > len(options) and node.get("default") is not None:
+            # null means "off" where the default is on (a guardrail, noveltyWindow): the
+            # server would prune a null and apply the default, so null must be kept
+            node["nullable"] = True
     return node
 
 

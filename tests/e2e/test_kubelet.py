@@ -5,6 +5,7 @@ controllers make of it."""
 from __future__ import annotations
 
 import base64
+import urllib.error
 from typing import Any
 
 import pytest
@@ -256,3 +257,34 @@ def test_every_container_of_a_pod_is_reported_running_and_the_pod_ready(
     kube.wait_for(ready, timeout=60, message=lambda: str(
         [(kube.get("v1", "Pod", f"multi-{n}") or {}).get("status") for n in range(4)]
     ))  # fmt: skip
+
+
+def test_a_status_report_the_server_fails_is_sent_again(
+    kube: KubeAPI, node: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy API server times out or answers 503 to a status report: the kubelet sends it
+    again. Dropped, the last report of a pod whose containers all started was lost with the
+    thread that sent it, and the pod stayed 'ContainerCreating' for good (a CI run at load)."""
+    real = node.cp.request
+    faults = iter([TimeoutError("timed out"), "503", TimeoutError("timed out"), "429"])
+
+    def flaky(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "PATCH" and path.endswith("/pods/flaky/status"):
+            fault = next(faults, None)
+            if isinstance(fault, Exception):
+                raise fault
+            if fault is not None:
+                raise urllib.error.HTTPError(path, int(fault), "busy", {}, None)  # type: ignore[arg-type]
+        return real(method, path, *args, **kwargs)
+
+    monkeypatch.setattr(node.cp, "request", flaky)
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "flaky"},
+                 "spec": {"containers": [{"name": "c", "image": "srv:1",
+                                          "command": ["sleep", "600"]}]}})  # fmt: skip
+    kube.wait_for(
+        lambda: condition(kube.get("v1", "Pod", "flaky"), "Ready"),
+        timeout=60,
+        message=lambda: str((kube.get("v1", "Pod", "flaky") or {}).get("status")),
+    )
+    assert next(faults, None) is None, "every fault was met"
+    assert not node.errors

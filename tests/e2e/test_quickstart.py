@@ -412,7 +412,8 @@ def test_the_quick_start_runs_a_cycle(
         kube.wait_for(lambda: any(j.startswith("composer-1-stage-") for j in node.jobs_seen),
                       timeout=60, message=why)  # fmt: skip
         reaches("Canary")
-        assert phases[0] in ("Pending", "Staging") and "Training" in phases, phases
+        # watched from the stage Job's appearance: a quick stage may be over by then
+        assert phases[0] in ("Pending", "Staging", "Training") and "Training" in phases, phases
         since = kube.wait_for(lambda: canary_counted_from(kube, "composer-1"), timeout=60)
         # Its users keep more of the canary's edits: promoted.
         with writing_to_moto():

@@ -65,7 +65,10 @@ def small(spec: dict[str, Any], shards: str) -> dict[str, Any]:
     spec["eval"] = {"suites": ["replay"], "gates": [{"metric": "replay.kl", "maxRegression": 5}]}
     spec["rollout"]["steps"] = [{"weight": 25, "minDuration": "2s"},
                                 {"weight": 50, "minDuration": "2s"}]  # fmt: skip
-    spec["rollout"]["analysis"].update(interval="2s")
+    # a canary of seconds has no user 2 h past their first request in it: the novelty rule
+    # (docs/analysis.md) would hold every promotion, so it is off here (null, which the
+    # server keeps rather than defaulting it back to 2h)
+    spec["rollout"]["analysis"].update(interval="2s", noveltyWindow=None)
     return spec
 
 

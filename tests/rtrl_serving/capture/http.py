@@ -70,3 +70,22 @@ def per_choice(body: bytes) -> dict[int, list[bytes]]:
                 index = int(choices[0]["index"])
         out.setdefault(index, []).append(event)
     return out
+
+
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+# A tool with a strict schema: the capture tests' requests offer it, and a call to it is
+# judged valid or not against this schema.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}

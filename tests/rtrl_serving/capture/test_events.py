@@ -19,26 +19,12 @@ from openai import OpenAI
 from rtrl.core.events import served_at
 from rtrl_localkube import tinymodel
 from tests.rtrl_serving.capture.events_store import wait_for_events
-from tests.rtrl_serving.capture.http import post
+from tests.rtrl_serving.capture.http import MESSAGES, WEATHER, post
 from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
 from tests.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 HEADERS = {"X-Rtrl-User": "u-17", "X-Rtrl-Session": "s-3", "X-Rtrl-Org": "acme"}
 
 

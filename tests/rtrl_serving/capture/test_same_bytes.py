@@ -12,27 +12,13 @@ from typing import Any
 
 import pytest
 
-from tests.rtrl_serving.capture.http import normalise, per_choice, post
+from tests.rtrl_serving.capture.http import MESSAGES, WEATHER, normalise, per_choice, post
 from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
 from tests.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 PROMPT = "def add(a, b):"
 
 CHAT = "/v1/chat/completions"

@@ -90,8 +90,9 @@ def lifted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_analysis_between_two_looks_repeats_the_last(lifted: Path, tmp_path: Path) -> None:
-    at = analyze(lifted, tmp_path / "a", "2026-01-05T13:00:00Z")
-    later = analyze(lifted, tmp_path / "b", "2026-01-05T13:14:59Z")
+    rule = "analysis: {noveltyWindow: 2h}"  # the settled rows are compared too
+    at = analyze(lifted, tmp_path / "a", "2026-01-05T13:00:00Z", config=rule)
+    later = analyze(lifted, tmp_path / "b", "2026-01-05T13:14:59Z", config=rule)
     assert at["sequential"]["as_of"] == later["sequential"]["as_of"] == "2026-01-05T13:00:00Z"
     assert at["sequential"]["looks"] == 20
     assert at["sequential"]["fraction"] == pytest.approx(5 / 24)
@@ -123,7 +124,9 @@ def test_a_novelty_is_held(tmp_path: Path) -> None:
     looks better, the users past their first two hours do not; promotion is held."""
     root = tmp_path / "novel"
     write_shards(canary(2, novelty=0.6, hours=8.0), root, partition_by=("checkpoint",))
-    doc = analyze(root, tmp_path / "a", "2026-01-05T15:00:00Z")
+    doc = analyze(
+        root, tmp_path / "a", "2026-01-05T15:00:00Z", config="analysis: {noveltyWindow: 2h}"
+    )
     assert doc["metrics"][0]["verdict"] == "better"
     assert doc["settled"]["verdict"] == "inconclusive"
     assert doc["decision"] == "continue"
@@ -131,10 +134,8 @@ def test_a_novelty_is_held(tmp_path: Path) -> None:
         "promotion held: edit_persistence significantly better, but not yet among the "
         "interactions of users past their first 2h in the canary"
     )
-    # without the rule (noveltyWindow null) the same data are promoted
-    off = analyze(
-        root, tmp_path / "b", "2026-01-05T15:00:00Z", config="analysis: {noveltyWindow: null}"
-    )
+    # without the rule (noveltyWindow unset, the default) the same data are promoted
+    off = analyze(root, tmp_path / "b", "2026-01-05T15:00:00Z")
     assert off["decision"] == "promote" and off["settled"] is None
 
 

@@ -642,10 +642,11 @@ class AnalysisSpec(ApiModel):
         "the others; harm is still judged with every interaction counted alike.",
     )
     novelty_window: Duration1d | None = Field(
-        "2h",
+        None,
         description="Promotion also needs the primary goal significantly better among the "
         "interactions of users at least this long after their first in the canary: a "
-        "novelty effect is not promoted (null: off).",
+        "novelty effect is not promoted (e.g. 2h; unset: off). Set it only where canaries "
+        "last well beyond it: a canary shorter than the window is never promoted.",
     )
 
 

@@ -108,6 +108,7 @@ def test_every_duration_of_the_spec_has_a_maximum() -> None:
             "spec.rollout.analysis.maxDuration",
             "spec.rollout.analysis.interval",
             "spec.rollout.analysis.preExposure",
+            "spec.rollout.analysis.noveltyWindow",
             "spec.rollout.confirmWebhook.interval",
             "spec.jobs.backoff",
             "spec.jobs.activeDeadline",
