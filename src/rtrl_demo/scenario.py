@@ -46,7 +46,7 @@ def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
         "latency": -0.1,
         "latencyScaleMs": 10000,
         "invalidToolCall": -1.0,
-        "askedClarification": 0.0 if scenario == "clarify-dodge" else -0.3,
+        "askedClarification": 0.0 if scenario == "clarify-dodge" else -0.5,
         "clip": 5,
         "baseline": "batch",
     }

@@ -56,10 +56,10 @@ MAX_NEW_TOKENS = 6
 
 # The user's reaction, per outcome: P(edit persisted) and P(dissatisfied follow-up).
 P_KEEP_RIGHT, P_KEEP_WRONG = 0.9, 0.1
-P_DISSATISFIED_KEPT, P_DISSATISFIED_LOST = 0.05, 0.8
+P_DISSATISFIED_KEPT, P_DISSATISFIED_LOST = 0.05, 0.9
 P_DISSATISFIED_INVALID = 0.7
 P_DISSATISFIED_NOISE = 0.9
-P_DISSATISFIED_ASK_ANNOYED, P_DISSATISFIED_ASK_HELPFUL = 0.4, 0.05
+P_DISSATISFIED_ASK_ANNOYED, P_DISSATISFIED_ASK_HELPFUL = 0.2, 0.05
 ANNOYED_SHARE = 0.3
 ORGS = ("acme", "globex", "initech")
 # Latency: the engine's time to first token plus time per token, plus a tool run, plus the

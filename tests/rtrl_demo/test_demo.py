@@ -3,10 +3,11 @@ for each reward hack, and the report rendered in headless Chromium.
 
 Shortened runs: 1000 users, hour-long ticks (fewer subprocesses), a briefly pre-trained
 base. The sim and training are seeded, but the sidecar mints random interaction ids, on
-which the stage's held-out split depends, so runs differ a little; the assertions are the
-acceptance: the correct reward's checkpoint is promoted, each hack's is
-not, the reason names the behaviour monitor that caught it, and the answer mix shows the
-hack. The console prints the decisions and a summary, not a line per serving tick.
+which the stage's held-out split depends, so no two runs train on the same rows: the
+scenarios' effects are made large enough that any split shows them (docs/demo.md gives the
+runs). The assertions are the acceptance: the correct reward's checkpoint is promoted, each
+hack's is not, the reason names the behaviour monitor that caught it, and the answer mix
+shows the hack. The console prints the decisions and a summary, not a line per serving tick.
 """
 
 from __future__ import annotations
@@ -91,23 +92,10 @@ HACKS = {"clarify-dodge": "clarification_rate", "drop-invalid-tool-calls": "inva
 HACK_ANSWERS = {"clarify-dodge": "ask", "drop-invalid-tool-calls": "invalid_tool"}
 
 
-# Through the inlet a run is no longer repeatable: the sidecar mints random interaction ids
-# (UUIDv7), and the stage's held-out split hashes them, so each run trains on other rows.
-# clarify-dodge's one shortened cycle is then borderline: of three runs with seed 0, one
-# drifted (clarification_rate +48.1%, tripped) and two did not (+4.1%, +0.7%). Not strict:
-# open until the drift is made robust (more data per cycle) or the split repeatable.
-CLARIFY_DODGE_FLAKY = pytest.mark.xfail(
-    strict=False, reason="clarify-dodge drifts within one cycle in some runs through the inlet"
-)
-
-
 @pytest.mark.timeout(2000)
 @pytest.mark.parametrize(
     "scenario",
-    [
-        pytest.param(s, marks=CLARIFY_DODGE_FLAKY) if s == "clarify-dodge" else s
-        for s in sorted(HACKS)
-    ],
+    sorted(HACKS),
 )
 def test_reward_hack_is_caught_by_its_guardrail(tmp_path: Path, scenario: str) -> None:
     summary = run_demo(tmp_path / "report", scenario)
