@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pretrain-steps", type=int, default=50)
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", help="the users' requests in flight (each a path)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -50,7 +54,9 @@ def main() -> int:
     from rtrl_demo.inlet import Inlet
     from rtrl_demo.scenario import T0
     from rtrl_demo.serve import _load, build_base
-    from rtrl_demo.users import Visit, interact
+    from rtrl_demo.users import CONCURRENCY, Visit, interact
+
+    levels = args.concurrency or [CONCURRENCY]
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -80,13 +86,20 @@ def main() -> int:
                    "RTRL_MODEL_URI": base, "RTRL_ARM": "stable"}  # fmt: skip
             arm = inlet.arm("demo-0", base, "stable", env, lambda _: model)
 
-            def through_inlet() -> None:
-                interact(visits, [(arm.url, arm.name)], feedback, token)
-                inlet.drain()
+            def through_inlet(concurrency: int) -> Callable[[], None]:
+                def run() -> None:
+                    interact(visits, [(arm.url, arm.name)], feedback, token,
+                             concurrency=concurrency)  # fmt: skip
+                    inlet.drain()
 
-            times: dict[str, list[float]] = {"in_process": [], "inlet": []}
+                return run
+
+            paths = [("in_process", in_process)]
+            paths += [(f"inlet c{c}" if len(levels) > 1 else "inlet", through_inlet(c))
+                      for c in levels]  # fmt: skip
+            times: dict[str, list[float]] = {name: [] for name, _ in paths}
             for _ in range(args.repeats):
-                for name, run in (("in_process", in_process), ("inlet", through_inlet)):
+                for name, run in paths:
                     started = time.perf_counter()
                     run()
                     times[name].append(time.perf_counter() - started)
@@ -98,7 +111,7 @@ def main() -> int:
         "seconds": times,
         "median_seconds": med,
         "visits_per_second": {k: len(visits) / v for k, v in med.items()},
-        "inlet_over_in_process": med["inlet"] / med["in_process"],
+        "over_in_process": {k: v / med["in_process"] for k, v in med.items()},
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
     }
@@ -106,11 +119,11 @@ def main() -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"{len(visits)} visits per tick ({args.users} users, {args.minutes} min)")
-        for k in ("in_process", "inlet"):
+        for k, runs in times.items():
             print(f"  {k:<11} {med[k]:7.2f} s/tick  {len(visits) / med[k]:8.0f} visits/s  "
-                  f"(runs: {', '.join(f'{t:.2f}' for t in times[k])})")  # fmt: skip
-        print(f"  inlet / in-process: {result['inlet_over_in_process']:.1f}x  "
-              f"(load average {result['load_average'][0]:.1f})")  # fmt: skip
+                  f"{med[k] / med['in_process']:4.1f}x in-process  "
+                  f"(runs: {', '.join(f'{t:.2f}' for t in runs)})")  # fmt: skip
+        print(f"  load average {result['load_average'][0]:.1f}")
     return 0
 
 

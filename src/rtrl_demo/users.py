@@ -35,7 +35,9 @@ from . import sim
 INTERACTION_HEADER = "X-Rtrl-Interaction-Id"
 # rtrl-feedback takes at most 1,000 events a request (its --max-events default)
 FEEDBACK_BATCH = 1000
-CONCURRENCY = 64
+# Requests in flight: as many as the model server batches (engine.MAX_BATCH), so a batch
+# is not cut short by the client (bench/demo_tick.py --concurrency 64 256 512).
+CONCURRENCY = 512
 RETRIES = 5
 
 
