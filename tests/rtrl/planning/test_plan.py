@@ -474,6 +474,24 @@ def test_insufficient_data_removes_the_attempt_and_retries_at_the_next_tick() ->
     assert world.condition("InsufficientData")["status"] == "False"
 
 
+def test_a_cycle_removed_for_insufficient_data_keeps_its_number_when_a_write_was_lost() -> None:
+    """The status write of the round that created composer-1 was lost (the operator killed
+    after the Checkpoint's creation): only the Checkpoint knew it was cycle 1. The verdict
+    written before the Checkpoint is deleted must say so, or the restarted operator counted
+    cycle 1 again (tests/e2e/test_crash_lifecycle.py: status.cycle 2 for 3 cycles, in CI)."""
+    world = World()
+    world.reconcile()
+    world.rlcycle["status"]["cycle"] = 0  # the lost write
+    world.finish("stage", result={**STAGE_OK, "sufficient": False, "message": "12 rows"})
+    decided = plan(world.observed(), world.now)
+    verdict = next(a for a in decided.actions if isinstance(a, PatchStatus))
+    assert verdict.kind == "RLCycle" and verdict.status["cycle"] == 1
+    world.apply(decided.actions[: decided.actions.index(verdict) + 2])  # verdict, delete: killed
+    assert "composer-1" not in world.checkpoints
+    world.reconcile()
+    assert world.rlcycle["status"]["cycle"] == 1
+
+
 def test_a_failed_job_is_retried_with_backoff_then_fails_the_checkpoint() -> None:
     world = World(jobs={"backoffLimit": 1, "backoff": "30s"})
     world.reconcile()
