@@ -101,7 +101,7 @@ ROOMS: dict[str, Room] = {
     "rtrl.settings": room(
         "the operator's settings, read once from the environment", "rtrl.core.api"
     ),
-    "rtrl.logs": room("JSON logs"),
+    "rtrl.logs": room("JSON logs", "rtrl.kopf_fixes"),
     "rtrl.kube": room(
         "the only code that talks to the Kubernetes API: observe, apply, cache, the round loop",
         "rtrl.metrics",

@@ -1,7 +1,8 @@
 """Everything rtrl changes inside kopf, in one place, against the one kopf version it pins.
 
 kopf's public API does not reach these three; each is a private part of kopf 1.45 that rtrl
-replaces or wraps, and :func:`install` applies them once (``rtrl.handlers`` calls it).
+replaces or wraps, and :func:`install` applies them once (``rtrl.handlers`` calls it). The
+logs read the running handler's object through :func:`handler_body`, also private to kopf.
 :data:`FINGERPRINTS` holds a hash of the source of every kopf function a fix stands in for or
 relies on: :func:`drifted` names those whose source changed, so that a kopf upgrade that
 moves them fails ``tests/rtrl/test_kopf_fixes.py`` instead of the operator in production.
@@ -38,6 +39,7 @@ import kopf
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import watching as kopf_watching
+from kopf._core.actions import execution as kopf_execution
 
 KOPF_VERSION = "1.45.2"
 logger = logging.getLogger(__name__)
@@ -125,6 +127,13 @@ async def _stream(url: str, **kwargs: Any) -> AsyncIterator[Any]:
             type(exc).__name__, getattr(exc, "start", getattr(exc, "pos", "?")),
             url.split("?", maxsplit=1)[0],
         )  # fmt: skip
+
+
+# --- the running handler's object, for the logs ----------------------------------------------
+def handler_body() -> Any:
+    """The body of the object whose kopf handler runs in this context (None outside one):
+    what rtrl.logs names in each line. kopf keeps it in a private context variable."""
+    return getattr(kopf_execution.cause_var.get(None), "body", None)
 
 
 def install() -> None:

@@ -19,8 +19,6 @@ operator finishes what was decided instead of deciding again.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +35,7 @@ from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
 from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
+from .steps import new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
 
 
@@ -73,56 +72,10 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             notify=("CanaryStarted",),
         )
     elif steps_changed(r, records):
-        if len(records) >= MAX_RECORDS:
-            reason = (f"spec.rollout.steps changed again with {len(records)} canary steps "
-                      "recorded, the most a Checkpoint holds")  # fmt: skip
-            return decide(r, ck, records, "rollback", reason)
-        restart_steps(r, ck, records)
+        full = restart_steps(r, ck, records)  # or why it cannot: the records are full
+        if full:
+            return decide(r, ck, records, "rollback", full)
     return run_step(r, ck, records)
-
-
-# --- the steps, and an edit of them mid-canary ---------------------------------------------
-# Checkpoint.status.rollout holds at most 64 records (the CRD): a restart needs one more.
-MAX_RECORDS = 63
-
-
-def steps_hash(r: Round) -> str:
-    """What the running canary's steps were, as a hash stored in each record."""
-    steps = [s.model_dump(mode="json", by_alias=True) for s in r.spec.rollout.steps]
-    return hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def new_record(r: Round, index: int, **extra: Any) -> dict[str, Any]:
-    """The record of step ``index`` of the current ``spec.rollout.steps``, starting now."""
-    weight = r.spec.rollout.steps[index].weight
-    return {"weight": weight, "startedAt": iso(r.now), "analyses": 0, "step": index,
-            "stepsHash": steps_hash(r), **extra}  # fmt: skip
-
-
-def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
-    """The steps were edited since the current step started (a record of an older rtrl,
-    without a hash, is taken as unchanged)."""
-    recorded = records[-1].get("stepsHash")
-    return recorded is not None and recorded != steps_hash(r)
-
-
-def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """As Argo Rollouts does on a new step hash: the steps start again at the first one.
-    The candidate is the same, so what the analysis has counted stays valid; only the
-    canary's share goes back to the new first step's."""
-    name, ended = meta(ck)["name"], records[-1]
-    where = f"{ended['weight']}% (step {step_index(records) + 1})"
-    first = r.spec.rollout.steps[0]
-    what = f"spec.rollout.steps changed at {where}"
-    ended.update(endedAt=iso(r.now), reason=what[:32768])
-    records.append(new_record(r, 0, restarted=what))
-    r.patch_checkpoint(ck, phase="Canary", rollout=records)
-    r.event(
-        "RolloutRestarted",
-        f"{name}: {what}: the canary restarts at step 1 ({first.weight}%)",
-        kind="Checkpoint",
-        name=name,
-    )
 
 
 def manual_decision(r: Round) -> tuple[str, str | None]:

@@ -1178,3 +1178,21 @@ def test_steps_edited_mid_canary_restart_the_canary_at_the_new_first_step(at: in
     records = world.checkpoint("composer-1")["status"]["rollout"]
     assert [r["weight"] for r in records][-2:] == [10, 60] and records[-1]["step"] == 1
     assert len([e for e in world.events if e.reason == "RolloutRestarted"]) == 1
+
+
+def test_steps_edited_when_the_record_is_full_roll_the_canary_back() -> None:
+    """Checkpoint.status.rollout holds 64 entries: a restart that needs one more rolls back,
+    saying why, instead of a status write the API server would refuse in every round."""
+    world = World()
+    to_canary(world)
+    ck = world.checkpoint("composer-1")
+    first = ck["status"]["rollout"][0]
+    ck["status"]["rollout"] = [{**first, "endedAt": first["startedAt"]}] * 62 + [first]
+    world.rlcycle["spec"]["rollout"]["steps"] = copy.deepcopy(EDITED_STEPS)
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    status = world.checkpoint("composer-1")["status"]
+    assert status["phase"] == "RolledBack" and len(status["rollout"]) == 63
+    assert "spec.rollout.steps changed again with 63 canary steps" in status["message"]
+    CheckpointStatus.model_validate(status)
