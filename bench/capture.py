@@ -181,6 +181,9 @@ def placements(names: list[str], engine_cpus: str | None) -> list[Placement]:
     return out
 
 
+ENGINE_CORE = "VLLM::"  # the name vLLM gives its engine core's and workers' processes
+
+
 class Tree:
     """A process and (with ``descendants``) its descendants: pinned to CPUs together, their
     CPU time summed."""
@@ -205,12 +208,14 @@ class Tree:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.sched_setaffinity(thread.id, cpus)
 
-    def cpu(self) -> float:
+    def cpu(self, prefix: str = "") -> float:
+        """CPU seconds of the processes whose name starts with ``prefix``."""
         total = 0.0
         for proc in list(self.procs.values()):
             with contextlib.suppress(psutil.Error):
-                times = proc.cpu_times()
-                total += times.user + times.system
+                if proc.name().startswith(prefix):
+                    times = proc.cpu_times()
+                    total += times.user + times.system
         return total
 
 
@@ -268,8 +273,13 @@ class Processes:
         self.proxy.pin(placement.sidecar)
         self.client.pin(placement.sidecar)
 
-    def cpu(self) -> tuple[float, float, float]:
-        return self.engine.cpu(), self.proxy.cpu(), self.client.cpu()
+    def cpu(self) -> tuple[float, float, float, float]:
+        """CPU seconds: the engine, of which its core (vLLM's ``VLLM::EngineCore`` and
+        ``VLLM::Worker`` processes: scheduling, the forward pass, sampling; the rest is its
+        API server: requests, detokenizing, building and writing responses), the proxy, the
+        load generator."""
+        engine = self.engine.cpu()
+        return engine, self.engine.cpu(ENGINE_CORE), self.proxy.cpu(), self.client.cpu()
 
 
 def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict[str, Any]:
@@ -321,7 +331,8 @@ def measure(
                     per_round[placement.name, name].append({
                         "p50": 1000 * statistics.median(lat), "p99": 1000 * _pct(lat, 0.99),
                         "tps": requests * tokens / wall, "engine_cpu_ms": cpu[0],
-                        "proxy_cpu_ms": cpu[1], "client_cpu_ms": cpu[2],
+                        "engine_core_cpu_ms": cpu[1], "proxy_cpu_ms": cpu[2],
+                        "client_cpu_ms": cpu[3],
                     })  # fmt: skip
             loads.append(os.getloadavg()[0])
         for placement in where:
@@ -345,8 +356,8 @@ def measure(
 
 def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
     print(f"{'placement':>9} {'streams':>7} {'path':>16} {'p50':>9} {'p99':>9} {'tok/s':>6} "
-          f"{'+p50':>8} {'+p99':>8} {'tok/s ratio':>17} {'engine':>7} {'proxy':>6} "
-          f"{'client':>6}  (CPU ms per request)")  # fmt: skip
+          f"{'+p50':>8} {'+p99':>8} {'tok/s ratio':>17} {'engine':>7} {'(core)':>6} "
+          f"{'proxy':>6} {'client':>6}  (CPU ms per request)")  # fmt: skip
     for r in rows:
         for name in paths:
             m = r[name]
@@ -356,7 +367,8 @@ def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
                      f"{vs['throughput_ratio_range'][1]:.2f})") if vs else " " * 35  # fmt: skip
             print(f"{r['placement']:>9} {r['concurrency']:>7} {name:>16} {m['p50']:>7.1f}ms "
                   f"{m['p99']:>7.1f}ms {m['tps']:>6.0f} {extra} {m['engine_cpu_ms']:>7.2f} "
-                  f"{m['proxy_cpu_ms']:>6.2f} {m['client_cpu_ms']:>6.2f}")  # fmt: skip
+                  f"{m['engine_core_cpu_ms']:>6.2f} {m['proxy_cpu_ms']:>6.2f} "
+                  f"{m['client_cpu_ms']:>6.2f}")  # fmt: skip
         own = r.get("proxy vs direct+fields")
         if own:
             print(f"{'':>17} the proxy itself (vs direct+fields): {own['added_p50_ms']:+.1f} ms "
