@@ -398,6 +398,7 @@ def main() -> int:
     if unknown := [p for p in paths if p not in PATHS]:
         parser.error(f"--paths: {unknown} not among {list(PATHS)}")
     where = placements(args.placements.split(","), args.engine_cpus)
+    every = frozenset(os.sched_getaffinity(0))  # before any placement
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as tmp:
         workdir = Path(tmp)
         engine_proc = None
@@ -420,9 +421,8 @@ def main() -> int:
                                     rounds=args.rounds, tokens=args.tokens,
                                     per_stream=args.requests_per_stream)  # fmt: skip
         finally:
-            every = frozenset(os.sched_getaffinity(0)) | set().union(*(p.engine for p in where))
             with contextlib.suppress(psutil.Error):
-                procs.engine.pin(every)  # a running engine given by --engine is left as found
+                procs.engine.pin(every)  # a running engine (--engine) gets every CPU back
             proxy_proc.send_signal(signal.SIGTERM)
             proxy_proc.wait(120)
             if engine_proc is not None:
