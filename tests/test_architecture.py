@@ -117,6 +117,10 @@ ROOMS: dict[str, Room] = {
         "rtrl.kube",
         "rtrl.core.api",
         "rtrl.settings",
+        "rtrl.kopf_fixes",
+    ),
+    "rtrl.kopf_fixes": room(
+        "what rtrl changes inside kopf (pinned), in one place, each change fingerprinted"
     ),
     "rtrl.abtable": room("the A/B table's cells: kubectl rtrl status, the demo, the report"),
     "rtrl.phasestyle": room("one colour per phase and decision, for every view"),

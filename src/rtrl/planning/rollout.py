@@ -19,6 +19,8 @@ operator finishes what was decided instead of deciding again.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +35,7 @@ from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
-from .reading import fresh, meta, step_jobs
+from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
 from .timeutil import iso, parse_time
 
@@ -55,7 +57,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
         return roll_back(r, ck, records, str(records[-1].get("reason") or "rollback"))
     if not records:
         first = r.spec.rollout.steps[0]
-        records = [{"weight": first.weight, "startedAt": iso(r.now), "analyses": 0}]
+        records = [new_record(r, 0)]
         r.patch_checkpoint(
             ck,
             phase="Canary",
@@ -70,7 +72,57 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             name=name,
             notify=("CanaryStarted",),
         )
+    elif steps_changed(r, records):
+        if len(records) >= MAX_RECORDS:
+            reason = (f"spec.rollout.steps changed again with {len(records)} canary steps "
+                      "recorded, the most a Checkpoint holds")  # fmt: skip
+            return decide(r, ck, records, "rollback", reason)
+        restart_steps(r, ck, records)
     return run_step(r, ck, records)
+
+
+# --- the steps, and an edit of them mid-canary ---------------------------------------------
+# Checkpoint.status.rollout holds at most 64 records (the CRD): a restart needs one more.
+MAX_RECORDS = 63
+
+
+def steps_hash(r: Round) -> str:
+    """What the running canary's steps were, as a hash stored in each record."""
+    steps = [s.model_dump(mode="json", by_alias=True) for s in r.spec.rollout.steps]
+    return hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def new_record(r: Round, index: int, **extra: Any) -> dict[str, Any]:
+    """The record of step ``index`` of the current ``spec.rollout.steps``, starting now."""
+    weight = r.spec.rollout.steps[index].weight
+    return {"weight": weight, "startedAt": iso(r.now), "analyses": 0, "step": index,
+            "stepsHash": steps_hash(r), **extra}  # fmt: skip
+
+
+def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
+    """The steps were edited since the current step started (a record of an older rtrl,
+    without a hash, is taken as unchanged)."""
+    recorded = records[-1].get("stepsHash")
+    return recorded is not None and recorded != steps_hash(r)
+
+
+def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """As Argo Rollouts does on a new step hash: the steps start again at the first one.
+    The candidate is the same, so what the analysis has counted stays valid; only the
+    canary's share goes back to the new first step's."""
+    name, ended = meta(ck)["name"], records[-1]
+    where = f"{ended['weight']}% (step {step_index(records) + 1})"
+    first = r.spec.rollout.steps[0]
+    what = f"spec.rollout.steps changed at {where}"
+    ended.update(endedAt=iso(r.now), reason=what[:32768])
+    records.append(new_record(r, 0, restarted=what))
+    r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    r.event(
+        "RolloutRestarted",
+        f"{name}: {what}: the canary restarts at step 1 ({first.weight}%)",
+        kind="Checkpoint",
+        name=name,
+    )
 
 
 def manual_decision(r: Round) -> tuple[str, str | None]:
@@ -149,10 +201,11 @@ class StableServiceMissingError(Exception):
 def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
     """The current step: the canary at its weight and ready, then its analyses in turn."""
     name = meta(ck)["name"]
-    index = len(records) - 1
+    index = step_index(records)
     steps = r.spec.rollout.steps
     step = steps[min(index, len(steps) - 1)]
     record = records[-1]
+    record.setdefault("stepsHash", steps_hash(r))  # a record of an older rtrl adopts them
     try:
         share = ensure_canary(r, ck, step.weight)
     except StableServiceMissingError as missing:
@@ -160,7 +213,11 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(r, ck, records, "rollback", reason)
     r.status["canaryWeight"] = round(share)
-    r.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
+    if record.get("restarted"):
+        text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
+        r.conditions.set("Progressing", True, "RolloutRestarted", text)
+    else:
+        r.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
     canary_start = parse_time(records[0].get("startedAt")) or r.now
     counted_from = parse_time(records[0].get("readyAt")) or canary_start
     if not cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None):
@@ -274,7 +331,7 @@ def judge(
             f"{name}: {decision}: {record['reason']}",
         )
     steps = r.spec.rollout.steps
-    index = len(records) - 1
+    index = step_index(records)
     step = steps[min(index, len(steps) - 1)]
     enough = min(record["baselineSamples"], record["canarySamples"]) >= step.min_samples
     if held:
@@ -293,8 +350,9 @@ def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> No
     """The current step ends; the next one starts (its record appended)."""
     name = meta(ck)["name"]
     records[-1]["endedAt"] = iso(r.now)
-    following = r.spec.rollout.steps[len(records)]
-    records.append({"weight": following.weight, "startedAt": iso(r.now), "analyses": 0})
+    index = step_index(records) + 1
+    following = r.spec.rollout.steps[index]
+    records.append(new_record(r, index))
     r.event(
         "CanaryStep",
         f"{name}: canary to {following.weight}%",
