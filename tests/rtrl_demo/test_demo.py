@@ -32,7 +32,9 @@ def run_demo(out: Path, scenario: str) -> dict[str, Any]:
     done = subprocess.run(
         [str(rtrl), "demo", *SHORT, "--scenario", scenario, "--quiet", "--out", str(out)],
         check=True,
-        timeout=1800,  # ~3 minutes on 2 idle cores; generous for a loaded machine
+        # 6-15 minutes measured on the 2 cores at a load average of 10-20 (docs/demo.md):
+        # twice the usual loaded run
+        timeout=1800,
         stderr=subprocess.PIPE,
         text=True,
     )
