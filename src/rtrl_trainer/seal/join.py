@@ -19,16 +19,18 @@ The rules, each a table (ids as UUIDs: 16 bytes, any case; one that is not a UUI
 - ``fb_dups`` / ``fb_dropped``: the feedback events whose id occurs more than once (few:
   retries), and of each such id all but the first the service received (they are
   ``feedback_duplicates``; an id with two different contents counts once in
-  ``feedback_conflicts``). Only the repeated ids are ordered, not every event.
+  ``feedback_conflicts``). Only the repeated ids are ordered, not every event, and they
+  are found by the ids' hashes first.
 - ``fb_class``: every other event judged against its interaction: ``orphans`` (no
   generation of that id in the hour: forged, or its generation lost), ``before_served``,
   ``late`` (observed after the interaction's ``created_at`` plus the signal's maturity),
   ``unknown_signal``, else ``valid``.
-- ``signals``: per interaction, each signal's valid value observed last (ties: received
-  last, then read last), one aggregate for all signals.
+- ``signals``: per interaction and signal, the valid value observed last (ties: received
+  last, then read last).
 
-The decisions: the kept rows in input order with every signal merged with the proxy's
-own measurement by its :class:`~rtrl.core.events.signals.Merge` rule.
+The decisions: the kept rows in input order with every signal (``signals`` pivoted, one
+column each) merged with the proxy's own measurement by its
+:class:`~rtrl.core.events.signals.Merge` rule.
 """
 
 from __future__ import annotations
@@ -159,18 +161,24 @@ class HourJoin:
         if feedback:
             sql(
                 f"""CREATE TABLE fb AS
-                SELECT e.event_id, TRY_CAST(e.interaction_id AS UUID) AS iid, e.signal,
+                SELECT e.event_id, hash(e.event_id) AS event_hash,
+                       TRY_CAST(e.interaction_id AS UUID) AS iid, e.signal,
                        e.value, epoch_us(e.observed_at) AS observed_us,
                        epoch_us(e.received_at) AS received_us, {pos} AS pos
                 FROM {source} e JOIN fb_files f ON e.filename = f.path"""
             )
         else:
-            sql("""CREATE TABLE fb(event_id VARCHAR, iid UUID, signal VARCHAR, value DOUBLE,
-                observed_us BIGINT, received_us BIGINT, pos BIGINT)""")  # fmt: skip
+            sql("""CREATE TABLE fb(event_id VARCHAR, event_hash UBIGINT, iid UUID,
+                signal VARCHAR, value DOUBLE, observed_us BIGINT, received_us BIGINT,
+                pos BIGINT)""")  # fmt: skip
+        # the candidates by the ids' 64-bit hashes (grouping integers is several times
+        # cheaper than grouping strings); a collision only adds a candidate, which the
+        # steps below, by the id itself, then treat as the single event it is
         sql(
-            """CREATE TABLE fb_dups AS SELECT * FROM fb WHERE event_id IN (
-                SELECT event_id FROM fb WHERE event_id IS NOT NULL
-                GROUP BY event_id HAVING count(*) > 1)"""
+            """CREATE TABLE fb_dups AS SELECT * FROM fb
+            WHERE event_id IS NOT NULL AND event_hash IN (
+                SELECT event_hash FROM fb WHERE event_id IS NOT NULL
+                GROUP BY event_hash HAVING count(*) > 1)"""
         )
         sql(
             """CREATE TABLE fb_dropped AS SELECT pos FROM fb_dups
@@ -190,14 +198,12 @@ class HourJoin:
             FROM fb f ANTI JOIN fb_dropped d USING (pos)
             LEFT JOIN kept k USING (iid) LEFT JOIN maturity m USING (signal)"""
         )
-        last = ", ".join(
-            f"arg_max(value, {{'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}}) "
-            f"FILTER (WHERE signal = {_quote(name)}) AS {name}"
-            for name in SIGNALS
-        )
+        # one group per interaction and signal (one filtered aggregate per signal over
+        # groups of interactions cost four times as much); :meth:`decisions` pivots them
         sql(
-            f"""CREATE TABLE signals AS SELECT iid, {last}
-            FROM fb_class WHERE verdict = 'valid' GROUP BY iid"""
+            """CREATE TABLE signals AS SELECT iid, signal, arg_max(value,
+                {'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}) AS value
+            FROM fb_class WHERE verdict = 'valid' GROUP BY iid, signal"""
         )
 
     def _one(self, query: str) -> tuple[int, ...]:
@@ -228,9 +234,7 @@ class HourJoin:
         verdicts = self._pairs("SELECT verdict, count(*) FROM fb_class GROUP BY 1")
         for name in ("feedback_invalid", "orphans", "before_served", "late", "unknown_signal"):
             counts[name] = verdicts.get(name, 0)
-        (counts["feedback_used"],) = self._one(
-            "SELECT " + " + ".join(f"count({name})" for name in SIGNALS) + " FROM signals"
-        )
+        (counts["feedback_used"],) = self._one("SELECT count(value) FROM signals")
         return counts
 
     def checkpoints(self) -> list[str | None]:
@@ -243,9 +247,13 @@ class HourJoin:
         """The rows to write, in input order: ``file``, ``row`` and every signal column,
         merged, in canonical types."""
         merged = ", ".join(_signal_expr(name) for name in SIGNALS)
+        pivot = ", ".join(
+            f"any_value(value) FILTER (WHERE signal = {_quote(name)}) AS {name}" for name in SIGNALS
+        )
         query = f"""
             SELECT k.file, k.row, {merged}
-            FROM kept k LEFT JOIN signals p USING (iid)
+            FROM kept k LEFT JOIN (SELECT iid, {pivot} FROM signals GROUP BY iid) p
+                USING (iid)
             WHERE k.dropped IS NULL ORDER BY k.pos"""
         reader: pa.RecordBatchReader = self.con.sql(query).to_arrow_reader(batch_size)
         return reader
