@@ -87,6 +87,8 @@ class HourJoin:
 
     def __init__(self, *, memory_limit: str, threads: int, spill: Path) -> None:
         spill.mkdir(parents=True, exist_ok=True)
+        self._counts: dict[str, int] = {}
+        self._checkpoints: list[str | None] = []
         self.con = duckdb.connect(
             ":memory:",
             config={
@@ -157,6 +159,7 @@ class HourJoin:
             QUALIFY row_number() OVER (PARTITION BY iid ORDER BY pos) = 1""",
             {"start": start, "end": start + 3_600_000_000},
         )
+        self._count_generations()
         source = self._files("fb_files", feedback)
         if feedback:
             sql(
@@ -198,6 +201,7 @@ class HourJoin:
             FROM fb f ANTI JOIN fb_dropped d USING (pos)
             LEFT JOIN kept k USING (iid) LEFT JOIN maturity m USING (signal)"""
         )
+        self._count_feedback()
         # one group per interaction and signal (one filtered aggregate per signal over
         # groups of interactions cost four times as much); :meth:`decisions` pivots them
         sql(
@@ -205,6 +209,7 @@ class HourJoin:
                 {'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}) AS value
             FROM fb_class WHERE verdict = 'valid' GROUP BY iid, signal"""
         )
+        self._count_verdicts()
 
     def _one(self, query: str) -> tuple[int, ...]:
         rows = self.con.execute(query).fetchall()  # fetched whole: the result is complete
@@ -213,9 +218,11 @@ class HourJoin:
     def _pairs(self, query: str) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.con.execute(query).fetchall()}
 
-    def counts(self) -> dict[str, int]:
-        """What the join counted (every name always present)."""
-        counts: dict[str, int] = {}
+    # Each table is counted, and dropped, as soon as the next is built from it: the join's
+    # memory then holds two of them at a time, not all, and spills less.
+
+    def _count_generations(self) -> None:
+        counts = self._counts
         generations, invalid = self._one(
             "SELECT count(*), count(*) FILTER (WHERE iid IS NULL OR created_us IS NULL) FROM gen"
         )
@@ -225,23 +232,36 @@ class HourJoin:
         counts["duplicates"] = generations - invalid - sum(kept.values())
         for name in ("outside_hour", "unverified", "engine_errors"):
             counts[name] = kept.get(name, 0)
+        rows = self.con.execute("SELECT DISTINCT checkpoint_id FROM gen").fetchall()
+        self._checkpoints = [row[0] for row in rows]
+        self.con.execute("DROP TABLE gen")
+
+    def _count_feedback(self) -> None:
+        counts = self._counts
         (counts["feedback_events"],) = self._one("SELECT count(*) FROM fb")
         (counts["feedback_duplicates"],) = self._one("SELECT count(*) FROM fb_dropped")
         (counts["feedback_conflicts"],) = self._one(
             "SELECT count(*) FROM (SELECT event_id FROM fb_dups GROUP BY event_id "
             "HAVING count(DISTINCT hash(iid, signal, value, observed_us)) > 1)"
         )
+        self.con.execute("DROP TABLE fb")
+
+    def _count_verdicts(self) -> None:
+        counts = self._counts
         verdicts = self._pairs("SELECT verdict, count(*) FROM fb_class GROUP BY 1")
         for name in ("feedback_invalid", "orphans", "before_served", "late", "unknown_signal"):
             counts[name] = verdicts.get(name, 0)
         (counts["feedback_used"],) = self._one("SELECT count(value) FROM signals")
-        return counts
+        self.con.execute("DROP TABLE fb_class")
+
+    def counts(self) -> dict[str, int]:
+        """What the join counted (every name always present)."""
+        return dict(self._counts)
 
     def checkpoints(self) -> list[str | None]:
         """The checkpoint ids of the hour's generation rows (the shard partitions the
         hour's files can be in)."""
-        rows = self.con.execute("SELECT DISTINCT checkpoint_id FROM gen").fetchall()
-        return [row[0] for row in rows]
+        return list(self._checkpoints)
 
     def decisions(self, batch_size: int) -> pa.RecordBatchReader:
         """The rows to write, in input order: ``file``, ``row`` and every signal column,
