@@ -101,7 +101,7 @@ ROOMS: dict[str, Room] = {
     "rtrl.settings": room(
         "the operator's settings, read once from the environment", "rtrl.core.api"
     ),
-    "rtrl.logs": room("JSON logs"),
+    "rtrl.logs": room("JSON logs", "rtrl.kopf_fixes"),
     "rtrl.kube": room(
         "the only code that talks to the Kubernetes API: observe, apply, cache, the round loop",
         "rtrl.metrics",
@@ -117,6 +117,10 @@ ROOMS: dict[str, Room] = {
         "rtrl.kube",
         "rtrl.core.api",
         "rtrl.settings",
+        "rtrl.kopf_fixes",
+    ),
+    "rtrl.kopf_fixes": room(
+        "what rtrl changes inside kopf (pinned), in one place, each change fingerprinted"
     ),
     "rtrl.abtable": room("the A/B table's cells: kubectl rtrl status, the demo, the report"),
     "rtrl.phasestyle": room("one colour per phase and decision, for every view"),

@@ -13,12 +13,11 @@ Run with ``rtrl operator``, which hands kopf this module's :data:`registry`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 import kopf
-from kopf._cogs.aiokits import aiotoggles  # kopf 1.45 (pinned): see _make_toggle
 
+from . import kopf_fixes
 from .core.api.names import FINALIZER, GROUP, LABEL_RLCYCLE, VERSION
 from .kube import reconcile, watch
 from .kube.apply import EVENTS
@@ -27,6 +26,7 @@ from .settings import Settings
 # rtrl's handlers live in their own registry, so that other kopf handlers imported into the
 # same process (a plugin, a test's operator) never run alongside them.
 registry = kopf.OperatorRegistry()
+kopf_fixes.install()  # what rtrl changes inside kopf 1.45 (pinned): see kopf_fixes.py
 CHILD = {LABEL_RLCYCLE: kopf.PRESENT}  # the operator's children carry their RLCycle's name
 
 
@@ -40,7 +40,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     wanted = Settings.from_environment()
     reconcile.start(wanted)
-    # No handler requires it any more (see _without_finalizer); named so that kopf removes
+    # No handler requires it any more (kopf_fixes.without_finalizer); named so kopf removes
     # it from RLCycles an earlier rtrl put it on.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -59,22 +59,6 @@ async def flush_events(**_: Any) -> None:
     await asyncio.to_thread(EVENTS.flush, 5.0)
 
 
-def _without_finalizer(handler_id: str) -> None:
-    """kopf puts a finalizer on every object that has a daemon, so that it can stop the
-    daemon before the object goes. rtrl's reconciler needs none: it ends by itself once its
-    RLCycle is gone, and the API server's garbage collector removes the children (owned
-    through ownerReferences). A finalizer would only make every RLCycle undeletable, and
-    its CRD too, whenever no operator runs, as after ``helm uninstall``. Objects that
-    still carry it from an earlier rtrl lose it: kopf removes a finalizer that no handler
-    requires."""
-    spawning = registry._spawning  # kopf 1.45 (pinned) keeps the daemons here
-    for index, handler in enumerate(spawning._handlers):
-        if handler.id == handler_id:
-            spawning._handlers[index] = dataclasses.replace(handler, requires_finalizer=False)
-            return
-    raise RuntimeError(f"kopf registered no daemon {handler_id!r}")
-
-
 @kopf.daemon(GROUP, VERSION, "rlcycles", cancellation_timeout=10, registry=registry)
 async def reconciler(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
@@ -83,43 +67,7 @@ async def reconciler(
     await reconcile.run(namespace, name, stopped)
 
 
-_without_finalizer("reconciler")  # kopf names a handler after its function
-
-
-# kopf holds every object's first event until the index handlers have seen the whole initial
-# listing: each listed object gets a toggle in one ToggleSet, dropped once indexed, and each
-# object's worker then waits on the set's condition. kopf notifies every waiter at each toggle
-# made or dropped, and each re-evaluates the set: quadratic in the objects listed (1,000
-# RLCycles and 10,000 Checkpoints: over 10 minutes before the first round, bench/scale.py).
-# Adding or dropping a toggle changes no toggle's own state, at most the set's: so notify
-# only when the set's state changed (kopf 1.45, pinned; tests/rtrl/test_handlers.py).
-async def _make_toggle(
-    self: aiotoggles.ToggleSet, __val: bool = False, *, name: str | None = None
-) -> aiotoggles.Toggle:
-    toggle = aiotoggles.Toggle(__val, name=name, condition=self._condition)
-    async with self._condition:
-        before = self.is_on()
-        self._toggles.add(toggle)
-        if self.is_on() != before:
-            self._condition.notify_all()
-    return toggle
-
-
-async def _drop_toggles(self: aiotoggles.ToggleSet, toggles: Any) -> None:
-    async with self._condition:
-        before = self.is_on()
-        self._toggles.difference_update(toggles)
-        if self.is_on() != before:
-            self._condition.notify_all()
-
-
-async def _drop_toggle(self: aiotoggles.ToggleSet, toggle: aiotoggles.Toggle) -> None:
-    await _drop_toggles(self, (toggle,))
-
-
-aiotoggles.ToggleSet.make_toggle = _make_toggle  # type: ignore[method-assign]
-aiotoggles.ToggleSet.drop_toggle = _drop_toggle  # type: ignore[method-assign]
-aiotoggles.ToggleSet.drop_toggles = _drop_toggles  # type: ignore[method-assign]
+kopf_fixes.without_finalizer(registry, "reconciler")  # kopf names it after its function
 
 
 # --- the watch cache's feed: one index per cached kind -------------------------------------

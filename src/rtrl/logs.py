@@ -24,12 +24,11 @@ KINDS = {"RLCycle": "rlcycle", "Checkpoint": "checkpoint"}
 
 
 def _from_kopf_cause() -> dict[str, str]:
-    try:  # kopf's context of the running handler; private, so guarded
-        from kopf._core.actions.execution import cause_var
-    except ImportError:  # pragma: no cover - kopf not installed or moved
+    try:  # the operator's image only: the steps' images have no kopf
+        from rtrl.kopf_fixes import handler_body
+    except ImportError:  # pragma: no cover - kopf not installed
         return {}
-    cause = cause_var.get(None)
-    body = getattr(cause, "body", None)
+    body = handler_body()
     if not body:
         return {}
     meta = body.get("metadata") or {}

@@ -236,25 +236,7 @@ class Kubelet:
         return str(answer["status"]["token"])
 
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
-        """Send one status report, retrying what a busy or restarting API server answers
-        (a timeout, a refused connection, 429, 5xx) until it lands or the kubelet stops, as
-        a kubelet's status manager does: a report lost this way could be the last one a pod
-        gets (its containers all running, the pod never Ready). A 404 means the pod was
-        deleted meanwhile; another refusal of the report is not retried."""
-        meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        for delay in itertools.chain((0.1, 0.2, 0.5, 1.0), itertools.repeat(2.0)):
-            try:
-                self.cp.request("PATCH", path, {"status": status},
-                                content_type="application/merge-patch+json")  # fmt: skip
-                return
-            except urllib.error.HTTPError as exc:
-                if exc.code != 429 and exc.code < 500:
-                    return
-            except (urllib.error.URLError, OSError, http.client.HTTPException):
-                pass
-            if self._stop.wait(delay):
-                return
+        node_api.patch_pod_status(self.cp, pod, status, self._stop)
 
     def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:

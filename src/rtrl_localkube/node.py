@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import http.client
+import itertools
 import os
 import threading
 import urllib.error
@@ -125,3 +127,26 @@ def heartbeat(cp: ControlPlane, node: str, stop: threading.Event) -> None:
             stop.wait(0.5)
             continue
         stop.wait(RENEW_SECONDS)
+
+
+def patch_pod_status(
+    cp: ControlPlane, pod: dict[str, Any], status: dict[str, Any], stop: threading.Event
+) -> None:
+    """Send one pod status report, as a kubelet's status manager does: a timeout, a refused
+    connection, 429 or 5xx is sent again until it lands or ``stop`` is set (a report lost
+    there may be the pod's last: all its containers running, the pod never Ready). A 404
+    (the pod deleted meanwhile) or another refusal ends it."""
+    meta = pod["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+    for delay in itertools.chain((0.1, 0.2, 0.5, 1.0), itertools.repeat(2.0)):
+        try:
+            cp.request("PATCH", path, {"status": status},
+                       content_type="application/merge-patch+json")  # fmt: skip
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 429 and exc.code < 500:
+                return
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            pass
+        if stop.wait(delay):
+            return

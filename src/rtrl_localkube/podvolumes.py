@@ -4,9 +4,11 @@ pod spec maps onto it): each volume is a local directory, written as the kubelet
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,25 @@ def in_cluster_kubeconfig(api_server: str, mounts: list[tuple[str, str]]) -> Pat
         })
     )  # fmt: skip
     return config
+
+
+def put(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write one file of a volume whole, as the kubelet swaps a volume's files in at once: the
+    containers of one pod start on threads of their own and each writes the pod's volumes, so
+    a file written in place could be read half-written, or gone (unlinked by another container
+    just as this one set its mode: a pod never Ready in CI). A read-only copy left by a
+    restarted container is replaced, not opened."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass
@@ -108,11 +129,8 @@ class PodSources:
                 if optional:
                     continue
                 raise SetupError(f"key {item['key']!r} not found")
-            path = target / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)  # a restarted container's copy may be read-only
-            path.write_text(data[item["key"]])
-            path.chmod(item.get("mode", mode if mode is not None else 0o644))
+            put(target / item["path"], data[item["key"]],
+                item.get("mode", mode if mode is not None else 0o644))  # fmt: skip
 
     def _keyed_volume(
         self,
@@ -138,9 +156,7 @@ class PodSources:
         for item in source.get("items") or []:
             if "fieldRef" not in item:
                 raise SetupError(f"downwardAPI item {item.get('path')!r}: only fieldRef")
-            path = target / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.field(pod, item["fieldRef"]["fieldPath"]))
+            put(target / item["path"], self.field(pod, item["fieldRef"]["fieldPath"]))
 
     def _projected_volume(
         self, pod: dict[str, Any], source: Mapping[str, Any], target: Path
@@ -158,9 +174,7 @@ class PodSources:
                     raise SetupError("serviceAccountToken volumes need the TokenRequest API")
                 spec = part["serviceAccountToken"]
                 token = self.token(pod, spec.get("audience"), spec.get("expirationSeconds", 3607))
-                path = target / spec["path"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(token)
+                put(target / spec["path"], token, mode if mode is not None else 0o644)
             else:
                 raise SetupError(f"projected source {sorted(part)} is not supported")
 

@@ -50,16 +50,7 @@ def test_a_retried_train_then_eval_rejected(
     assert {("POST", "jobs"), ("PATCH", "checkpoints"), ("PATCH", "rlcycles")} <= killed(sweep)
 
 
-@pytest.mark.parametrize(
-    "how",
-    [
-        "fails-twice",
-        pytest.param("no-result", marks=pytest.mark.xfail(strict=False, reason=(
-            "open: once in CI a restarted operator's RLCycle watch failed on invalid UTF-8 "
-            "read through the kill proxy (kopf: 'utf-8' codec can't decode byte 0xec), and the "
-            "settle timed out; the invariants held"))),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("how", ["fails-twice", "no-result"])
 def test_a_step_that_fails_the_cycle(
     sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path, how: str
 ) -> None:

@@ -198,6 +198,13 @@ def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     return str(last["decision"]), one_line(last.get("reason"))
 
 
+def step_number(record: dict[str, Any], position: int) -> str:
+    """The step of spec.rollout.steps a record ran, from 1 (steps edited mid-canary restart
+    at 1); a record of an older rtrl has only its position."""
+    step = record.get("step")
+    return str(int(step) + 1) if step is not None else str(position)
+
+
 def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> list[str]:
     records = status(ck).get("rollout") or []
     if not records:
@@ -207,7 +214,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
         ended = stamp(r.get("endedAt")) if r.get("endedAt") else "running"
         rows.append(
             [
-                str(i),
+                step_number(r, i),
                 f"{r.get('weight', 0)}%",
                 stamp(r.get("startedAt")),
                 ended,
@@ -224,7 +231,9 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
             continue
         out.append("")
         decision = text(r.get("decision"))
-        out.append(f"    Step {i} ({r.get('weight', 0)}%): {paint(decision, decision)}")
+        out.append(
+            f"    Step {step_number(r, i)} ({r.get('weight', 0)}%): {paint(decision, decision)}"
+        )
         if r.get("reason"):
             out.append(f"      Reason: {one_line(r.get('reason'))}")
         metrics = r.get("metrics") or []

@@ -257,8 +257,11 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
         # children (owned by it: garbage collection takes them anyway). Deleting the Jobs
         # first let an operator killed in between find the Checkpoint staging without a
         # Job, and run stage again (tests/e2e/test_crash_lifecycle.py).
-        # (with the trigger that started the cycle: the Checkpoint that records it goes)
+        # (with the trigger that started the cycle and its number: the Checkpoint that
+        # records them goes, and a status write of the round that created it may have been
+        # lost, so a restarted operator would count this cycle again)
         verdict = {
+            "cycle": r.status["cycle"],
             "candidate": None,
             "conditions": r.conditions.to_list(),
             "lastTrigger": r.status.get("lastTrigger"),

@@ -20,6 +20,7 @@ from typing import Any
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_APPROVE
 
+from .reading import step_index
 from .round import Round
 from .timeutil import iso
 
@@ -51,7 +52,7 @@ def gate_mode(r: Round, gate: str, next_index: int) -> tuple[str | None, int | N
 
 def wait(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], gate: str) -> None:
     """The current step waits at ``gate`` (step or promotion)."""
-    mode, weight = gate_mode(r, gate, len(records))
+    mode, weight = gate_mode(r, gate, step_index(records) + 1)
     hold(r, ck, records, gate=gate, mode=str(mode), weight=weight)
 
 
@@ -60,7 +61,7 @@ def passed(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> str |
     now, its record saying by what; None while it holds (held again)."""
     record = records[-1]
     gate = str(record.get("gate") or "step")
-    mode, weight = gate_mode(r, gate, len(records))
+    mode, weight = gate_mode(r, gate, step_index(records) + 1)
     by = release(r, mode) if mode else "the gate was removed from the spec"
     if by is None:
         hold(r, ck, records, gate=gate, mode=str(mode), weight=weight)

@@ -14,6 +14,13 @@ from .observed import JobState, Observed
 STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
 
 
+def step_index(records: list[dict[str, Any]]) -> int:
+    """The index in ``spec.rollout.steps`` the current canary record runs: its ``step``, or
+    for a record written before rtrl kept it, the number of records before it."""
+    step = records[-1].get("step")
+    return int(step) if step is not None else len(records) - 1
+
+
 def meta(obj: Any) -> dict[str, Any]:
     return dict(obj.get("metadata") or {})
 

@@ -33,8 +33,9 @@ from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
-from .reading import fresh, meta, step_jobs
+from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
+from .steps import new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
 
 
@@ -55,7 +56,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
         return roll_back(r, ck, records, str(records[-1].get("reason") or "rollback"))
     if not records:
         first = r.spec.rollout.steps[0]
-        records = [{"weight": first.weight, "startedAt": iso(r.now), "analyses": 0}]
+        records = [new_record(r, 0)]
         r.patch_checkpoint(
             ck,
             phase="Canary",
@@ -70,6 +71,10 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             name=name,
             notify=("CanaryStarted",),
         )
+    elif steps_changed(r, records):
+        full = restart_steps(r, ck, records)  # or why it cannot: the records are full
+        if full:
+            return decide(r, ck, records, "rollback", full)
     return run_step(r, ck, records)
 
 
@@ -149,10 +154,11 @@ class StableServiceMissingError(Exception):
 def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
     """The current step: the canary at its weight and ready, then its analyses in turn."""
     name = meta(ck)["name"]
-    index = len(records) - 1
+    index = step_index(records)
     steps = r.spec.rollout.steps
     step = steps[min(index, len(steps) - 1)]
     record = records[-1]
+    record.setdefault("stepsHash", steps_hash(r))  # a record of an older rtrl adopts them
     try:
         share = ensure_canary(r, ck, step.weight)
     except StableServiceMissingError as missing:
@@ -160,7 +166,11 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(r, ck, records, "rollback", reason)
     r.status["canaryWeight"] = round(share)
-    r.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
+    if record.get("restarted"):
+        text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
+        r.conditions.set("Progressing", True, "RolloutRestarted", text)
+    else:
+        r.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
     canary_start = parse_time(records[0].get("startedAt")) or r.now
     counted_from = parse_time(records[0].get("readyAt")) or canary_start
     if not cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None):
@@ -274,7 +284,7 @@ def judge(
             f"{name}: {decision}: {record['reason']}",
         )
     steps = r.spec.rollout.steps
-    index = len(records) - 1
+    index = step_index(records)
     step = steps[min(index, len(steps) - 1)]
     enough = min(record["baselineSamples"], record["canarySamples"]) >= step.min_samples
     if held:
@@ -293,8 +303,9 @@ def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> No
     """The current step ends; the next one starts (its record appended)."""
     name = meta(ck)["name"]
     records[-1]["endedAt"] = iso(r.now)
-    following = r.spec.rollout.steps[len(records)]
-    records.append({"weight": following.weight, "startedAt": iso(r.now), "analyses": 0})
+    index = step_index(records) + 1
+    following = r.spec.rollout.steps[index]
+    records.append(new_record(r, index))
     r.event(
         "CanaryStep",
         f"{name}: canary to {following.weight}%",

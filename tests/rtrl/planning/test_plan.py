@@ -338,9 +338,10 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     assert ck["status"]["eval"]["gates"][0]["metric"] == "tasks.pass_at_1"
     # eval passed: the canary comes up at the first step (5%) next to the 19 stable pods
     assert ck["status"]["phase"] == "Canary"
-    assert ck["status"]["rollout"] == [
-        {"weight": 5, "startedAt": "2026-11-29T00:00:00Z", "analyses": 0}
-    ]
+    (first,) = ck["status"]["rollout"]
+    assert first == {"weight": 5, "startedAt": "2026-11-29T00:00:00Z", "analyses": 0,
+                     "step": 0, "stepsHash": first["stepsHash"]}  # fmt: skip
+    assert len(first["stepsHash"]) == 16
     canary = world.deployments["composer-vllm-canary"]
     assert canary["spec"]["replicas"] == 1
     env = {
@@ -471,6 +472,24 @@ def test_insufficient_data_removes_the_attempt_and_retries_at_the_next_tick() ->
     world.finish("stage", result=STAGE_OK)
     world.reconcile()
     assert world.condition("InsufficientData")["status"] == "False"
+
+
+def test_a_cycle_removed_for_insufficient_data_keeps_its_number_when_a_write_was_lost() -> None:
+    """The status write of the round that created composer-1 was lost (the operator killed
+    after the Checkpoint's creation): only the Checkpoint knew it was cycle 1. The verdict
+    written before the Checkpoint is deleted must say so, or the restarted operator counted
+    cycle 1 again (tests/e2e/test_crash_lifecycle.py: status.cycle 2 for 3 cycles, in CI)."""
+    world = World()
+    world.reconcile()
+    world.rlcycle["status"]["cycle"] = 0  # the lost write
+    world.finish("stage", result={**STAGE_OK, "sufficient": False, "message": "12 rows"})
+    decided = plan(world.observed(), world.now)
+    verdict = next(a for a in decided.actions if isinstance(a, PatchStatus))
+    assert verdict.kind == "RLCycle" and verdict.status["cycle"] == 1
+    world.apply(decided.actions[: decided.actions.index(verdict) + 2])  # verdict, delete: killed
+    assert "composer-1" not in world.checkpoints
+    world.reconcile()
+    assert world.rlcycle["status"]["cycle"] == 1
 
 
 def test_a_failed_job_is_retried_with_backoff_then_fails_the_checkpoint() -> None:
@@ -1105,3 +1124,75 @@ def test_a_checkpoint_status_rtrl_never_writes_is_invalid_not_a_crash() -> None:
     ck["status"]["phase"] = "Promoted"  # a person sets what is true: the RLCycle recovers
     assert world.reconcile().status["phase"] == "Idle"
     assert "SpecValid" in world.reasons()
+
+
+EDITED_STEPS = [
+    {"weight": 10, "minDuration": "30m", "minSamples": 20000},
+    {"weight": 60, "minDuration": "1h", "minSamples": 50000},
+]
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_steps_edited_mid_canary_restart_the_canary_at_the_new_first_step(at: int) -> None:
+    """A GitOps commit edits spec.rollout.steps while the canary is at step ``at``. The step
+    was the number of records, so the canary at 5% (step 0 of 3) jumped to the new list's
+    weight at that index with no Event, and its record still said 5%. Now, as Argo Rollouts
+    does on a new step hash, the steps restart at the new first step, the ended step says
+    why, and an Event and the Progressing condition say what happened."""
+    world = World()
+    to_canary(world)
+    for _ in range(at):  # each analysis moves the canary one step (minSamples met)
+        world.now += timedelta(hours=1)
+        world.reconcile()
+        world.finish(f"analyze-{len(world.analyses)}", result=analysis("continue"))
+        world.analyses.append("continue")
+        world.reconcile()
+        world.settle()
+        world.reconcile()
+    before = world.checkpoint("composer-1")["status"]["rollout"]
+    assert [r["weight"] for r in before] == [5, 25, 50][: at + 1]
+    world.rlcycle["spec"]["rollout"]["steps"] = copy.deepcopy(EDITED_STEPS)
+    world.rlcycle["metadata"]["generation"] += 1
+    world.now += timedelta(minutes=1)
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    records = world.checkpoint("composer-1")["status"]["rollout"]
+    assert [r["weight"] for r in records] == [*[5, 25, 50][: at + 1], 10]
+    assert records[-1]["step"] == 0 and records[-1]["stepsHash"] != records[-2]["stepsHash"]
+    assert "spec.rollout.steps changed" in records[-2]["reason"] and records[-2]["endedAt"]
+    assert world.rlcycle["status"]["canaryWeight"] == 10
+    assert world.deployments["composer-vllm-canary"]["spec"]["replicas"] == 2  # 2/21: 10%
+    restarted = [e for e in world.events if e.reason == "RolloutRestarted"]
+    assert len(restarted) == 1 and f"{[5, 25, 50][at]}%" in restarted[0].message
+    assert "restarts at step 1 (10%)" in restarted[0].message
+    CheckpointStatus.model_validate(world.checkpoint("composer-1")["status"])
+    # the new steps run to the end: 10% then 60%, then the promotion
+    world.now += timedelta(hours=1)
+    world.reconcile()
+    world.finish(f"analyze-{len(world.analyses)}", result=analysis("continue"))
+    world.analyses.append("continue")
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    records = world.checkpoint("composer-1")["status"]["rollout"]
+    assert [r["weight"] for r in records][-2:] == [10, 60] and records[-1]["step"] == 1
+    assert len([e for e in world.events if e.reason == "RolloutRestarted"]) == 1
+
+
+def test_steps_edited_when_the_record_is_full_roll_the_canary_back() -> None:
+    """Checkpoint.status.rollout holds 64 entries: a restart that needs one more rolls back,
+    saying why, instead of a status write the API server would refuse in every round."""
+    world = World()
+    to_canary(world)
+    ck = world.checkpoint("composer-1")
+    first = ck["status"]["rollout"][0]
+    ck["status"]["rollout"] = [{**first, "endedAt": first["startedAt"]}] * 62 + [first]
+    world.rlcycle["spec"]["rollout"]["steps"] = copy.deepcopy(EDITED_STEPS)
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+    status = world.checkpoint("composer-1")["status"]
+    assert status["phase"] == "RolledBack" and len(status["rollout"]) == 63
+    assert "spec.rollout.steps changed again with 63 canary steps" in status["message"]
+    CheckpointStatus.model_validate(status)

@@ -235,6 +235,21 @@ class RolloutRecord(ApiModel):
         max_length=1024,
         description="What released that gate: rtrl.io/approve=<token> or the confirm webhook.",
     )
+    step: Count | None = Field(
+        None, description="The index in spec.rollout.steps this record runs (0: the first)."
+    )
+    steps_hash: str | None = Field(
+        None,
+        max_length=64,
+        description="A hash of spec.rollout.steps when the step started: an edit of the steps "
+        "mid-canary restarts them at the first step.",
+    )
+    restarted: str | None = Field(
+        None,
+        max_length=1024,
+        description="Set on the first step of restarted steps: what changed, and where the "
+        "canary stood.",
+    )
 
 
 class CheckpointStatus(ApiModel):

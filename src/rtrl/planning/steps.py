@@ -1,0 +1,61 @@
+"""The canary's steps: which entry of ``spec.rollout.steps`` a rollout record runs, and what
+happens when the steps are edited while a canary runs (a GitOps commit): each record holds
+its step's index and a hash of the steps, and a new hash restarts them at the first step,
+as Argo Rollouts does (docs/canary.md, "Steps and analyses")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .reading import meta, step_index
+from .round import Round
+from .timeutil import iso
+
+# Checkpoint.status.rollout holds at most 64 records (the CRD): a restart needs one more.
+MAX_RECORDS = 63
+
+
+def steps_hash(r: Round) -> str:
+    """What the running canary's steps were, as a hash stored in each record."""
+    steps = [s.model_dump(mode="json", by_alias=True) for s in r.spec.rollout.steps]
+    return hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def new_record(r: Round, index: int, **extra: Any) -> dict[str, Any]:
+    """The record of step ``index`` of the current ``spec.rollout.steps``, starting now."""
+    weight = r.spec.rollout.steps[index].weight
+    return {"weight": weight, "startedAt": iso(r.now), "analyses": 0, "step": index,
+            "stepsHash": steps_hash(r), **extra}  # fmt: skip
+
+
+def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
+    """The steps were edited since the current step started (a record of an older rtrl,
+    without a hash, is taken as unchanged)."""
+    recorded = records[-1].get("stepsHash")
+    return recorded is not None and recorded != steps_hash(r)
+
+
+def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """As Argo Rollouts does on a new step hash: the steps start again at the first one.
+    The candidate is the same, so what the analysis has counted stays valid; only the
+    canary's share goes back to the new first step's. Returns "" once restarted, or why
+    the canary cannot be (its record holds no more steps): the caller rolls it back."""
+    if len(records) >= MAX_RECORDS:
+        return (f"spec.rollout.steps changed again with {len(records)} canary steps "
+                "recorded, the most a Checkpoint holds")  # fmt: skip
+    name, ended = meta(ck)["name"], records[-1]
+    where = f"{ended['weight']}% (step {step_index(records) + 1})"
+    first = r.spec.rollout.steps[0]
+    what = f"spec.rollout.steps changed at {where}"
+    ended.update(endedAt=iso(r.now), reason=what[:32768])
+    records.append(new_record(r, 0, restarted=what))
+    r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    r.event(
+        "RolloutRestarted",
+        f"{name}: {what}: the canary restarts at step 1 ({first.weight}%)",
+        kind="Checkpoint",
+        name=name,
+    )
+    return ""
