@@ -134,7 +134,7 @@ class HourJoin:
         if generations:
             sql(
                 f"""CREATE TABLE gen AS
-                SELECT f.idx AS file, g.file_row_number AS row, {pos} AS pos,
+                SELECT {pos} AS pos,
                        TRY_CAST(g.interaction_id AS UUID) AS iid,
                        epoch_us(g.created_at) AS created_us,
                        g.checkpoint_id, g.checkpoint_verified, g.status{captured}
@@ -144,13 +144,16 @@ class HourJoin:
             columns = "".join(
                 f", {name} {_SQL_TYPES[INTERACTION_SCHEMA.field(name).type]}" for name in CAPTURED
             )
-            sql(f"""CREATE TABLE gen(file INTEGER, row BIGINT, pos BIGINT, iid UUID,
+            sql(f"""CREATE TABLE gen(pos BIGINT, iid UUID,
                 created_us BIGINT, checkpoint_id VARCHAR, checkpoint_verified BOOLEAN,
                 status INTEGER{columns})""")  # fmt: skip
         start = _us(hour)
+        # only the columns read after it (file and row are in pos): less to hold, and to
+        # spill beyond the memory limit, in the table that lives to the end
+        captured = "".join(f", {name}" for name in CAPTURED)
         sql(
-            """CREATE TABLE kept AS
-            SELECT *, CASE
+            f"""CREATE TABLE kept AS
+            SELECT pos, iid, created_us{captured}, CASE
                 WHEN created_us < $start OR created_us >= $end THEN 'outside_hour'
                 WHEN NOT coalesce(checkpoint_verified, false) THEN 'unverified'
                 WHEN status IS NULL OR status NOT BETWEEN 200 AND 299 THEN 'engine_errors'
@@ -271,7 +274,8 @@ class HourJoin:
             f"any_value(value) FILTER (WHERE signal = {_quote(name)}) AS {name}" for name in SIGNALS
         )
         query = f"""
-            SELECT k.file, k.row, {merged}
+            SELECT CAST(k.pos // {POS_SHIFT} AS INTEGER) AS file, k.pos % {POS_SHIFT} AS row,
+                   {merged}
             FROM kept k LEFT JOIN (SELECT iid, {pivot} FROM signals GROUP BY iid) p
                 USING (iid)
             WHERE k.dropped IS NULL ORDER BY k.pos"""
