@@ -1,30 +1,40 @@
 """What the capture proxy costs: latency added (p50, p99) and throughput lost against the same
 vLLM called directly, at 16 and 64 concurrent streams, side by side in one run.
 
-Three paths serve the same requests (streamed chat completions of ``--tokens`` tokens each,
-``ignore_eos`` so every one has that length): the engine directly (``direct``), the engine
-directly with what the proxy adds to each request (``direct+fields``: log-probs and token ids,
-the engine's share of the cost of capture), and the proxy (``proxy``). They take turns, round
-after round, so that drift in the machine's load hits all alike; per concurrency level it
-reports each path's latency per request (request sent to last byte received) at p50 and p99
-and its tokens per second, as medians over the rounds, and each path's added latency and
-throughput ratio against ``direct`` within the same round (medians, with the range of the
-throughput ratio), the proxy alone against ``direct+fields``, and the proxy's own CPU per
-request. The proxy runs as the real ``rtrl-capture`` console script, spooling to local disk
-with its default commit window and shipping to a ``file://`` events store, as in a pod; its
-events are counted at the end.
+Paths (streamed chat completions of ``--tokens`` tokens each, ``ignore_eos`` so every one has
+that length), all served by one engine started once: the engine directly (``direct``); the
+engine directly with what the proxy adds to each request, in part (``direct+logprobs``,
+``direct+token_ids``) and whole (``direct+fields``): the engine's share of the cost of
+capture; and the proxy (``proxy``). The fields are taken from the proxy's own rewrite
+(:func:`rtrl_serving.capture.rewrite.rewrite`), so the bench follows what the proxy asks.
+
+Placements (``--placements``): ``pinned`` is a pod's layout: the engine (every thread of its
+process tree) on one CPU set in every path, the proxy and the load generator on the other
+CPUs (a sidecar with a CPU request of its own); ``shared`` puts all three on every CPU, so
+that the proxy's CPU is taken from the engine. The placements and paths take turns, round
+after round, so that drift in the machine's load hits all alike. Per level, placement and
+path it reports latency per request (sent to last byte received) at p50 and p99, tokens per
+second, and the CPU milliseconds per request of the engine, the proxy and the load
+generator, as medians over the rounds; ratios against ``direct`` (and the proxy against
+``direct+fields``) are taken within each round (medians, with the range). The proxy runs as
+the real ``rtrl-capture`` console script, spooling to local disk with its default commit
+window and shipping to a ``file://`` events store, as in a pod; its events are counted at
+the end against the requests it served.
 
 Goal (issue 30): <= 2 ms added at p50, <= 5% throughput lost.
 
-    .venv/bin/python bench/capture.py --engine http://127.0.0.1:8000 [--levels 16,64]
-        [--rounds 3] [--tokens 32] [--json]
-    .venv/bin/python bench/capture.py --start-engine   # rtrl_localkube's tiny model on vLLM
+    .venv/bin/python bench/capture.py --start-engine [--levels 16,64] [--rounds 5]
+        [--tokens 32] [--placements pinned,shared] [--engine-cpus 0] [--json]
+    .venv/bin/python bench/capture.py --engine http://127.0.0.1:8000 --engine-pid PID ...
+    .venv/bin/python bench/capture.py --start-engine --profile proxy.prof --paths proxy
+        # the proxy under cProfile (slower: for where its time goes, not for figures)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +54,7 @@ import pyarrow.parquet as pq
 
 from rtrl_localkube import tinymodel
 from rtrl_localkube.engine import Engine, EngineSpec
+from rtrl_serving.capture.rewrite import ENDPOINTS, rewrite
 
 BIN = Path(sys.executable).parent
 
@@ -79,13 +91,33 @@ def start_engine(workdir: Path) -> tuple[str, str, Engine]:
     return engine.root_url, str(model), engine
 
 
-def start_proxy(engine: str, model: str, workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+# The proxy's script under cProfile timed by its event loop thread's CPU time, not the wall
+# clock: on a loaded machine wall time charges preemption to whatever function was running.
+PROFILED = """
+import cProfile, runpy, sys, time
+out, sys.argv = sys.argv[1], sys.argv[2:]
+profile = cProfile.Profile(time.thread_time)
+try:
+    profile.runcall(runpy.run_path, sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    profile.dump_stats(out)
+"""
+
+
+def start_proxy(
+    engine: str, model: str, workdir: Path, profile: Path | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """The real ``rtrl-capture`` (under cProfile, writing ``profile`` at exit, if given)."""
     port = _free_port()
     argv = [
         str(BIN / "rtrl-capture"), "--listen", f"127.0.0.1:{port}", "--engine", engine,
         "--events", f"file://{workdir}/events/", "--spool", str(workdir / "spool"),
         "--segment-age-s", "5",
     ]  # fmt: skip
+    if profile is not None:
+        argv = [sys.executable, "-c", PROFILED, str(profile), *argv]
     env = {
         **os.environ,
         "RTRL_MODEL_URI": model,
@@ -100,9 +132,91 @@ def start_proxy(engine: str, model: str, workdir: Path) -> tuple[str, subprocess
     return url, proc
 
 
-PATHS = ("direct", "direct+fields", "proxy")
-# what the proxy asks the engine for on the client's behalf (chat): the engine-side cost
-FIELDS = {"logprobs": True, "return_token_ids": True}
+def _added_fields() -> dict[str, Any]:
+    """What the proxy adds to a plain streamed chat request, from its own rewrite."""
+    plain = {"model": "tiny", "stream": True}
+    rw = rewrite(ENDPOINTS["/v1/chat/completions"], json.dumps(plain).encode())
+    return {k: v for k, v in json.loads(rw.body).items() if k not in plain}
+
+
+FIELDS = _added_fields()
+# name: (through the proxy, the fields the client adds)
+PATHS: dict[str, tuple[bool, dict[str, Any]]] = {
+    "direct": (False, {}),
+    "direct+logprobs": (False, {k: v for k, v in FIELDS.items() if k == "logprobs"}),
+    "direct+token_ids": (False, {k: v for k, v in FIELDS.items() if k == "return_token_ids"}),
+    "direct+fields": (False, FIELDS),
+    "proxy": (True, {}),
+}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the engine runs, and where the proxy and the load generator run."""
+
+    name: str
+    engine: frozenset[int]
+    sidecar: frozenset[int]
+
+
+def placements(names: list[str], engine_cpus: str | None) -> list[Placement]:
+    every = frozenset(os.sched_getaffinity(0))
+    if engine_cpus:
+        engine = frozenset(int(c) for c in engine_cpus.split(","))
+    else:
+        engine = frozenset(sorted(every)[:-1])
+    out = []
+    for name in names:
+        if name == "shared":
+            out.append(Placement(name, every, every))
+        elif name == "pinned":
+            sidecar = every - engine
+            if not engine or not sidecar or not engine <= every:
+                raise SystemExit(
+                    f"--engine-cpus {sorted(engine)}: must leave one of {sorted(every)}"
+                )
+            out.append(Placement(name, engine, sidecar))
+        else:
+            raise SystemExit(f"--placements: {name!r} is neither pinned nor shared")
+    return out
+
+
+ENGINE_CORE = "VLLM::"  # the name vLLM gives its engine core's and workers' processes
+
+
+class Tree:
+    """A process and (with ``descendants``) its descendants: pinned to CPUs together, their
+    CPU time summed."""
+
+    def __init__(self, pid: int, *, descendants: bool = True) -> None:
+        self.root = psutil.Process(pid)
+        self.descendants = descendants
+        self.procs: dict[int, psutil.Process] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        children = self.root.children(recursive=True) if self.descendants else []
+        for proc in [self.root, *children]:
+            self.procs.setdefault(proc.pid, proc)
+
+    def pin(self, cpus: frozenset[int]) -> None:
+        """Every thread of every process (a thread started later inherits its creator's)."""
+        self.refresh()
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(psutil.Error):
+                for thread in proc.threads():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.sched_setaffinity(thread.id, cpus)
+
+    def cpu(self, prefix: str = "") -> float:
+        """CPU seconds of the processes whose name starts with ``prefix``."""
+        total = 0.0
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(psutil.Error):
+                if proc.name().startswith(prefix):
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+        return total
 
 
 # No per-request seed: vLLM 0.32 on CPU kills its engine core when a seeded request's step is
@@ -148,116 +262,186 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass
+class Processes:
+    engine: Tree
+    proxy: Tree
+    client: Tree  # this process alone (the proxy is its child): the load generator
+
+    def place(self, placement: Placement) -> None:
+        self.engine.pin(placement.engine)
+        self.proxy.pin(placement.sidecar)
+        self.client.pin(placement.sidecar)
+
+    def cpu(self) -> tuple[float, float, float, float]:
+        """CPU seconds: the engine, of which its core (vLLM's ``VLLM::EngineCore`` and
+        ``VLLM::Worker`` processes: scheduling, the forward pass, sampling; the rest is its
+        API server: requests, detokenizing, building and writing responses), the proxy, the
+        load generator."""
+        engine = self.engine.cpu()
+        return engine, self.engine.cpu(ENGINE_CORE), self.proxy.cpu(), self.client.cpu()
+
+
+def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict[str, Any]:
+    pairs = list(zip(base, other, strict=True))
+    tps = [b["tps"] / a["tps"] for a, b in pairs]
+    return {
+        "added_p50_ms": statistics.median(b["p50"] - a["p50"] for a, b in pairs),
+        "added_p99_ms": statistics.median(b["p99"] - a["p99"] for a, b in pairs),
+        "throughput_ratio": statistics.median(tps),
+        "throughput_ratio_range": [min(tps), max(tps)],
+    }
+
+
 def measure(
-    engine: str, proxy: str, proxy_proc: psutil.Process, levels: list[int], *, rounds: int,
-    tokens: int,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Per level: ``rounds`` rounds of each path in turn; each round's p50, p99 and tokens/s,
-    and the proxy's ratios to direct within each round, reported as medians over rounds (on
-    a shared machine one round's noise would swamp a pooled figure)."""
-    bases = {"direct": (engine, {}), "direct+fields": (engine, FIELDS), "proxy": (proxy, {})}
+    engine: str, proxy: str, procs: Processes, levels: list[int], *,
+    where: list[Placement], paths: list[str], rounds: int, tokens: int, per_stream: int,
+) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """Per level: ``rounds`` rounds of every placement and path in turn; the rows, and how
+    many requests the proxy served."""
     results = []
     number = 0
+    proxied = 0
     for concurrency in levels:
-        requests = concurrency * 2
-        for base, extra in bases.values():  # warm-up
-            asyncio.run(_round(base, concurrency, concurrency, tokens, first=10**6, extra=extra))
-        per_round: dict[str, list[dict[str, float]]] = {p: [] for p in PATHS}
-        cpu = 0.0
+        requests = concurrency * per_stream
+        for placement in where:  # warm-up, and the placement's threads settled
+            procs.place(placement)
+            for name in paths:
+                via_proxy, extra = PATHS[name]
+                base = proxy if via_proxy else engine
+                asyncio.run(_round(base, concurrency, concurrency, tokens, first=10**6,
+                                   extra=extra))  # fmt: skip
+                proxied += concurrency if via_proxy else 0
+        per_round = {(p.name, n): [] for p in where for n in paths}  # type: ignore[var-annotated]
+        loads = []
         for _ in range(rounds):
-            for name in PATHS:
-                base, extra = bases[name]
-                before = sum(proxy_proc.cpu_times()[:2])
-                lat, wall = asyncio.run(
-                    _round(base, concurrency, requests, tokens, first=number, extra=extra)
-                )
-                if name == "proxy":
-                    cpu += sum(proxy_proc.cpu_times()[:2]) - before
-                number += requests
-                per_round[name].append({
-                    "p50": 1000 * statistics.median(lat), "p99": 1000 * _pct(lat, 0.99),
-                    "tps": requests * tokens / wall,
-                })  # fmt: skip
-        row: dict[str, Any] = {"concurrency": concurrency, "rounds": rounds,
-                               "requests_per_round": requests, "tokens": tokens}  # fmt: skip
-        for name in PATHS:
-            row[name] = {k: statistics.median(r[k] for r in per_round[name])
-                         for k in ("p50", "p99", "tps")}  # fmt: skip
-        for name in ("direct+fields", "proxy"):
-            pairs = list(zip(per_round["direct"], per_round[name], strict=True))
-            row[f"{name} vs direct"] = {
-                "added_p50_ms": statistics.median(b["p50"] - a["p50"] for a, b in pairs),
-                "added_p99_ms": statistics.median(b["p99"] - a["p99"] for a, b in pairs),
-                "p50_ratio": statistics.median(b["p50"] / a["p50"] for a, b in pairs),
-                "throughput_ratio": statistics.median(b["tps"] / a["tps"] for a, b in pairs),
-                "throughput_ratio_range": [min(b["tps"] / a["tps"] for a, b in pairs),
-                                           max(b["tps"] / a["tps"] for a, b in pairs)],
+            for placement in where:
+                procs.place(placement)
+                for name in paths:
+                    via_proxy, extra = PATHS[name]
+                    base = proxy if via_proxy else engine
+                    before = procs.cpu()
+                    lat, wall = asyncio.run(
+                        _round(base, concurrency, requests, tokens, first=number, extra=extra)
+                    )
+                    after = procs.cpu()
+                    number += requests
+                    proxied += requests if via_proxy else 0
+                    cpu = [1000 * (b - a) / requests for a, b in zip(before, after, strict=True)]
+                    per_round[placement.name, name].append({
+                        "p50": 1000 * statistics.median(lat), "p99": 1000 * _pct(lat, 0.99),
+                        "tps": requests * tokens / wall, "engine_cpu_ms": cpu[0],
+                        "engine_core_cpu_ms": cpu[1], "proxy_cpu_ms": cpu[2],
+                        "client_cpu_ms": cpu[3],
+                    })  # fmt: skip
+            loads.append(os.getloadavg()[0])
+        for placement in where:
+            row: dict[str, Any] = {
+                "placement": placement.name, "engine_cpus": sorted(placement.engine),
+                "sidecar_cpus": sorted(placement.sidecar), "concurrency": concurrency,
+                "rounds": rounds, "requests_per_round": requests, "tokens": tokens,
+                "loadavg_1m": [min(loads), statistics.median(loads), max(loads)],
             }  # fmt: skip
-        pairs = list(zip(per_round["direct+fields"], per_round["proxy"], strict=True))
-        row["proxy vs direct+fields"] = {
-            "added_p50_ms": statistics.median(b["p50"] - a["p50"] for a, b in pairs),
-            "throughput_ratio": statistics.median(b["tps"] / a["tps"] for a, b in pairs),
-        }
-        row["proxy_cpu_ms_per_request"] = 1000 * cpu / (rounds * requests)
-        results.append(row)
-        print(json.dumps(row), file=sys.stderr)
-    return results
+            runs = {n: per_round[placement.name, n] for n in paths}
+            for name in paths:
+                row[name] = {k: statistics.median(r[k] for r in runs[name]) for k in runs[name][0]}
+                if name != "direct" and "direct" in runs:
+                    row[name]["vs direct"] = _ratios(runs["direct"], runs[name])
+            if "proxy" in runs and "direct+fields" in runs:
+                row["proxy vs direct+fields"] = _ratios(runs["direct+fields"], runs["proxy"])
+            results.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return results, proxied
+
+
+def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
+    print(f"{'placement':>9} {'streams':>7} {'path':>16} {'p50':>9} {'p99':>9} {'tok/s':>6} "
+          f"{'+p50':>8} {'+p99':>8} {'tok/s ratio':>17} {'engine':>7} {'(core)':>6} "
+          f"{'proxy':>6} {'client':>6}  (CPU ms per request)")  # fmt: skip
+    for r in rows:
+        for name in paths:
+            m = r[name]
+            vs = m.get("vs direct")
+            extra = (f"{vs['added_p50_ms']:>+7.1f} {vs['added_p99_ms']:>+7.1f}  "
+                     f"{vs['throughput_ratio']:.3f} ({vs['throughput_ratio_range'][0]:.2f}-"
+                     f"{vs['throughput_ratio_range'][1]:.2f})") if vs else " " * 35  # fmt: skip
+            print(f"{r['placement']:>9} {r['concurrency']:>7} {name:>16} {m['p50']:>7.1f}ms "
+                  f"{m['p99']:>7.1f}ms {m['tps']:>6.0f} {extra} {m['engine_cpu_ms']:>7.2f} "
+                  f"{m['engine_core_cpu_ms']:>6.2f} {m['proxy_cpu_ms']:>6.2f} "
+                  f"{m['client_cpu_ms']:>6.2f}")  # fmt: skip
+        own = r.get("proxy vs direct+fields")
+        if own:
+            print(f"{'':>17} the proxy itself (vs direct+fields): {own['added_p50_ms']:+.1f} ms "
+                  f"at p50, throughput x{own['throughput_ratio']:.3f} "
+                  f"({own['throughput_ratio_range'][0]:.2f}-{own['throughput_ratio_range'][1]:.2f})"
+                  f"; load average {r['loadavg_1m']}")  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", help="a running vLLM's base URL (model 'tiny')")
+    parser.add_argument("--engine-pid", type=int, help="its process (the tree is pinned)")
     parser.add_argument("--model-uri", default="", help="what that engine was started with")
     parser.add_argument("--start-engine", action="store_true")
     parser.add_argument("--levels", default="16,64")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--requests-per-stream", type=int, default=3,
+                        help="requests per round: this many times the streams")  # fmt: skip
+    parser.add_argument("--placements", default="pinned,shared")
+    parser.add_argument("--engine-cpus", help="comma-separated; default all CPUs but the last")
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--profile", type=Path, help="run the proxy under cProfile, to here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    paths = args.paths.split(",")
+    if unknown := [p for p in paths if p not in PATHS]:
+        parser.error(f"--paths: {unknown} not among {list(PATHS)}")
+    where = placements(args.placements.split(","), args.engine_cpus)
+    every = frozenset(os.sched_getaffinity(0))  # before any placement
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as tmp:
         workdir = Path(tmp)
         engine_proc = None
         if args.start_engine:
             engine, model, engine_proc = start_engine(workdir)
-        elif args.engine:
-            engine, model = args.engine.rstrip("/"), args.model_uri
+            engine_pid = engine_proc.pid
+        elif args.engine and args.engine_pid:
+            engine, model, engine_pid = args.engine.rstrip("/"), args.model_uri, args.engine_pid
         else:
-            parser.error("--engine URL or --start-engine")
-        proxy, proxy_proc = start_proxy(engine, model, workdir)
+            parser.error("--engine URL with --engine-pid PID, or --start-engine")
+        assert engine_pid is not None
+        proxy, proxy_proc = start_proxy(engine, model, workdir, args.profile)
+        procs = Processes(
+            Tree(engine_pid), Tree(proxy_proc.pid), Tree(os.getpid(), descendants=False)
+        )
         load_before = os.getloadavg()
         try:
             levels = [int(x) for x in args.levels.split(",")]
-            rows = measure(engine, proxy, psutil.Process(proxy_proc.pid), levels,
-                           rounds=args.rounds, tokens=args.tokens)  # fmt: skip
+            rows, proxied = measure(engine, proxy, procs, levels, where=where, paths=paths,
+                                    rounds=args.rounds, tokens=args.tokens,
+                                    per_stream=args.requests_per_stream)  # fmt: skip
         finally:
+            with contextlib.suppress(psutil.Error):
+                procs.engine.pin(every)  # a running engine (--engine) gets every CPU back
             proxy_proc.send_signal(signal.SIGTERM)
             proxy_proc.wait(120)
             if engine_proc is not None:
                 engine_proc.stop()
         events = sum(pq.read_metadata(p).num_rows for p in (workdir / "events").rglob("*.parquet"))
-        report = {"levels": rows, "events_shipped": events, "loadavg_before": load_before,
-                  "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip
+        report = {"levels": rows, "events_shipped": events, "proxy_requests": proxied,
+                  "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                  "cpus": sorted(os.sched_getaffinity(0)), "fields": FIELDS}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"{'streams':>7} {'path':>14} {'p50':>9} {'p99':>9} {'tok/s':>7} "
-              f"{'added p50':>10} {'added p99':>10} {'tok/s ratio':>11}")  # fmt: skip
-        for r in rows:
-            for name in PATHS:
-                m = r[name]
-                vs = r.get(f"{name} vs direct")
-                extra = (f"{vs['added_p50_ms']:>+8.1f}ms {vs['added_p99_ms']:>+8.1f}ms "
-                         f"{vs['throughput_ratio']:>11.3f}") if vs else ""  # fmt: skip
-                print(f"{r['concurrency']:>7} {name:>14} {m['p50']:>7.1f}ms {m['p99']:>7.1f}ms "
-                      f"{m['tps']:>7.0f} {extra}")  # fmt: skip
-            own = r["proxy vs direct+fields"]
-            print(f"{'':>7} the proxy itself (vs direct+fields): {own['added_p50_ms']:+.1f} ms at "
-                  f"p50, throughput x{own['throughput_ratio']:.3f}; its CPU "
-                  f"{r['proxy_cpu_ms_per_request']:.2f} ms per request")  # fmt: skip
-        print(
-            f"events shipped: {events}; load average before/after: {load_before} / "
-            f"{report['loadavg_after']}; {os.cpu_count()} CPUs"
-        )
+        _print(rows, paths)
+        print(f"fields the proxy adds: {FIELDS}; events shipped: {events} of {proxied} proxied "
+              f"requests; load average before/after: {load_before} / "
+              f"{report['loadavg_after']}; CPUs {report['cpus']}")  # fmt: skip
+    if args.profile is not None:
+        import pstats
+
+        pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(30)
     return 0
 
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import timedelta
 
 from prometheus_client import REGISTRY, generate_latest
 
 from rtrl.core.api.rlcycle import RLCyclePhase
 from rtrl.logs import JsonFormatter
 from rtrl.metrics import SERIES, observe_plan, reconcile_failed, set_object_source
+from rtrl.planning import plan
 from rtrl.planning.actions import Create, Emit, PatchStatus
 from tests.conftest import REPO
+from tests.rtrl.planning.test_plan import T0, World, analysis, run_cycle, to_canary
 
 NS = "metrics-test"
 # The operator's own series (docs/monitoring.md lists them too).
@@ -226,3 +229,56 @@ def test_the_user_guide_lists_every_series() -> None:
     listed = set(re.findall(r"`(rtrl_\w+)", guide))
     assert set(SERIES) - listed == set()
     assert listed - set(SERIES) - OPERATOR_SERIES == set()  # none the operator does not serve
+
+
+def test_a_promoted_cycle_rolled_back_by_hand_later_is_counted_once() -> None:
+    """rtrl_cycles_total counts finished cycles: composer-1's cycle ended once, promoted; a
+    later `kubectl rtrl rollback` of the serving checkpoint counted it again as rolled_back."""
+    rlc = "m-composer"
+    world = World()
+    run_cycle(world)
+    world.now = T0 + timedelta(hours=2)
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "back-1"}
+    decided = plan(world.observed(), world.now)
+    assert "RolledBack" in [a.reason for a in decided.actions if isinstance(a, Emit)]
+    observe_plan(rlc, NS, world.rlcycle["status"], decided.status, decided.actions)
+    assert value("rtrl_events_total", reason="RolledBack", type="Warning") >= 1
+    assert value("rtrl_cycles_total", rlcycle=rlc, result="rolled_back") == 0.0
+
+
+def test_a_canary_rolled_back_ends_its_cycle_as_rolled_back() -> None:
+    rlc = "m-canary-back"
+    world = World()
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", result=analysis("rollback"))
+    counted = 0.0
+    for _ in range(4):  # the decision recorded, then carried out
+        decided = plan(world.observed(), world.now)
+        observe_plan(rlc, NS, world.rlcycle["status"], decided.status, decided.actions)
+        world.apply(decided.actions)
+        world.rlcycle["status"] = decided.status
+        counted = value("rtrl_cycles_total", rlcycle=rlc, result="rolled_back")
+    assert world.checkpoint("composer-1")["status"]["phase"] == "RolledBack"
+    assert counted == 1.0
+
+
+def test_the_base_checkpoint_is_selected_with_the_rlcycle_that_serves_it() -> None:
+    """A base Checkpoint registered by hand has no spec.rlCycle: its series had rlcycle="",
+    so a dashboard selecting one RLCycle could not show what it serves."""
+    serving = {**RLCYCLE, "status": {**RLCYCLE["status"], "serving": "c-0"}}
+    base = {"metadata": {"namespace": NS, "name": "c-0"}, "spec": {"uri": "s3://b/c-0/"},
+            "status": {"phase": "Promoted"}}  # fmt: skip
+    labelled = {"metadata": {"namespace": NS, "name": "d-0", "labels": {"rtrl.io/rlcycle": "d"}},
+                "spec": {"uri": "s3://b/d-0/"}, "status": {"phase": "Superseded"}}  # fmt: skip
+    held = {"RLCycle": [serving], "Checkpoint": [base, labelled]}
+    set_object_source(lambda kind: held[kind])
+    try:
+        assert sample("rtrl_checkpoint_phase", rlcycle="c", checkpoint="c-0", phase="Promoted")
+        assert (
+            sample("rtrl_checkpoint_phase", rlcycle="", checkpoint="c-0", phase="Promoted") is None
+        )
+        assert sample("rtrl_checkpoint_phase", rlcycle="d", checkpoint="d-0", phase="Superseded")
+    finally:
+        set_object_source(lambda kind: [])

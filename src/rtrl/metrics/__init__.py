@@ -115,6 +115,10 @@ def observe_plan(
         if isinstance(action, Emit):
             EVENTS.labels(namespace, action.reason, "Warning" if action.warning else "Normal").inc()
             result = RESULTS.get(action.reason)
+            # a serving checkpoint rolled back by hand is no cycle ending: its cycle was
+            # counted when it was promoted (only a canary's rollback completes a cycle)
+            if action.reason == "RolledBack" and "CycleCompleted" not in action.notify:
+                result = None
             if result:
                 CYCLES.labels(namespace, rlcycle_name, result).inc()
             failure = _JOB_FAILURE.match(action.reason)

@@ -149,11 +149,12 @@ class GroupCommitWriter:
                 self._queued.notify()
         if direct:
             try:
-                self._write_locked([(record, future)])
+                due = self._write_locked([(record, future)])
             finally:
                 self._io.release()
-            with self._lock:
-                self._queued.notify()  # the writer checks whether the segment is due to close
+            if due:  # the writer learns the segment's new deadline, or closes it now
+                with self._lock:
+                    self._queued.notify()
         return future
 
     def _unshipped_locked(self) -> int:
@@ -228,8 +229,12 @@ class GroupCommitWriter:
         with self._io:
             self._write_locked(batch)
 
-    def _write_locked(self, batch: list[tuple[bytes, Waiter]]) -> None:
-        """Write ``batch`` (its bytes counted in flight) to the open segment; ``_io`` held."""
+    def _write_locked(self, batch: list[tuple[bytes, Waiter]]) -> bool:
+        """Write ``batch`` (its bytes counted in flight) to the open segment; ``_io`` held.
+        Whether the writer thread must look at the segment again: it was empty (the writer
+        waits without a deadline until it holds a record) or it is now due to close by size.
+        Waking the writer for every record instead costs a thread switch per record, on the
+        caller's thread (the proxy's event loop)."""
         data = b"".join(record for record, _ in batch)
         try:
             if self._open is None:  # a write error closed the last one
@@ -240,15 +245,17 @@ class GroupCommitWriter:
                 view = view[written:]
         except OSError as exc:
             self._lost(batch, exc, len(data))
-            return
+            return True
         with self._lock:  # from in flight to the segment's size in one step
             self._open.size += len(data)
+            due = self._open.first is None or self._open.size >= self.segment_bytes
             if self._open.first is None:
                 self._open.first = time.monotonic()
             self._inflight_bytes -= len(data)
             self._unsynced.extend(future for _, future in batch)
             self._written.notify()
         self.error = None
+        return due
 
     def _lost(self, batch: list[tuple[bytes, Waiter]], exc: OSError, size: int) -> None:
         """A write failed (ENOSPC, EIO; ``_io`` held): the batch is lost, counted, its waiters
