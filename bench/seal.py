@@ -10,15 +10,22 @@ of them written twice, as retries do) in files of 100,000 events. Then, each in 
 process (both pay the interpreter's start):
 
   scan   the strongest honest baseline: pyarrow's multi-threaded dataset scanner reading
-         every column of every generation and feedback file once, and nothing else
+         every column of every generation and feedback file once, and nothing else, with
+         each of Arrow's allocators (mimalloc, its default; jemalloc, the seal's): the
+         faster is the baseline
+  write  the write alone: the rows a seal writes (every generation row's shard columns),
+         written by the seal's writer (``write_shards``, zstd, page checksums), the CPU
+         time of reading them taken out: what any seal that rewrites the rows pays on top
+         of reading them
   seal   ``rtrl-job seal`` on the same files: the join, the sealed shards written to a local
          ``file://`` shard root (zstd Parquet), the marker
 
 It reports each one's wall time, CPU time (user + system: steadier than wall time on a
-machine shared with other work) and peak RSS (sampled every 20 ms, children included), and
-the ratios seal / scan. Goals: the seal within 2x the scan, and its peak memory flat from 1M
-to 4M interactions (DuckDB's memory limit, ``--memory-limit``, bounds the join; the rows
-are streamed a batch at a time).
+machine shared with other work) and peak RSS (sampled every 20 ms, children included), the
+ratios seal / scan and seal / (scan + write), and the 1-minute load average at the end of
+each. Goals: the seal within 2x the scan, and its peak memory flat from 1M to 4M
+interactions (DuckDB's memory limit, ``--memory-limit``, bounds the join; the rows are
+streamed a batch at a time).
 
     .venv/bin/python bench/seal.py [--interactions 1000000,4000000] [--memory-limit 512MB]
         [--json]
@@ -56,6 +63,43 @@ rows = 0
 for batch in ds.dataset(sys.argv[1:], format="parquet").to_batches(batch_size=65536):
     rows += batch.num_rows
 print(rows)
+"""
+
+# The write alone: the rows a seal writes (the shard columns of every generation row),
+# written by the seal's own writer (write_shards: zstd, page checksums) to a local root
+# with the pool the seal uses. The files are read one at a time before their rows are
+# written and the reading's CPU time is taken out, so what is left is the writing's.
+WRITE = """
+import resource, sys, time
+from pathlib import Path
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rtrl.core.shards import write_shards
+from rtrl_trainer.seal.cli import use_jemalloc
+from rtrl_trainer.seal.rows import GENERATION_COLUMNS, SEALED_SCHEMA
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+use_jemalloc()
+reading = 0.0
+def rows():
+    global reading
+    for path in sys.argv[2:]:
+        started = cpu()
+        table = pq.read_table(path, columns=list(GENERATION_COLUMNS))
+        table = table.append_column("feedback_at", table.column("created_at"))
+        for field in SEALED_SCHEMA:  # the signals nobody reported: null
+            if field.name not in table.column_names:
+                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+        batches = table.select(SEALED_SCHEMA.names).to_batches(65536)
+        reading += cpu() - started
+        yield from batches
+
+started = cpu()
+written = write_shards(rows(), Path(sys.argv[1]), file_prefix="written")
+print(round(cpu() - started - reading, 3), len(written))
 """
 
 
@@ -207,6 +251,7 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> dict[str,
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed ({process.returncode}): {err[-2000:]}")
     return {
+        "load": round(os.getloadavg()[0], 1),  # of the minute it ran in, at its end
         "seconds": round(elapsed, 2),
         "cpu_seconds": round(cpu, 2),
         "peak_rss_mb": round(peak / 2**20),
@@ -221,7 +266,16 @@ def one_size(n: int) -> dict[str, Any]:
         paths = write_hour(root / "events", n, seed=n)
         written = time.perf_counter() - started
         size = sum(p.stat().st_size for p in paths)
-        scan = measured([sys.executable, "-c", SCAN, *map(str, paths)])
+        # the faster of Arrow's two allocators (the seal uses jemalloc, the default is
+        # mimalloc): the baseline is the strongest scan, not the one the seal beats
+        scans = {pool: measured([sys.executable, "-c", SCAN, *map(str, paths)],
+                                env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": pool})
+                 for pool in ("mimalloc", "jemalloc")}  # fmt: skip
+        pool, scan = min(scans.items(), key=lambda item: item[1]["cpu_seconds"])
+        generations = [p for p in paths if "/generations/" in p.as_posix()]
+        write = measured([sys.executable, "-c", WRITE, str(root / "written"),
+                          *map(str, generations)])  # fmt: skip
+        write_cpu = float(write["out"].split()[0])
         work = root / "work"
         work.mkdir()
         seal = measured([
@@ -241,11 +295,19 @@ def one_size(n: int) -> dict[str, Any]:
             "scan_s": scan["seconds"],
             "scan_cpu_s": scan["cpu_seconds"],
             "scan_peak_rss_mb": scan["peak_rss_mb"],
+            "scan_pool": pool,
+            "scan_cpu_s_per_pool": {k: v["cpu_seconds"] for k, v in scans.items()},
+            "write_only_cpu_s": round(write_cpu, 2),
             "seal_s": seal["seconds"],
             "seal_cpu_s": seal["cpu_seconds"],
             "seal_peak_rss_mb": seal["peak_rss_mb"],
             "seal_over_scan": round(seal["seconds"] / scan["seconds"], 2),
             "seal_over_scan_cpu": round(seal["cpu_seconds"] / scan["cpu_seconds"], 2),
+            "write_over_scan_cpu": round(write_cpu / scan["cpu_seconds"], 2),
+            "seal_over_scan_plus_write_cpu": round(
+                seal["cpu_seconds"] / (scan["cpu_seconds"] + write_cpu), 2
+            ),
+            "load_1min": [scan["load"], write["load"], seal["load"]],
             "sealed": result["counts"]["sealed"],
             "feedback_used": result["counts"]["feedback_used"],
             "feedback_duplicates": result["counts"]["feedback_duplicates"],
@@ -261,10 +323,13 @@ def main() -> None:
             print(
                 f"{n:>9,} interactions ({row['event_bytes_mb']} MB in {row['event_files']} "
                 f"files): scan {row['scan_s']:.1f} s, {row['scan_cpu_s']:.1f} CPU-s "
-                f"({row['scan_peak_rss_mb']} MB); seal {row['seal_s']:.1f} s, "
+                f"({row['scan_peak_rss_mb']} MB, {row['scan_pool']}); write only "
+                f"{row['write_only_cpu_s']:.1f} CPU-s; seal {row['seal_s']:.1f} s, "
                 f"{row['seal_cpu_s']:.1f} CPU-s ({row['seal_peak_rss_mb']} MB peak): "
                 f"seal/scan {row['seal_over_scan']:.2f}x wall, "
-                f"{row['seal_over_scan_cpu']:.2f}x CPU; sealed {row['sealed']:,}",
+                f"{row['seal_over_scan_cpu']:.2f}x CPU, seal/(scan+write) "
+                f"{row['seal_over_scan_plus_write_cpu']:.2f}x CPU; sealed {row['sealed']:,}; "
+                f"load {row['load_1min']}",
                 flush=True,
             )
     flat = results[-1]["seal_peak_rss_mb"] / max(1, results[0]["seal_peak_rss_mb"])

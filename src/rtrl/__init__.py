@@ -6,4 +6,9 @@ every room and who may import whom is docs/architecture.md (checked by
 tests/test_architecture.py).
 """
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+try:  # one version, the distribution's (pyproject.toml), for every CLI and the operator's log
+    __version__ = metadata.version("rtrl")
+except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+    __version__ = "0+unknown"

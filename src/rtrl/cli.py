@@ -7,9 +7,11 @@ Exit codes: 0 success, 1 something checked was invalid, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 from . import __version__
@@ -65,6 +67,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from .logs import configure
 
     configure(args.log_format, verbose=args.verbose)
+    logging.getLogger("rtrl.operator").info("rtrl operator %s (kopf %s)", __version__,
+                                            metadata.version("kopf"))  # fmt: skip
     if not args.all_namespaces and not args.namespace:
         print(
             "rtrl operator: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr

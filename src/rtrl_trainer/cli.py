@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from rtrl import __version__
 from rtrl_trainer import progress
 from rtrl_trainer.runner import EXIT_USAGE
 
@@ -36,6 +37,7 @@ def build_parser(step: str | None = None) -> argparse.ArgumentParser:
         prog="rtrl-job",
         description="Run one step of an rtrl cycle (inside a Job pod, or locally).",
     )
+    parser.add_argument("--version", action="version", version=f"rtrl-job {__version__}")
     steps = parser.add_subparsers(dest="step", metavar="STEP")
     for name, help_text in STEPS.items():
         sub = steps.add_parser(name, help=help_text)

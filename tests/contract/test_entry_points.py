@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO, console_script
@@ -84,3 +85,16 @@ def test_the_operator_process_does_not_import_pyarrow() -> None:
     )
     out = _run(sys.executable, "-c", code)
     assert out.returncode == 0, out.stderr
+
+
+def test_every_command_and_the_operator_say_their_version() -> None:
+    """One version, the distribution's, from every console script (`--version`) and in the
+    operator's first log line; rtrl-job, rtrl-capture and rtrl-feedback had none."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for script in ("rtrl", "rtrl-job", "rtrl-capture", "rtrl-feedback", "kubectl-rtrl"):
+        out = _run(console_script(script), "--version")
+        assert (out.returncode, out.stdout.strip()) == (0, f"{script} {version}"), out.stderr
+    operator = _run(console_script("rtrl"), "operator", "--log-format", "json")
+    assert operator.returncode == 2  # no --namespace: after the first line
+    first = (operator.stdout + operator.stderr).splitlines()[0]
+    assert f"rtrl operator {version} (kopf " in first, first

@@ -23,6 +23,7 @@ PROMETHEUS_SERIES = {"up"}
 ALERTS = {
     "RLCycleStuck",
     "RLCycleCanaryStuck",
+    "RLCycleAwaitingApproval",
     "RLCycleGuardrailTripped",
     "RLCycleRolledBack",
     "RLCycleEvalGateFailed",

@@ -110,7 +110,8 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     # What a platform engineer reads: kubectl get (the printer columns) and kubectl rtrl.
     rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
     assert rows[0] == ["NAME", "PHASE", "CYCLE", "PARENT", "EVAL", "DECISION", "AGE"]
-    assert rows[1][:2] == ["composer-0", "Superseded"], rows  # registered by hand: no cycle
+    # registered by hand (no cycle); superseded by composer-1, serving again since its rollback
+    assert rows[1][:2] == ["composer-0", "Promoted"], rows
     assert [row[:5] for row in rows[2:]] == [
         ["composer-1", "RolledBack", "1", "composer-0", "Passed"],
         ["composer-2", "RolledBack", "2", "composer-1", "Passed"],
@@ -123,6 +124,9 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
     assert row.split()[:3] == [NAME, "Idle", "composer-0"], row
     history = admin.kubectl("rtrl", "history", NAME, "-n", ns).stdout
     assert history.index("composer-2") < history.index("composer-1") < history.index("composer-0")
+    # kubectl rtrl says the last word was the person's: rolled back, and why
+    line = next(row for row in history.splitlines() if "composer-1" in row.split()[:2])
+    assert "rollback" in line.split() and "rtrl.io/rollback=" in line, history
     assert "Serving:        composer-0" in admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
 
     # Pin a checkpoint by hand (the GitOps way, through the plugin), then leave the pin.

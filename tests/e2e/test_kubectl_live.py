@@ -247,3 +247,33 @@ def test_wait_exit_codes_and_list_across_namespaces(
         assert [line.split()[:2] for line in one] == [["NAME", "PHASE"], [NAME, "Suspended"]]
     finally:
         admin.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_status_shows_the_events_of_this_rlcycle_not_of_a_deleted_one_of_its_name(
+    kube_api: KubeAPI, release: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An RLCycle deleted and created again under the same name: the first one's Events
+    (kept by the API server for an hour) were shown as the new one's. (``release``: the
+    chart's CRDs; no operator runs.)"""
+    from rtrl.kubectl_plugin import main as kubectl_rtrl
+
+    def event(uid: str, reason: str) -> None:
+        kube_api.create({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": "composer."},
+            "involvedObject": {"apiVersion": "rtrl.io/v1alpha1", "kind": "RLCycle",
+                               "name": NAME, "namespace": kube_api.namespace, "uid": uid},
+            "reason": reason, "message": f"{reason} of {uid}", "type": "Normal",
+            "source": {"component": "rtrl"},
+        })  # fmt: skip
+
+    first = kube_api.create(rlcycle(tmp_path))
+    event(first["metadata"]["uid"], "OldIncarnation")
+    kube_api.delete(RTRL, "RLCycle", NAME)
+    kube_api.wait_for(lambda: kube_api.get(RTRL, "RLCycle", NAME) is None)
+    second = kube_api.create(rlcycle(tmp_path))
+    event(second["metadata"]["uid"], "ThisIncarnation")
+    capsys.readouterr()
+    assert kubectl_rtrl(["status", NAME, "--kubeconfig", str(kube_api.kubeconfig)]) == 0
+    out = capsys.readouterr().out
+    assert "ThisIncarnation" in out and "OldIncarnation" not in out, out

@@ -262,3 +262,23 @@ def test_a_canary_rolled_back_ends_its_cycle_as_rolled_back() -> None:
         counted = value("rtrl_cycles_total", rlcycle=rlc, result="rolled_back")
     assert world.checkpoint("composer-1")["status"]["phase"] == "RolledBack"
     assert counted == 1.0
+
+
+def test_the_base_checkpoint_is_selected_with_the_rlcycle_that_serves_it() -> None:
+    """A base Checkpoint registered by hand has no spec.rlCycle: its series had rlcycle="",
+    so a dashboard selecting one RLCycle could not show what it serves."""
+    serving = {**RLCYCLE, "status": {**RLCYCLE["status"], "serving": "c-0"}}
+    base = {"metadata": {"namespace": NS, "name": "c-0"}, "spec": {"uri": "s3://b/c-0/"},
+            "status": {"phase": "Promoted"}}  # fmt: skip
+    labelled = {"metadata": {"namespace": NS, "name": "d-0", "labels": {"rtrl.io/rlcycle": "d"}},
+                "spec": {"uri": "s3://b/d-0/"}, "status": {"phase": "Superseded"}}  # fmt: skip
+    held = {"RLCycle": [serving], "Checkpoint": [base, labelled]}
+    set_object_source(lambda kind: held[kind])
+    try:
+        assert sample("rtrl_checkpoint_phase", rlcycle="c", checkpoint="c-0", phase="Promoted")
+        assert (
+            sample("rtrl_checkpoint_phase", rlcycle="", checkpoint="c-0", phase="Promoted") is None
+        )
+        assert sample("rtrl_checkpoint_phase", rlcycle="d", checkpoint="d-0", phase="Superseded")
+    finally:
+        set_object_source(lambda kind: [])

@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_usage(sys.stderr)
         return 2
     command, rest = args_list[0], args_list[1:]
-    if command == "version":
+    if command in ("version", "--version"):
         print(f"kubectl-rtrl {__version__}")
         return 0
     if command == "validate":

@@ -115,12 +115,16 @@ def snapshot(session: Session, name: str) -> view.Snapshot:
         except KubeError as exc:
             snap.unreadable.append(f"jobs and canary: {describe(exc, session.server)}")
     try:
-        snap.events = session.events_of("RLCycle", name)
-        if shown is not None:
-            snap.events += session.events_of("Checkpoint", shown)
+        snap.events = session.events_of("RLCycle", name, uid_of(rlc))
+        if shown is not None and snap.checkpoint is not None:
+            snap.events += session.events_of("Checkpoint", shown, uid_of(snap.checkpoint))
     except KubeError as exc:
         snap.unreadable.append(f"events: {describe(exc, session.server)}")
     return snap
+
+
+def uid_of(obj: dict[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("uid")
 
 
 # --- status --watch ------------------------------------------------------------------------

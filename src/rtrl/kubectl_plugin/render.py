@@ -190,7 +190,11 @@ def gate_lines(ck: dict[str, Any], paint: Paint = plain) -> list[str]:
 
 
 def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
-    records = status(ck).get("rollout") or []
+    st = status(ck)
+    if st.get("phase") == "RolledBack" and st.get("reason") == "ManualRollback":
+        # promoted by its canary, then rolled back by hand: the last decision is the person's
+        return "rollback", one_line(st.get("message"))
+    records = st.get("rollout") or []
     decided = [r for r in records if r.get("decision")]
     if not decided:
         return "-", "-"

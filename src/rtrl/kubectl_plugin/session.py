@@ -75,19 +75,24 @@ class Session:
         canary = {LABEL_CHECKPOINT: checkpoint, LABEL_ARM: "canary"}
         return jobs, self.client.list("Deployment", self.namespace, canary)
 
-    def events_of(self, kind: str, name: str) -> list[dict[str, Any]]:
+    def events_of(self, kind: str, name: str, uid: str | None = None) -> list[dict[str, Any]]:
         """The Events about one object (core/v1, as the operator posts them). The field
-        selector keeps the answer small; the filter here is what is relied on."""
+        selector keeps the answer small; the filter here is what is relied on. With ``uid``,
+        only this incarnation's: an object deleted and created again under its name leaves
+        its Events for an hour, and they are not the new one's."""
         selector = f"involvedObject.kind={kind},involvedObject.name={name}"
         answer = self.client.request(
             "GET", path("Event", self.namespace), query={"fieldSelector": selector}
         )
-        return [
-            e
-            for e in (answer or {}).get("items") or []
-            if (e.get("involvedObject") or {}).get("kind") == kind
-            and (e.get("involvedObject") or {}).get("name") == name
-        ]
+        out = []
+        for e in (answer or {}).get("items") or []:
+            involved = e.get("involvedObject") or {}
+            if involved.get("kind") != kind or involved.get("name") != name:
+                continue
+            if uid and involved.get("uid") and involved["uid"] != uid:
+                continue  # an Event without a uid (posted by hand) cannot be told apart
+            out.append(e)
+        return out
 
     def patch_rlcycle(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of the RLCycle, field manager ``kubectl-rtrl``."""

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.api.names import LABEL_RLCYCLE
 from ..core.api.rlcycle import RLCyclePhase
 from ..planning.timeutil import parse_time
 
@@ -212,14 +213,18 @@ def _rlcycle(out: _Families, rlc: Mapping[str, Any]) -> None:
     out.times(RLCYCLE_TIMES, status, ident)
 
 
-def _checkpoint(out: _Families, ck: Mapping[str, Any]) -> None:
+def _checkpoint(
+    out: _Families, ck: Mapping[str, Any], serves: Mapping[tuple[str, str], str]
+) -> None:
     meta = ck.get("metadata") or {}
     spec = ck.get("spec") or {}
-    ident = [
-        str(meta.get("namespace") or ""),
-        str(spec.get("rlCycle") or ""),
-        str(meta.get("name") or ""),
-    ]
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    # A Checkpoint registered by hand (the base model) has no spec.rlCycle: its series are
+    # the RLCycle's that serves it, else the one its rtrl.io/rlcycle label names, so that a
+    # dashboard selecting one RLCycle shows its base too.
+    rlcycle = (spec.get("rlCycle") or serves.get((namespace, name))
+               or (meta.get("labels") or {}).get(LABEL_RLCYCLE) or "")  # fmt: skip
+    ident = [namespace, str(rlcycle), name]
     status = ck.get("status") or {}
     if status.get("phase"):  # the current one only: historyLimit Checkpoints, most of them final
         out.add("rtrl_checkpoint_phase", [*ident, str(status["phase"])], 1.0)
@@ -290,10 +295,14 @@ class StatusCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         out = _Families()
+        serves: dict[tuple[str, str], str] = {}
         for rlc in _objects("RLCycle"):
             _rlcycle(out, rlc)
+            meta, serving = rlc.get("metadata") or {}, (rlc.get("status") or {}).get("serving")
+            if serving:
+                serves[(str(meta.get("namespace") or ""), str(serving))] = str(meta.get("name"))
         for ck in _objects("Checkpoint"):
-            _checkpoint(out, ck)
+            _checkpoint(out, ck, serves)
         return list(out.made.values())
 
 

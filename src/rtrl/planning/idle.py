@@ -75,8 +75,16 @@ def manual_rollback(r: Round, token: str) -> Plan:
         serving,
         phase="RolledBack",
         reason="ManualRollback",
-        message=f"{names.ANNOTATION_ROLLBACK}={token}",
+        message=f"{names.ANNOTATION_ROLLBACK}={token}: serving {parent_name} again",
         completedAt=iso(r.now),
+    )
+    # the parent serves again: no longer Superseded (a user reading `kubectl get ckpt` saw
+    # the serving checkpoint Superseded and the rolled-back one as last decided "promote")
+    r.patch_checkpoint(
+        parent,
+        phase="Promoted",
+        reason="ServingAgain",
+        message=f"serving again: {name} was rolled back ({names.ANNOTATION_ROLLBACK}={token})",
     )
     r.event(
         "RolledBack",

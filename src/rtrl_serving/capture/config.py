@@ -14,6 +14,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rtrl import __version__
 from rtrl.core.store import parse_store_uri
 from rtrl_serving.spool import (
     DEFAULT_COMMIT_MS,
@@ -110,6 +111,7 @@ def parse_args(
         description="The capture sidecar: an OpenAI-API proxy in front of the inference engine "
         "that records every generation as an event (docs/writing-shards.md, Capture).",
     )
+    parser.add_argument("--version", action="version", version=f"rtrl-capture {__version__}")
     for flag, var, default, text in _FLAGS:
         parser.add_argument(flag, default=env.get(var, default),
                             help=f"{text} (env {var}; default {default})")  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from rtrl import __version__
 from rtrl.core.store import StoreError, open_store
 from rtrl_serving.feedback.app import build_app
 from rtrl_serving.feedback.commit import GroupCommitter, writer_id
@@ -77,6 +78,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         description="Accept users' feedback on served interactions (POST /v1/feedback) and "
         "make it durable in the events store before answering 202.",
     )
+    parser.add_argument("--version", action="version", version=f"rtrl-feedback {__version__}")
     for flag, (name, kind, default, text) in FLAGS.items():
         raw = env.get(name)
         value: object = default

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+
+import pyarrow as pa
 
 from rtrl.core.events import SIGNALS
 from rtrl.core.store import parse_store_uri
@@ -127,7 +130,18 @@ def run(args: argparse.Namespace) -> int:
     return run_step("seal", lambda: _run(args), failures=(SealError,))
 
 
+def use_jemalloc() -> None:
+    """Arrow's buffers from jemalloc where the wheel has it: the seal allocates and frees
+    a batch of tokens tens of MB large many times over, which mimalloc (the default)
+    hands back to the kernel and faults in again each time: 1 CPU-s of 6 spent reading
+    and writing the rows of 1M interactions, most of it in the kernel. The scan baseline
+    in bench/seal.py is measured with the faster of the two as well."""
+    with contextlib.suppress(NotImplementedError):
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+
+
 def _run(args: argparse.Namespace) -> int:
+    use_jemalloc()
     result = seal(build_config(args))
     line = result.summary()
     if progress.log_format() == "json":

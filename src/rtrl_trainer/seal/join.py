@@ -19,16 +19,18 @@ The rules, each a table (ids as UUIDs: 16 bytes, any case; one that is not a UUI
 - ``fb_dups`` / ``fb_dropped``: the feedback events whose id occurs more than once (few:
   retries), and of each such id all but the first the service received (they are
   ``feedback_duplicates``; an id with two different contents counts once in
-  ``feedback_conflicts``). Only the repeated ids are ordered, not every event.
+  ``feedback_conflicts``). Only the repeated ids are ordered, not every event, and they
+  are found by the ids' hashes first.
 - ``fb_class``: every other event judged against its interaction: ``orphans`` (no
   generation of that id in the hour: forged, or its generation lost), ``before_served``,
   ``late`` (observed after the interaction's ``created_at`` plus the signal's maturity),
   ``unknown_signal``, else ``valid``.
-- ``signals``: per interaction, each signal's valid value observed last (ties: received
-  last, then read last), one aggregate for all signals.
+- ``signals``: per interaction and signal, the valid value observed last (ties: received
+  last, then read last).
 
-The decisions: the kept rows in input order with every signal merged with the proxy's
-own measurement by its :class:`~rtrl.core.events.signals.Merge` rule.
+The decisions: the kept rows in input order with every signal (``signals`` pivoted, one
+column each) merged with the proxy's own measurement by its
+:class:`~rtrl.core.events.signals.Merge` rule.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class HourJoin:
 
     def __init__(self, *, memory_limit: str, threads: int, spill: Path) -> None:
         spill.mkdir(parents=True, exist_ok=True)
+        self._counts: dict[str, int] = {}
+        self._checkpoints: list[str | None] = []
         self.con = duckdb.connect(
             ":memory:",
             config={
@@ -130,7 +134,7 @@ class HourJoin:
         if generations:
             sql(
                 f"""CREATE TABLE gen AS
-                SELECT f.idx AS file, g.file_row_number AS row, {pos} AS pos,
+                SELECT {pos} AS pos,
                        TRY_CAST(g.interaction_id AS UUID) AS iid,
                        epoch_us(g.created_at) AS created_us,
                        g.checkpoint_id, g.checkpoint_verified, g.status{captured}
@@ -140,13 +144,16 @@ class HourJoin:
             columns = "".join(
                 f", {name} {_SQL_TYPES[INTERACTION_SCHEMA.field(name).type]}" for name in CAPTURED
             )
-            sql(f"""CREATE TABLE gen(file INTEGER, row BIGINT, pos BIGINT, iid UUID,
+            sql(f"""CREATE TABLE gen(pos BIGINT, iid UUID,
                 created_us BIGINT, checkpoint_id VARCHAR, checkpoint_verified BOOLEAN,
                 status INTEGER{columns})""")  # fmt: skip
         start = _us(hour)
+        # only the columns read after it (file and row are in pos): less to hold, and to
+        # spill beyond the memory limit, in the table that lives to the end
+        captured = "".join(f", {name}" for name in CAPTURED)
         sql(
-            """CREATE TABLE kept AS
-            SELECT *, CASE
+            f"""CREATE TABLE kept AS
+            SELECT pos, iid, created_us{captured}, CASE
                 WHEN created_us < $start OR created_us >= $end THEN 'outside_hour'
                 WHEN NOT coalesce(checkpoint_verified, false) THEN 'unverified'
                 WHEN status IS NULL OR status NOT BETWEEN 200 AND 299 THEN 'engine_errors'
@@ -155,22 +162,29 @@ class HourJoin:
             QUALIFY row_number() OVER (PARTITION BY iid ORDER BY pos) = 1""",
             {"start": start, "end": start + 3_600_000_000},
         )
+        self._count_generations()
         source = self._files("fb_files", feedback)
         if feedback:
             sql(
                 f"""CREATE TABLE fb AS
-                SELECT e.event_id, TRY_CAST(e.interaction_id AS UUID) AS iid, e.signal,
+                SELECT e.event_id, hash(e.event_id) AS event_hash,
+                       TRY_CAST(e.interaction_id AS UUID) AS iid, e.signal,
                        e.value, epoch_us(e.observed_at) AS observed_us,
                        epoch_us(e.received_at) AS received_us, {pos} AS pos
                 FROM {source} e JOIN fb_files f ON e.filename = f.path"""
             )
         else:
-            sql("""CREATE TABLE fb(event_id VARCHAR, iid UUID, signal VARCHAR, value DOUBLE,
-                observed_us BIGINT, received_us BIGINT, pos BIGINT)""")  # fmt: skip
+            sql("""CREATE TABLE fb(event_id VARCHAR, event_hash UBIGINT, iid UUID,
+                signal VARCHAR, value DOUBLE, observed_us BIGINT, received_us BIGINT,
+                pos BIGINT)""")  # fmt: skip
+        # the candidates by the ids' 64-bit hashes (grouping integers is several times
+        # cheaper than grouping strings); a collision only adds a candidate, which the
+        # steps below, by the id itself, then treat as the single event it is
         sql(
-            """CREATE TABLE fb_dups AS SELECT * FROM fb WHERE event_id IN (
-                SELECT event_id FROM fb WHERE event_id IS NOT NULL
-                GROUP BY event_id HAVING count(*) > 1)"""
+            """CREATE TABLE fb_dups AS SELECT * FROM fb
+            WHERE event_id IS NOT NULL AND event_hash IN (
+                SELECT event_hash FROM fb WHERE event_id IS NOT NULL
+                GROUP BY event_hash HAVING count(*) > 1)"""
         )
         sql(
             """CREATE TABLE fb_dropped AS SELECT pos FROM fb_dups
@@ -190,15 +204,15 @@ class HourJoin:
             FROM fb f ANTI JOIN fb_dropped d USING (pos)
             LEFT JOIN kept k USING (iid) LEFT JOIN maturity m USING (signal)"""
         )
-        last = ", ".join(
-            f"arg_max(value, {{'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}}) "
-            f"FILTER (WHERE signal = {_quote(name)}) AS {name}"
-            for name in SIGNALS
-        )
+        self._count_feedback()
+        # one group per interaction and signal (one filtered aggregate per signal over
+        # groups of interactions cost four times as much); :meth:`decisions` pivots them
         sql(
-            f"""CREATE TABLE signals AS SELECT iid, {last}
-            FROM fb_class WHERE verdict = 'valid' GROUP BY iid"""
+            """CREATE TABLE signals AS SELECT iid, signal, arg_max(value,
+                {'o': observed_us, 'r': coalesce(received_us, -1), 'p': pos}) AS value
+            FROM fb_class WHERE verdict = 'valid' GROUP BY iid, signal"""
         )
+        self._count_verdicts()
 
     def _one(self, query: str) -> tuple[int, ...]:
         rows = self.con.execute(query).fetchall()  # fetched whole: the result is complete
@@ -207,9 +221,11 @@ class HourJoin:
     def _pairs(self, query: str) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.con.execute(query).fetchall()}
 
-    def counts(self) -> dict[str, int]:
-        """What the join counted (every name always present)."""
-        counts: dict[str, int] = {}
+    # Each table is counted, and dropped, as soon as the next is built from it: the join's
+    # memory then holds two of them at a time, not all, and spills less.
+
+    def _count_generations(self) -> None:
+        counts = self._counts
         generations, invalid = self._one(
             "SELECT count(*), count(*) FILTER (WHERE iid IS NULL OR created_us IS NULL) FROM gen"
         )
@@ -219,33 +235,49 @@ class HourJoin:
         counts["duplicates"] = generations - invalid - sum(kept.values())
         for name in ("outside_hour", "unverified", "engine_errors"):
             counts[name] = kept.get(name, 0)
+        rows = self.con.execute("SELECT DISTINCT checkpoint_id FROM gen").fetchall()
+        self._checkpoints = [row[0] for row in rows]
+        self.con.execute("DROP TABLE gen")
+
+    def _count_feedback(self) -> None:
+        counts = self._counts
         (counts["feedback_events"],) = self._one("SELECT count(*) FROM fb")
         (counts["feedback_duplicates"],) = self._one("SELECT count(*) FROM fb_dropped")
         (counts["feedback_conflicts"],) = self._one(
             "SELECT count(*) FROM (SELECT event_id FROM fb_dups GROUP BY event_id "
             "HAVING count(DISTINCT hash(iid, signal, value, observed_us)) > 1)"
         )
+        self.con.execute("DROP TABLE fb")
+
+    def _count_verdicts(self) -> None:
+        counts = self._counts
         verdicts = self._pairs("SELECT verdict, count(*) FROM fb_class GROUP BY 1")
         for name in ("feedback_invalid", "orphans", "before_served", "late", "unknown_signal"):
             counts[name] = verdicts.get(name, 0)
-        (counts["feedback_used"],) = self._one(
-            "SELECT " + " + ".join(f"count({name})" for name in SIGNALS) + " FROM signals"
-        )
-        return counts
+        (counts["feedback_used"],) = self._one("SELECT count(value) FROM signals")
+        self.con.execute("DROP TABLE fb_class")
+
+    def counts(self) -> dict[str, int]:
+        """What the join counted (every name always present)."""
+        return dict(self._counts)
 
     def checkpoints(self) -> list[str | None]:
         """The checkpoint ids of the hour's generation rows (the shard partitions the
         hour's files can be in)."""
-        rows = self.con.execute("SELECT DISTINCT checkpoint_id FROM gen").fetchall()
-        return [row[0] for row in rows]
+        return list(self._checkpoints)
 
     def decisions(self, batch_size: int) -> pa.RecordBatchReader:
         """The rows to write, in input order: ``file``, ``row`` and every signal column,
         merged, in canonical types."""
         merged = ", ".join(_signal_expr(name) for name in SIGNALS)
+        pivot = ", ".join(
+            f"any_value(value) FILTER (WHERE signal = {_quote(name)}) AS {name}" for name in SIGNALS
+        )
         query = f"""
-            SELECT k.file, k.row, {merged}
-            FROM kept k LEFT JOIN signals p USING (iid)
+            SELECT CAST(k.pos // {POS_SHIFT} AS INTEGER) AS file, k.pos % {POS_SHIFT} AS row,
+                   {merged}
+            FROM kept k LEFT JOIN (SELECT iid, {pivot} FROM signals GROUP BY iid) p
+                USING (iid)
             WHERE k.dropped IS NULL ORDER BY k.pos"""
         reader: pa.RecordBatchReader = self.con.sql(query).to_arrow_reader(batch_size)
         return reader

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rtrl.kubectl_plugin import live
-from rtrl.kubectl_plugin.render import checkpoint_lines, plain, table
+from rtrl.kubectl_plugin.render import checkpoint_lines, plain, render_history, table
 from rtrl.kubectl_plugin.view import Snapshot, event_lines, frame, list_lines, tree_lines
 from rtrl.phasestyle import ansi
 
@@ -234,3 +234,23 @@ def test_a_superseded_checkpoint_reads_as_the_report_words_it() -> None:
     assert f"{ansi('Promoted', 'Promoted')}, later {ansi('Superseded', 'Superseded')}" in coloured
     # registered by hand, never decided by a canary: its phase alone
     assert not any("Promoted" in line for line in checkpoint_lines(base, "last", NOW))
+
+
+def test_history_of_a_promoted_checkpoint_rolled_back_by_hand_says_rollback() -> None:
+    """Promoted by its canary, later rolled back with `kubectl rtrl rollback`: history said
+    DECISION promote with the promotion's reason, and the rollback appeared nowhere."""
+    now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    promoted_then_back = {
+        "metadata": {"name": "composer-1", "creationTimestamp": "2026-11-29T01:00:00Z"},
+        "spec": {"cycle": 1, "parent": "composer-0"},
+        "status": {"phase": "RolledBack", "reason": "ManualRollback",
+                   "message": "rtrl.io/rollback=back-1: serving composer-0 again",
+                   "rollout": [{"weight": 5, "decision": "promote",
+                                "reason": "edit_persistence better"}]},
+    }  # fmt: skip
+    base = {"metadata": {"name": "composer-0", "creationTimestamp": "2026-11-29T00:00:00Z"},
+            "spec": {}, "status": {"phase": "Promoted", "reason": "ServingAgain"}}  # fmt: skip
+    out = render_history([promoted_then_back, base], "composer-0", now)
+    row = next(line for line in out.splitlines() if "composer-1" in line)
+    assert "rollback" in row and "rtrl.io/rollback=back-1" in row, out
+    assert "edit_persistence better" not in row

@@ -1069,6 +1069,10 @@ def test_manual_rollback_without_a_canary_serves_the_previous_checkpoint_once() 
     world.reconcile()
     assert world.serving_uri() == world.checkpoint("composer-0")["spec"]["uri"]
     assert world.checkpoint("composer-1")["status"]["phase"] == "RolledBack"
+    assert "back-1: serving composer-0 again" in world.checkpoint("composer-1")["status"]["message"]
+    # the parent serves again: Promoted, not Superseded (as the promotion had left it)
+    parent = world.checkpoint("composer-0")["status"]
+    assert parent["phase"] == "Promoted" and parent["reason"] == "ServingAgain"
     status = world.rlcycle["status"]
     assert status["serving"] == "composer-0" and status["lastRollback"] == "back-1"
     world.reconcile()  # the same annotation value never rolls back again

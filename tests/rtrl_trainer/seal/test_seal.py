@@ -160,6 +160,31 @@ def test_the_invalid_tool_calls_of_the_proxy_are_never_lowered(
     assert (row["invalid_tool_calls"], row["tool_calls"]) == (2, 2)
 
 
+def test_values_observed_at_the_same_moment_go_by_receipt_then_by_reading_order(
+    stores: tuple[LocalStore, LocalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    events, shards = stores
+    g, h = generation(H + 5 * M), generation(H + 6 * M)
+    gid, hid = g["interaction_id"], h["interaction_id"]
+    write_events(events, "generations", H, [g, h])
+    at = H + 20 * M
+    write_events(events, "feedback", H, [
+        feedback(gid, "edit_persisted", 0.9, at, event_id="g-2", received_at=at + 2 * M),
+        feedback(gid, "edit_persisted", 0.1, at, event_id="g-1", received_at=at + 1 * M),
+        feedback(hid, "edit_persisted", 0.3, at, event_id="h-1", received_at=at + M),
+        feedback(hid, "edit_persisted", 0.4, at, event_id="h-2", received_at=at + M),
+    ], writer="fb-1")  # fmt: skip
+    write_events(events, "feedback", H, [
+        feedback(hid, "edit_persisted", 0.5, at, event_id="h-3", received_at=at + M),
+    ], writer="fb-2")  # fmt: skip
+    code, result = run_seal(capsys, events.uri, shards.uri)
+    assert code == 0, result
+    rows = sealed_rows(shards)
+    assert rows[gid]["edit_persisted"] == 0.9  # received last
+    assert rows[hid]["edit_persisted"] == 0.5  # received together: the one read last
+    assert result["counts"]["feedback_used"] == 2
+
+
 def test_an_hour_waits_until_every_maturity_and_the_delay_have_passed(
     stores: tuple[LocalStore, LocalStore], capsys: pytest.CaptureFixture[str]
 ) -> None:
