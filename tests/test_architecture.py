@@ -131,10 +131,12 @@ ROOMS: dict[str, Room] = {
         "rtrl.planning",
         "rtrl.validation",
         "rtrl.cli",
+        "rtrl.completion",
         "rtrl.abtable",
         "rtrl.phasestyle",
     ),
     "rtrl.cli": room("the `rtrl` command (`rtrl demo` imports the demo lazily)", "*", "rtrl_demo"),
+    "rtrl.completion": room("shell completion of `rtrl` and `kubectl rtrl`, from their parsers"),
     # --- the trainer image: the Job steps, `rtrl-job <step>` -------------------------------
     "rtrl_trainer": room("package metadata"),
     "rtrl_trainer.cli": room(

@@ -167,8 +167,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(func=cmd_operator)
 
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script: source <(rtrl completion bash)",
+        description=cmd_completion.__doc__,
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(func=cmd_completion)
+
     # anything else (none yet, a typo, --help) gets every subcommand
-    every = command not in ("crds", "validate", "operator", "shards", "demo")
+    every = command not in ("crds", "validate", "operator", "completion", "shards", "demo")
     if every or command == "shards":
         from .core.shards.cli import add_shards_parser
 
@@ -187,6 +195,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Print the completion script for bash or zsh (it asks ``rtrl __complete`` for the
+    candidates, computed from this parser). ``kubectl rtrl`` completes through
+    ``kubectl_complete-rtrl``, installed beside ``kubectl-rtrl``."""
+    from .completion import SCRIPTS
+
+    print(SCRIPTS[args.shell], end="")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The operator's planning core, a local executor and simulated users, end to end."""
     from rtrl_demo.demo import run
@@ -196,6 +214,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["__complete"]:  # the completion script's question (rtrl.completion)
+        from .completion import print_candidates
+
+        return print_candidates(build_parser(), argv[1:])
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
     code: int = args.func(args)

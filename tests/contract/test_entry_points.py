@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from rtrl_localkube.tools import tool
 from tests.conftest import REPO, console_script
 
 
@@ -98,3 +99,37 @@ def test_every_command_and_the_operator_say_their_version() -> None:
     assert operator.returncode == 2  # no --namespace: after the first line
     first = (operator.stdout + operator.stderr).splitlines()[0]
     assert f"rtrl operator {version} (kopf " in first, first
+
+
+def complete_in_bash(line: str) -> list[str]:
+    """What bash offers after ``line``, with the script of `rtrl completion bash` loaded."""
+    bin_dir = os.path.dirname(console_script("rtrl"))
+    script = (
+        'source <(rtrl completion bash); read -ra COMP_WORDS <<< "$LINE"; '
+        '[[ "$LINE" == *" " ]] && COMP_WORDS+=(""); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); '
+        '_rtrl_complete; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LINE": line}
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    return [w for w in out.stdout.splitlines() if w]
+
+
+def test_rtrl_completes_in_bash_from_its_parser() -> None:
+    assert complete_in_bash("rtrl va") == ["validate"]
+    assert "operator" in complete_in_bash("rtrl ") and "completion" in complete_in_bash("rtrl ")
+    assert complete_in_bash("rtrl operator --log") == ["--log-format"]
+    assert complete_in_bash("rtrl operator --log-format ") == ["text", "json"]
+    assert complete_in_bash("rtrl completion ") == ["bash", "zsh"]
+
+
+def test_kubectl_completes_the_plugin_through_kubectl_complete_rtrl() -> None:
+    """The real kubectl runs `kubectl_complete-rtrl` from the PATH for `kubectl rtrl ...`."""
+    bin_dir = os.path.dirname(console_script("kubectl-rtrl"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": os.devnull}
+    out = subprocess.run([tool("kubectl"), "__complete", "rtrl", "st"],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    assert out.stdout.splitlines() == ["status", ":4"], (out.stdout, out.stderr)
+    out = subprocess.run([tool("kubectl"), "__complete", "rtrl", "rollback", "--"],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    assert "--to" in out.stdout.splitlines(), out.stdout

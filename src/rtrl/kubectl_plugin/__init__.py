@@ -29,9 +29,15 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..cli import main as rtrl_main
+from ..completion import print_for_kubectl
 from ..kube.client import KubeError
 from .parser import ParserExit, build_parser
 from .session import PluginError, connect, describe, is_transport_error
+
+
+def complete(argv: Sequence[str] | None = None) -> int:
+    """``kubectl_complete-rtrl``: what kubectl runs to complete ``kubectl rtrl ...``."""
+    return print_for_kubectl(build_parser(), list(sys.argv[1:] if argv is None else argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
