@@ -166,6 +166,9 @@ class CaptureProxy:
         problems = []
         if self.watch is None or not await self.watch.health():
             problems.append("the engine's /health is not OK")
+        elif self.watch.state.defaults is None:
+            # until then an event could not say which temperature, top_p and top_k sampled
+            problems.append("the engine's sampling defaults are not read yet")
         spool = self.spool.writable()
         if spool is not None:
             problems.append(spool)
