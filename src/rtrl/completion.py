@@ -44,10 +44,11 @@ def candidates(parser: argparse.ArgumentParser, words: Sequence[str]) -> tuple[l
     *done, current = list(words) or [""]
     node, value_of = parser, None
     for word in done:
+        subcommands = _subcommands(node)
         if value_of is not None:  # this word was the previous flag's value
             value_of = None
-        elif word in _subcommands(node):
-            node = _subcommands(node)[word]
+        elif word in subcommands:
+            node = subcommands[word]
         elif word.startswith("-") and "=" not in word:
             action = _option(node, word)
             takes_value = action is not None and action.nargs != 0

@@ -261,18 +261,23 @@ def analysis(decision: str, samples: int = 60_000) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def analyse(world: World, decision: str) -> None:
+    """An hour on: the next analysis runs and decides ``decision``; the plan follows it."""
+    world.now += timedelta(hours=1)
+    world.reconcile()
+    world.finish(f"analyze-{len(world.analyses)}", result=analysis(decision))
+    world.analyses.append(decision)
+    world.reconcile()
+    world.settle()
+    world.reconcile()
+
+
 def run_canary(world: World, *decisions: str) -> None:
     """From Evaluated: the canary comes up, each analysis decides in turn."""
     world.reconcile()
     world.settle()
     for decision in decisions:
-        world.now += timedelta(hours=1)
-        world.reconcile()
-        world.finish(f"analyze-{len(world.analyses)}", result=analysis(decision))
-        world.analyses.append(decision)
-        world.reconcile()
-        world.settle()
-        world.reconcile()
+        analyse(world, decision)
 
 
 def run_cycle(world: World, eval_doc: dict[str, Any] = EVAL_PASS, canary: str = "promote") -> None:
@@ -1146,13 +1151,7 @@ def test_steps_edited_mid_canary_restart_the_canary_at_the_new_first_step(at: in
     world = World()
     to_canary(world)
     for _ in range(at):  # each analysis moves the canary one step (minSamples met)
-        world.now += timedelta(hours=1)
-        world.reconcile()
-        world.finish(f"analyze-{len(world.analyses)}", result=analysis("continue"))
-        world.analyses.append("continue")
-        world.reconcile()
-        world.settle()
-        world.reconcile()
+        analyse(world, "continue")
     before = world.checkpoint("composer-1")["status"]["rollout"]
     assert [r["weight"] for r in before] == [5, 25, 50][: at + 1]
     world.rlcycle["spec"]["rollout"]["steps"] = copy.deepcopy(EDITED_STEPS)
@@ -1172,13 +1171,7 @@ def test_steps_edited_mid_canary_restart_the_canary_at_the_new_first_step(at: in
     assert "restarts at step 1 (10%)" in restarted[0].message
     CheckpointStatus.model_validate(world.checkpoint("composer-1")["status"])
     # the new steps run to the end: 10% then 60%, then the promotion
-    world.now += timedelta(hours=1)
-    world.reconcile()
-    world.finish(f"analyze-{len(world.analyses)}", result=analysis("continue"))
-    world.analyses.append("continue")
-    world.reconcile()
-    world.settle()
-    world.reconcile()
+    analyse(world, "continue")
     records = world.checkpoint("composer-1")["status"]["rollout"]
     assert [r["weight"] for r in records][-2:] == [10, 60] and records[-1]["step"] == 1
     assert len([e for e in world.events if e.reason == "RolloutRestarted"]) == 1
