@@ -40,10 +40,12 @@ CORE = (
     "rtrl.core.cliargs",
     "rtrl.core.events",
     "rtrl.core.redaction",
+    "rtrl.core.results",
 )
 # What the steps that load checkpoints (train, eval) may read.
 CHECKPOINT_STEP = (
     "rtrl.core.api",
+    "rtrl.core.results",
     "rtrl.core.shards",
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
@@ -66,6 +68,12 @@ ROOMS: dict[str, Room] = {
         "the RLCycle and Checkpoint types, the single source of truth; names.py: labels, "
         "annotations, phases; policy.py: the admin's tenancy policy",
         "rtrl.core.redaction",
+        pure=True,
+    ),
+    "rtrl.core.results": room(
+        "the files the Job steps commit and the operator reads back (stage.json, train.json, "
+        "eval.json, analysis.json): one versioned model each",
+        "rtrl.core.api",
         pure=True,
     ),
     "rtrl.core.store": room(
@@ -95,6 +103,7 @@ ROOMS: dict[str, Room] = {
     "rtrl.planning": room(
         "the operator's decisions: plan(observed, now) -> actions",
         "rtrl.core.api",
+        "rtrl.core.results",
         "rtrl.core.redaction",
         pure=True,
     ),
@@ -123,7 +132,7 @@ ROOMS: dict[str, Room] = {
         "what rtrl changes inside kopf (pinned), in one place, each change fingerprinted"
     ),
     "rtrl.abtable": room("the A/B table's cells: kubectl rtrl status, the demo, the report"),
-    "rtrl.phasestyle": room("one colour per phase and decision, for every view"),
+    "rtrl.phasestyle": room("one colour per phase and decision, for every view", "rtrl.core.api"),
     "rtrl.kubectl_plugin": room(
         "`kubectl rtrl`: session, commands, rendering",
         "rtrl.core.api",
@@ -247,6 +256,7 @@ ROOMS: dict[str, Room] = {
         "control plane's launcher and its kubelet and Gateway stand-ins, the real vLLM "
         "engine's launcher and the tiny model it serves",
         "rtrl.core.api",
+        "rtrl.core.results",
         "rtrl.core.store",
         "rtrl.planning",
     ),

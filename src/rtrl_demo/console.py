@@ -64,16 +64,16 @@ def cycle_table(ck: dict[str, Any], color: bool = False) -> str:
     records = status.get("rollout") or []
     last = records[-1] if records else {}
     looks = analysis_docs(ck)
-    doc = looks[-1] if looks else {}
+    doc = looks[-1] if looks else None
+    samples = f"{doc.baseline_samples}/{doc.canary_samples}" if doc else "?/?"
     lines = [
         "",
         f"cycle {ck['spec'].get('cycle')}: {ck['metadata']['name']} (new) vs "
-        f"{ck['spec'].get('parent')} (old), {len(looks)} look(s), "
-        f"{doc.get('baseline_samples', '?')}/{doc.get('canary_samples', '?')} matured "
+        f"{ck['spec'].get('parent')} (old), {len(looks)} look(s), {samples} matured "
         f"interactions  ->  {shown(status.get('phase'), last.get('decision'), color)}",
     ]
     lines += metrics_table(analysis_metrics(doc) if doc else last.get("metrics") or [])
-    reason = doc.get("message") or last.get("reason") or status.get("message") or ""
+    reason = (doc.message if doc else "") or last.get("reason") or status.get("message") or ""
     decision = str(last.get("decision") or status.get("phase"))
     head = f"decision: {decision}"
     lines.append(f"  {ansi(head, decision) if color else head}: {reason}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.results import AnalysisResult, ResultError
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
 from rtrl.planning.manifests import capture as cap
@@ -361,15 +362,16 @@ class Demo:
             self._head_to_head_job(out, final, start, config)
         except RuntimeError as exc:  # the demo's own extra: report it, keep the cycles
             return {"baseline": "demo-0", "canary": final, "error": str(exc)[:2000]}
-        doc = read_committed_json(f"{out}analysis.json")
-        if not isinstance(doc, dict):
-            return {"baseline": "demo-0", "canary": final, "error": str(doc)}
+        try:
+            doc = AnalysisResult.read(read_committed_json(f"{out}{AnalysisResult.FILE}"))
+        except ResultError as exc:
+            return {"baseline": "demo-0", "canary": final, "error": str(exc)}
         return {
             "baseline": "demo-0",
             "canary": final,
             "since": iso(start),
-            "baseline_samples": doc.get("baseline_samples"),
-            "canary_samples": doc.get("canary_samples"),
+            "baseline_samples": doc.baseline_samples,
+            "canary_samples": doc.canary_samples,
             "metrics": analysis_metrics(doc),
         }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rtrl.core.results import AnalysisResult, ResultError, StageResult
 from rtrl.core.store import read_committed_json
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
 from rtrl.planning.manifests.names import result_uri
@@ -44,7 +45,7 @@ def summary(
                 "decision": last.get("decision") or status.get("phase"),
                 # the decision's own line; every metric's line is in "looks" and in
                 # the Checkpoint's rollout record
-                "reason": (looks[-1].get("message") if looks else None)
+                "reason": (looks[-1].message if looks else None)
                 or last.get("reason")
                 or status.get("message")
                 or "",
@@ -57,10 +58,10 @@ def summary(
                 "metrics": analysis_metrics(looks[-1]) if looks else last.get("metrics") or [],
                 "looks": [
                     {
-                        "now": doc.get("now"),
-                        "decision": doc.get("decision"),
-                        "baseline_samples": doc.get("baseline_samples"),
-                        "canary_samples": doc.get("canary_samples"),
+                        "now": doc.now,
+                        "decision": str(doc.decision),
+                        "baseline_samples": doc.baseline_samples,
+                        "canary_samples": doc.canary_samples,
                         "metrics": analysis_metrics(doc),
                     }
                     for doc in looks
@@ -103,13 +104,16 @@ def stage_monitors(ck: dict[str, Any]) -> dict[str, Any]:
     manifest = ((ck.get("status") or {}).get("data") or {}).get("manifest")
     if not manifest:
         return {}
-    doc = read_committed_json(f"{manifest.rstrip('/')}/stage.json")
-    if not isinstance(doc, dict):
+    doc = read_committed_json(f"{manifest.rstrip('/')}/{StageResult.FILE}")
+    try:
+        stage = StageResult.read(doc)
+    except ResultError:  # none committed (or not a stage result): no monitors to show
         return {}
-    return {"monitors": doc.get("monitors"), "reward": doc.get("reward")}
+    reward = stage.reward.model_dump(mode="json") if stage.reward is not None else None
+    return {"monitors": stage.monitors, "reward": reward}
 
 
-def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
+def analysis_docs(ck: dict[str, Any]) -> list[AnalysisResult]:
     """Every canary analysis of this checkpoint, in order (``analyze-<k>/analysis.json``):
     the Checkpoint's status keeps each step's last look only, and no metric's role or band;
     the documents have every look."""
@@ -118,8 +122,10 @@ def analysis_docs(ck: dict[str, Any]) -> list[dict[str, Any]]:
     docs = []
     for k in range(judged):
         doc = read_committed_json(result_uri(ck["spec"]["uri"], f"analyze-{k}"))
-        if isinstance(doc, dict):
-            docs.append(doc)
+        try:
+            docs.append(AnalysisResult.read(doc))
+        except ResultError:  # none committed (the Job failed), or not an analysis result
+            continue
     return docs
 
 
@@ -130,5 +136,5 @@ ANALYSIS_KEYS = (
 )  # fmt: skip
 
 
-def analysis_metrics(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{k: m.get(k) for k in ANALYSIS_KEYS} for m in doc.get("metrics") or []]
+def analysis_metrics(doc: AnalysisResult) -> list[dict[str, Any]]:
+    return [{k: getattr(m, k) for k in ANALYSIS_KEYS} for m in doc.metrics]

@@ -11,7 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from rtrl.core.api.checkpoint import Decision, TrainingSummary, Verdict
 from rtrl.core.api.yamlfile import load
+from rtrl.core.results import RESULTS as RESULT_MODELS
+from rtrl.core.results import (
+    AnalysisCause,
+    AnalysisMetric,
+    AnalysisResult,
+    CauseKind,
+    EvalFailure,
+    EvalGate,
+    EvalResult,
+    StageResult,
+    TrainResult,
+)
 from rtrl.core.store import open_store
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.outcomes import Outcome, Succeed
@@ -20,52 +33,63 @@ REPO = Path(__file__).resolve().parents[2]
 RTRL = "rtrl.io/v1alpha1"
 NAME = "composer"
 
-STAGE_OK = {
-    "ok": True,
-    "sufficient": True,
-    "message": "2000 interactions, 90000 completion tokens, 95.0% on-policy, in 1 rank file(s)",
-    "interactions_used": 2000,
-    "tokens_used": 90000,
-    "on_policy_fraction": 0.95,
-    "quarantined": {"truncated": 3},
-    "quarantined_files": [],
-}
-STAGE_INSUFFICIENT = {
-    **STAGE_OK,
-    "sufficient": False,
-    "message": "insufficient data: 12 interactions (minimum 200)",
-}
-TRAIN_OK = {"summary": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003}}
-EVAL_PASS = {
-    "passed": True,
-    "verdict": "Passed",
-    "message": "passed 1 gate(s) on 3 metric(s)",
-    "gates": [
-        {"metric": "replay.kl", "candidate": 0.01, "parent": 0.0, "ci_low": 0.005,
-         "ci_high": 0.015, "passed": True}
+# Step results as the steps write them: built through their contracts (rtrl.core.results).
+STAGE_OK = StageResult(
+    sufficient=True,
+    message="2000 interactions, 90000 completion tokens, 95.0% on-policy, in 1 rank file(s)",
+    interactions_used=2000,
+    tokens_used=90000,
+    on_policy_fraction=0.95,
+    quarantined={"truncated": 3},
+    quarantined_files=[],
+).document()
+STAGE_INSUFFICIENT = StageResult.written(
+    {
+        **STAGE_OK,
+        "sufficient": False,
+        "message": "insufficient data: 12 interactions (minimum 200)",
+    }
+).document()
+TRAIN_OK = TrainResult(
+    summary=TrainingSummary(steps=4, tokens=90000, loss=0.12, kl=0.003)
+).document()
+EVAL_PASS = EvalResult(
+    passed=True,
+    verdict=Verdict.PASSED,
+    message="passed 1 gate(s) on 3 metric(s)",
+    gates=[
+        EvalGate(metric="replay.kl", candidate=0.01, parent=0.0, ci_low=0.005, ci_high=0.015,
+                 passed=True)
     ],
-}  # fmt: skip
-EVAL_FAIL = {
-    **EVAL_PASS,
-    "passed": False,
-    "verdict": "Failed",
-    "message": "failed gate(s): replay.kl",
-}
-ANALYSIS_PROMOTE = {
-    "decision": "promote",
-    "reasons": ["edit_persistence: canary 0.620 vs 0.600 (+3.3%): better"],
-    "baseline_samples": 5000,
-    "canary_samples": 5000,
-    "metrics": [
-        {"name": "edit_persistence", "kind": "goal", "baseline": 0.6, "canary": 0.62,
-         "difference": 0.02, "ci_low": 0.005, "ci_high": 0.035, "verdict": "better"}
+).document()  # fmt: skip
+EVAL_FAIL = EvalResult.written(
+    {
+        **EVAL_PASS,
+        "passed": False,
+        "verdict": Verdict.FAILED,
+        "reason": EvalFailure.GATES_FAILED,
+        "message": "failed gate(s): replay.kl",
+    }
+).document()
+ANALYSIS_PROMOTE = AnalysisResult(
+    decision=Decision.PROMOTE,
+    cause=AnalysisCause(kind=CauseKind.PRIMARY_BETTER),
+    reasons=["edit_persistence: canary 0.620 vs 0.600 (+3.3%): better"],
+    baseline_samples=5000,
+    canary_samples=5000,
+    metrics=[
+        AnalysisMetric(name="edit_persistence", kind="goal", baseline=0.6, canary=0.62,
+                       difference=0.02, ci_low=0.005, ci_high=0.035, verdict="better")
     ],
-}  # fmt: skip
-ANALYSIS_ROLLBACK = {
-    **ANALYSIS_PROMOTE,
-    "decision": "rollback",
-    "reasons": ["edit_persistence: canary 0.550 vs 0.600 (-8.3%): worse"],
-}
+).document()  # fmt: skip
+ANALYSIS_ROLLBACK = AnalysisResult.written(
+    {
+        **ANALYSIS_PROMOTE,
+        "decision": Decision.ROLLBACK,
+        "cause": AnalysisCause(kind=CauseKind.GOAL_WORSE, metrics=["edit_persistence"]),
+        "reasons": ["edit_persistence: canary 0.550 vs 0.600 (-8.3%): worse"],
+    }
+).document()
 RESULTS = {"stage": STAGE_OK, "train": TRAIN_OK, "eval": EVAL_PASS, "analyze": ANALYSIS_PROMOTE}
 
 
@@ -139,8 +163,7 @@ def commit_result(
 ) -> Callable[[dict[str, Any]], None]:
     """A ``Succeed(before=...)`` hook: commit ``doc`` as the step's result where the Job's
     ``--out`` says, the way the real step does (manifest last)."""
-    name = {"stage": "stage.json", "train": "train.json", "eval": "eval.json",
-            "analyze": "analysis.json"}[step]  # fmt: skip
+    name = RESULT_MODELS[step].FILE
 
     def write(job: dict[str, Any]) -> None:
         out = arg(job, "out")

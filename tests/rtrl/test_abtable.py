@@ -24,6 +24,7 @@ from rtrl.abtable import (
     percent,
     render_table,
 )
+from rtrl.core.results import AnalysisCause, AnalysisResult, CauseKind, Decision
 from rtrl.kubectl_plugin.render import render_status
 from rtrl_demo.console import metrics_table
 from rtrl_demo.report import write_report
@@ -68,27 +69,30 @@ SHOWN = {
     "invalid_tool_call_rate": ("0.00042", "0.0012", "+194.1%", "[-97.3%, +2215.5%]", "beyond"),
     "clarification_rate": ("0.000", "0.0021", "n/a", "n/a", "too-few-events"),
 }
-DOC = {
-    "ok": True,
-    "decision": "continue",
-    "message": "edit_persistence significantly better, promotion held",
-    "reasons": ["edit_persistence significantly better, promotion held"],
-    "baseline": "composer-0",
-    "canary": "composer-1",
-    "baseline_samples": 4504,
-    "canary_samples": 4441,
-    "metrics": ROWS,
-}
+DOC = AnalysisResult.written(
+    {
+        "ok": True,
+        "decision": Decision.CONTINUE,
+        "cause": AnalysisCause(kind=CauseKind.HELD_BEYOND_BAND, metrics=["clarification_rate"]),
+        "message": "edit_persistence significantly better, promotion held",
+        "reasons": ["edit_persistence significantly better, promotion held"],
+        "baseline": "composer-0",
+        "canary": "composer-1",
+        "baseline_samples": 4504,
+        "canary_samples": 4441,
+        "metrics": ROWS,
+    }
+)
 
 
-def judged_checkpoint(doc: dict[str, Any]) -> tuple[World, dict[str, Any]]:
+def judged_checkpoint(doc: AnalysisResult) -> tuple[World, dict[str, Any]]:
     """A cycle of the planning core up to its first analysis, judged from ``doc``: the
     Checkpoint's status.rollout metrics as the operator's judge() writes them."""
     world = World()
     to_canary(world)
     world.now += timedelta(hours=1)
     world.reconcile()
-    world.finish("analyze-0", result=copy.deepcopy(doc))
+    world.finish("analyze-0", result=doc.document())
     world.reconcile()
     return world, world.checkpoint("composer-1")
 
@@ -142,7 +146,7 @@ def test_the_same_intervals_in_kubectl_the_console_and_the_report(tmp_path: Path
 
     # the report: the analysis rows (cycle 1) and the status' rows (cycle 2)
     cycle = {"cycle": 1, "checkpoint": "composer-1", "parent": "composer-0", "phase": "Canary",
-             "reason": DOC["message"], "metrics": analysis_metrics(DOC),
+             "reason": DOC.message, "metrics": analysis_metrics(DOC),
              "looks": [{"canary_samples": 4441, "metrics": analysis_metrics(DOC)}]}  # fmt: skip
     second = {**cycle, "cycle": 2, "metrics": status_rows, "looks": []}
     page = write_report(tmp_path, {"scenario": "default", "cycles": [cycle, second]}).read_text()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from rtrl.core.api.checkpoint import MetricComparison
 from rtrl.core.api.common import parse_duration
+from rtrl.core.results import AnalysisResult
 
 from .actions import Delete
 from .manifests import canary as cn
@@ -112,34 +112,24 @@ def analyze_args(
     return args
 
 
-DECISIONS = ("continue", "promote", "rollback")
+def read_verdict(doc: Any) -> AnalysisResult:
+    """An analysis.json through its contract: :class:`~rtrl.core.results.ResultError` (a
+    ValueError) when it is not an analysis result (a decision it does not know, a
+    non-finite metric, a newer version...)."""
+    return AnalysisResult.read(doc)
 
 
-def tripped(decision: str, reason: str) -> bool:
-    """A rollback because a guardrail tripped (the analysis says so in its reasons)."""
-    return decision == "rollback" and "guardrail tripped:" in reason
-
-
-def read_verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fields of an analysis.json the rollout uses, checked: ValueError or TypeError
-    when it is not an analysis result (a decision it does not know, a non-finite metric...)."""
-    decision = str(doc.get("decision") or "continue")
-    if decision not in DECISIONS:
-        raise ValueError(f"decision {decision!r} is none of {', '.join(DECISIONS)}")
-    reasons = doc.get("reasons") or []
-    metrics = doc.get("metrics") or []
-    if not isinstance(reasons, list) or not isinstance(metrics, list):
-        raise TypeError("reasons and metrics must be lists")
+def record_fields(result: AnalysisResult) -> dict[str, Any]:
+    """What a canary step's record keeps of an analysis: the decision, its reasons in one
+    line, the samples and the metrics (bounded as the CRD bounds them)."""
     return {
-        "decision": decision,
-        "reason": "; ".join(str(e) for e in reasons)[:32768] or decision,
-        "baselineSamples": int(doc.get("baseline_samples") or 0),
-        "canarySamples": int(doc.get("canary_samples") or 0),
+        "decision": str(result.decision),
+        "reason": result.reason,
+        "baselineSamples": result.baseline_samples,
+        "canarySamples": result.canary_samples,
         "metrics": [
-            MetricComparison.model_validate(
-                {k: m[k] for k in MetricComparison.model_fields if m.get(k) is not None}
-            ).model_dump(mode="json", by_alias=True, exclude_none=True)
-            for m in metrics
+            m.to_status().model_dump(mode="json", by_alias=True, exclude_none=True)
+            for m in result.metrics
         ][:64]
         or None,
     }

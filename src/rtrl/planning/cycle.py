@@ -17,13 +17,10 @@ from datetime import timedelta
 from typing import Any
 
 from rtrl.core.api import names
-from rtrl.core.api.checkpoint import (
-    EvalSummary,
-    GateResult,
-    TrainingSummary,
-)
+from rtrl.core.api.checkpoint import EvalSummary, Verdict
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
+from rtrl.core.results import EvalFailure, EvalResult, GatesSource, StageResult, TrainResult
 
 from .actions import Create, Delete
 from .manifests.jobs import (
@@ -48,8 +45,6 @@ from .timeutil import iso
 
 STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
 MAX_BACKOFF = 3600.0
-# Why eval.json failed a candidate (its "reason"), as the Checkpoint's condition reason.
-EVAL_FAILURES = ("EvalGatesFailed", "SandboxUnsafe")
 
 
 def cancel_reason(r: Round) -> str:
@@ -235,20 +230,20 @@ def step_succeeded(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Pl
         return fail(
             r, ck, "ResultMissing", f"{job.name} succeeded but {uri} holds no committed result"
         )
-    try:
+    try:  # through the step's contract: a ResultError names the field and the problem
         if step == "stage":
-            return staged(r, ck, dict(doc), uri)
+            return staged(r, ck, StageResult.read(doc), uri)
         if step == "train":
-            return trained(r, ck, dict(doc), uri)
-        return evaluated(r, ck, dict(doc), uri)
+            return trained(r, ck, TrainResult.read(doc), uri)
+        return evaluated(r, ck, EvalResult.read(doc), uri)
     except (KeyError, TypeError, ValueError) as exc:
         return fail(r, ck, "ResultInvalid", f"{uri} is not a valid {step} result: {exc}")
 
 
-def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
+def staged(r: Round, ck: dict[str, Any], doc: StageResult, uri: str) -> Plan:
     name = _meta(ck)["name"]
-    if not doc.get("sufficient"):
-        message = str(doc.get("message") or "not enough matured interactions")
+    if not doc.sufficient:
+        message = doc.message or "not enough matured interactions"
         r.conditions.set("InsufficientData", True, "InsufficientData", message)
         r.conditions.set("Progressing", False, "InsufficientData", message)
         r.event("InsufficientData", f"{name}: {message}; retrying at the next tick")
@@ -275,25 +270,18 @@ def staged(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
             r.act(Delete("v1", "ConfigMap", config_map_name(name)))
         return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
     summary = data_summary(doc, uri)
-    r.conditions.set("InsufficientData", False, "DataSufficient", str(doc.get("message") or ""))
-    r.patch_summary(
-        ck,
-        "data",
-        summary,
-        phase="Training",
-        reason="Staged",
-        message=str(doc.get("message") or ""),
-    )
-    r.event("Staged", f"{name}: {doc.get('message')}", kind="Checkpoint", name=name)
+    r.conditions.set("InsufficientData", False, "DataSufficient", doc.message)
+    r.patch_summary(ck, "data", summary, phase="Training", reason="Staged", message=doc.message)
+    r.event("Staged", f"{name}: {doc.message}", kind="Checkpoint", name=name)
     r.out.soon(0)
     return r.finish(
         "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
     )
 
 
-def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
+def trained(r: Round, ck: dict[str, Any], doc: TrainResult, uri: str) -> Plan:
     name = _meta(ck)["name"]
-    summary = TrainingSummary.model_validate(doc["summary"])
+    summary = doc.summary
     text = f"{summary.steps} steps on {summary.tokens} tokens" + (
         f", loss {summary.loss:.4g}, kl {summary.kl:.3g}"
         if summary.loss is not None and summary.kl is not None
@@ -305,22 +293,24 @@ def trained(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan
     return r.finish("Evaluating", f"cycle {r.status['cycle']}: trained {name}")
 
 
-def evaluated(r: Round, ck: dict[str, Any], doc: dict[str, Any], uri: str) -> Plan:
-    name = _meta(ck)["name"]
-    gates = [
-        GateResult.model_validate({k: g[k] for k in GateResult.model_fields})
-        for g in doc.get("gates") or []
-    ]
-    summary = EvalSummary(
-        verdict="Passed" if doc["passed"] else "Failed", report=uri, gates=gates[:64] or None
-    )
-    message = str(doc.get("message") or summary.verdict)
-    if doc.get("gates_source") == "default":  # spec.eval.gates unset
+def eval_summary(doc: EvalResult, uri: str) -> tuple[EvalSummary, str, str]:
+    """The Checkpoint's ``status.eval`` from the eval.json at ``uri``, its message and its
+    reason (SandboxUnsafe: the code suites were not scored, a sandbox guarantee missing)."""
+    gates = [g.to_status() for g in doc.gates]
+    verdict = Verdict.PASSED if doc.passed else Verdict.FAILED
+    summary = EvalSummary(verdict=verdict, report=uri, gates=gates[:64] or None)
+    message = doc.message or str(verdict)
+    if doc.gates_source == GatesSource.DEFAULT:  # spec.eval.gates unset
         message += " (default gates)"
-    passed = bool(doc["passed"])
-    # SandboxUnsafe: the code suites were not scored (a sandbox guarantee is missing)
-    failure = str(doc["reason"]) if doc.get("reason") in EVAL_FAILURES else "EvalGatesFailed"
-    phase, reason = ("Evaluated", "EvalPassed") if passed else ("Rejected", failure)
+    reason = "EvalPassed" if doc.passed else str(doc.reason or EvalFailure.GATES_FAILED)
+    return summary, message, reason
+
+
+def evaluated(r: Round, ck: dict[str, Any], doc: EvalResult, uri: str) -> Plan:
+    name = _meta(ck)["name"]
+    summary, message, reason = eval_summary(doc, uri)
+    passed = doc.passed
+    phase = "Evaluated" if passed else "Rejected"
     r.patch_summary(
         ck,
         "eval",

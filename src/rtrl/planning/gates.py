@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_APPROVE
 
@@ -30,9 +31,17 @@ WEBHOOK_RELEASE = "confirm webhook answered 200"
 HELD = "promotion awaits approval: "
 
 
+def as_recorded(r: Round, verdict: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """An analysis's verdict as the step's record keeps it, and whether it is a promotion
+    held by ``rollout.approval`` (recorded as what happens: the canary stays, continue)."""
+    held = verdict["decision"] == Decision.PROMOTE and promotion_gate(r) is not None
+    return (held_promotion(verdict) if held else verdict), held
+
+
 def held_promotion(verdict: dict[str, Any]) -> dict[str, Any]:
     """An analysis's promotion held by ``rollout.approval``, as recorded: continue."""
-    return {**verdict, "decision": "continue", "reason": f"{HELD}{verdict['reason']}"[:32768]}
+    reason = f"{HELD}{verdict['reason']}"[:32768]
+    return {**verdict, "decision": Decision.CONTINUE.value, "reason": reason}
 
 
 def promotion_reason(record: dict[str, Any]) -> str:

@@ -25,10 +25,11 @@ from typing import Any
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
 from rtrl.core.api.rlcycle import Router
+from rtrl.core.results import AnalysisResult, Decision
 
 from . import gates
 from .actions import Create, Delete, Patch
-from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, tripped
+from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, record_fields
 from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
@@ -38,6 +39,8 @@ from .round import READY_POLL_SECONDS, Plan, Round
 from .steps import new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
 
+PROMOTE, ROLLBACK = Decision.PROMOTE, Decision.ROLLBACK
+
 
 def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     """The canary of a Checkpoint that passed eval: a decision already recorded is carried
@@ -46,14 +49,14 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     records = [dict(e) for e in (ck.get("status") or {}).get("rollout") or []]
     decided = records[-1].get("decision") if records else None
     gates.clear(r)
-    if decided not in ("promote", "rollback"):
+    if decided not in (PROMOTE, ROLLBACK):
         reason, decision = manual_decision(r)
         if decision is not None:
             return decide(r, ck, records, decision, reason)
-    if records and decided == "promote":
+    if records and decided == PROMOTE:
         return promote(r, ck, records)
-    if records and decided == "rollback":
-        return roll_back(r, ck, records, str(records[-1].get("reason") or "rollback"))
+    if records and decided == ROLLBACK:
+        return roll_back(r, ck, records, str(records[-1].get("reason") or ROLLBACK))
     if not records:
         first = r.spec.rollout.steps[0]
         records = [new_record(r, 0)]
@@ -74,20 +77,20 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     elif steps_changed(r, records):
         full = restart_steps(r, ck, records)  # or why it cannot: the records are full
         if full:
-            return decide(r, ck, records, "rollback", full)
+            return decide(r, ck, records, ROLLBACK, full)
     return run_step(r, ck, records)
 
 
-def manual_decision(r: Round) -> tuple[str, str | None]:
+def manual_decision(r: Round) -> tuple[str, Decision | None]:
     """``(reason, decision)`` asked for by hand or by ``spec.pin``; ``("", None)`` if none."""
     if r.spec.pin:
-        return f"spec.pin is set to {r.spec.pin}", "rollback"
+        return f"spec.pin is set to {r.spec.pin}", ROLLBACK
     # The decision's record on the Checkpoint names the token ("... (key=token)"): that
     # write is what takes it, so an operator killed before the RLCycle's status says so
     # does not take it again (Round.pending_annotation reads the records).
     for key, status_key, decision, words in (
-        (ANNOTATION_ROLLBACK, "lastRollback", "rollback", "manual rollback"),
-        (ANNOTATION_PROMOTE, "lastPromote", "promote", "manual promotion"),
+        (ANNOTATION_ROLLBACK, "lastRollback", ROLLBACK, "manual rollback"),
+        (ANNOTATION_PROMOTE, "lastPromote", PROMOTE, "manual promotion"),
     ):
         token = r.pending_annotation(key, status_key)
         if token is not None:
@@ -97,15 +100,15 @@ def manual_decision(r: Round) -> tuple[str, str | None]:
 
 
 def decide(
-    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], decision: str, reason: str
+    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], decision: Decision, reason: str
 ) -> Plan:
     """Record ``decision`` in the current step's entry, then carry it out next round."""
     if not records:
         records = [{"weight": 0, "startedAt": iso(r.now), "analyses": 0}]
-    records[-1].update(decision=decision, reason=reason[:32768], endedAt=iso(r.now))
+    records[-1].update(decision=decision.value, reason=reason[:32768], endedAt=iso(r.now))
     r.patch_checkpoint(ck, phase="Canary", rollout=records)
     r.out.soon(0)
-    phase = "Promoting" if decision == "promote" else "RollingBack"
+    phase = "Promoting" if decision == PROMOTE else "RollingBack"
     return r.finish(phase, f"{meta(ck)['name']}: {decision}: {reason}")
 
 
@@ -164,7 +167,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
     except StableServiceMissingError as missing:
         namespace = r.meta.get("namespace")
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
-        return decide(r, ck, records, "rollback", reason)
+        return decide(r, ck, records, ROLLBACK, reason)
     r.status["canaryWeight"] = round(share)
     if record.get("restarted"):
         text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
@@ -180,7 +183,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
                 r,
                 ck,
                 records,
-                "rollback",
+                ROLLBACK,
                 f"canary not ready within {r.spec.rollout.ready_timeout}",
             )
         r.out.soon(READY_POLL_SECONDS)
@@ -199,7 +202,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
     if record.get("awaitingApproval") and not record.get("approved"):
         gate = gates.passed(r, ck, records)  # None: still held, the analyses go on
         if gate == "promotion":
-            return decide(r, ck, records, "promote", gates.promotion_reason(record))
+            return decide(r, ck, records, PROMOTE, gates.promotion_reason(record))
         if gate == "step":
             next_step(r, ck, records)
             r.patch_checkpoint(ck, phase="Canary", rollout=records)
@@ -234,13 +237,13 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
             create_step(r, ck, analysis, job.attempt + 1, args)
             return r.finish("Canary", f"{name}: retrying the analysis")
         return decide(
-            r, ck, records, "rollback", f"analysis failed: {job.name}: {job.message or job.reason}"
+            r, ck, records, ROLLBACK, f"analysis failed: {job.name}: {job.message or job.reason}"
         )
     doc = r.obs.results.get(result_uri(ck["spec"]["uri"], analysis))
     if isinstance(doc, str) or doc is None:
         if doc is None:
             return decide(
-                r, ck, records, "rollback", f"analysis {job.name} committed no analysis.json"
+                r, ck, records, ROLLBACK, f"analysis {job.name} committed no analysis.json"
             )
         r.out.soon(10)
         return r.finish("Canary", f"cannot read the analysis: {doc}")
@@ -251,36 +254,32 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         # a result that raised in every round would stop the RLCycle instead).
         why = " ".join(str(exc).split())[:500]
         uri = result_uri(ck["spec"]["uri"], analysis)
-        return decide(r, ck, records, "rollback", f"{uri} is not a valid analysis result: {why}")
+        return decide(r, ck, records, ROLLBACK, f"{uri} is not a valid analysis result: {why}")
     return judge(r, ck, records, verdict)
 
 
 def judge(
-    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], verdict: dict[str, Any]
+    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], result: AnalysisResult
 ) -> Plan:
     """An analysis's verdict (:func:`read_verdict`) into the step's record: promote, roll
     back, the next step (once both arms have ``minSamples``), or stay."""
-    name = meta(ck)["name"]
-    record = records[-1]
-    decision = verdict["decision"]
-    held = decision == "promote" and gates.promotion_gate(r) is not None
-    if held:  # recorded as what happens: the canary stays until the promotion is approved
-        verdict = gates.held_promotion(verdict)
+    name, record, decision = meta(ck)["name"], records[-1], result.decision
+    verdict, held = gates.as_recorded(r, record_fields(result))
     record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
     r.event(
         f"Analysis{decision.title()}",
         f"{name}: {record['reason']}",
-        warning=decision == "rollback",
+        warning=decision == ROLLBACK,
         kind="Checkpoint",
         name=name,
-        notify=("GuardrailTripped",) if tripped(decision, record["reason"]) else (),
+        notify=("GuardrailTripped",) if result.guardrail_tripped else (),
     )
-    if record["decision"] in ("promote", "rollback"):
+    if record["decision"] in (PROMOTE, ROLLBACK):
         record["endedAt"] = iso(r.now)
         r.patch_checkpoint(ck, phase="Canary", rollout=records)
         r.out.soon(0)
         return r.finish(
-            "Promoting" if decision == "promote" else "RollingBack",
+            "Promoting" if decision == PROMOTE else "RollingBack",
             f"{name}: {decision}: {record['reason']}",
         )
     steps = r.spec.rollout.steps

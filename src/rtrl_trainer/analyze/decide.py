@@ -9,11 +9,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.rlcycle import AnalysisSpec, Band, GuardrailsSpec
+from rtrl.core.results import AnalysisCause
 from rtrl_trainer.analyze.confidence import MIN_EVENTS, MIN_SAMPLES, Comparison, compare
 from rtrl_trainer.analyze.estimate import Difference
 from rtrl_trainer.analyze.rule import (
     BEYOND,
+    CAUSES,
     DECISIONS,
     GOAL_WORSE,
     GUARDRAIL,
@@ -41,12 +44,15 @@ from rtrl_trainer.analyze.srm import SRM_HOLD_P, SrmResult
 class Analysis:
     """One analysis, as ``analysis.json`` reports it."""
 
-    decision: str
+    decision: Decision
     reasons: list[str]
     metrics: list[dict[str, Any]]
     srm: dict[str, Any]
     missing: list[str]
     settled: dict[str, Any] | None = None
+    # why, as fields: the rule's cause and the metrics it names (tripped guardrails, goals
+    # significantly worse, guardrails beyond their band)
+    cause: AnalysisCause | None = None
 
 
 def _num(value: float, unit: str) -> str:
@@ -241,6 +247,14 @@ def decide(
             }
     cause = int(j.cause)
     beyond = [m.name for m in metrics if j.verdicts[m.name] == BEYOND]
+    named = {
+        GUARDRAIL: [m.name for m in metrics if j.verdicts[m.name] == TRIPPED],
+        GOAL_WORSE: [m.name for m in metrics if m.kind == "goal" and j.verdicts[m.name] == WORSE],
+        HELD: beyond,
+        POLICY_ROLLBACK: beyond,
+        NOT_NON_INFERIOR: beyond,
+        HOLD: beyond,
+    }.get(cause, [])
     held = f" ({', '.join(beyond)} beyond its band)" if beyond else ""
     lead: list[str] = []
     if cause == SRM and srm is not None:
@@ -251,11 +265,9 @@ def decide(
             "comparable"
         )
     elif cause == GUARDRAIL:
-        tripped = [m.name for m in metrics if j.verdicts[m.name] == TRIPPED]
-        lead.append(f"guardrail tripped: {', '.join(tripped)} moved beyond its band")
+        lead.append(f"guardrail tripped: {', '.join(named)} moved beyond its band")
     elif cause == GOAL_WORSE:
-        worse = [m.name for m in metrics if m.kind == "goal" and j.verdicts[m.name] == WORSE]
-        lead.append(f"goal significantly worse: {', '.join(worse)}")
+        lead.append(f"goal significantly worse: {', '.join(named)}")
     elif cause == PRIMARY_BETTER:
         lead.append(f"{PRIMARY} significantly better and no goal worse, no guardrail tripped")
     elif cause == HELD_NOVELTY:
@@ -309,4 +321,6 @@ def decide(
             p_value=float(srm.p_value),
             mismatch=bool(srm.mismatch),
         )
-    return Analysis(DECISIONS[int(j.decision)], lead + lines, rows, srm_doc, missing, settled_doc)
+    why = AnalysisCause(kind=CAUSES[cause], metrics=named)
+    decision = DECISIONS[int(j.decision)]
+    return Analysis(decision, lead + lines, rows, srm_doc, missing, settled_doc, why)

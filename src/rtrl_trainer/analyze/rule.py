@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.rlcycle import (
     AnalysisSpec,
     Band,
@@ -22,6 +23,7 @@ from rtrl.core.api.rlcycle import (
     InconclusivePolicy,
     SequentialTest,
 )
+from rtrl.core.results import CauseKind
 from rtrl_trainer.analyze.confidence import Comparison, compare
 from rtrl_trainer.analyze.estimate import Difference, independent
 
@@ -71,14 +73,28 @@ GUARDRAIL_TAU_FLOOR = 0.5
 INCONCLUSIVE, BETTER, WORSE, OK, TRIPPED, BEYOND, FEW_EVENTS = 0, 1, 2, 3, 4, 5, 6
 VERDICTS = ("inconclusive", "better", "worse", "ok", "tripped", "beyond", "too-few-events")
 
-# Decision codes.
+# Decision codes (arrays of these in vectorised use), and the decision each one is.
 CONTINUE, PROMOTE, ROLLBACK = 0, 1, 2
-DECISIONS = ("continue", "promote", "rollback")
+DECISIONS = (Decision.CONTINUE, Decision.PROMOTE, Decision.ROLLBACK)
 
-# Why the decision was taken.
+# Why the decision was taken: codes, and the cause analysis.json names for each one.
 NO_CAUSE, SRM, GUARDRAIL, GOAL_WORSE, PRIMARY_BETTER = 0, 1, 2, 3, 4
 POLICY_ROLLBACK, NON_INFERIOR, NOT_NON_INFERIOR, HOLD, HELD, HELD_SRM = 5, 6, 7, 8, 9, 10
 HELD_NOVELTY = 11
+CAUSES = (
+    CauseKind.INCONCLUSIVE,
+    CauseKind.SAMPLE_RATIO_MISMATCH,
+    CauseKind.GUARDRAIL,
+    CauseKind.GOAL_WORSE,
+    CauseKind.PRIMARY_BETTER,
+    CauseKind.POLICY_ROLLBACK,
+    CauseKind.NON_INFERIOR,
+    CauseKind.NOT_NON_INFERIOR,
+    CauseKind.POLICY_HOLD,
+    CauseKind.HELD_BEYOND_BAND,
+    CauseKind.HELD_SAMPLE_RATIO,
+    CauseKind.HELD_NOVELTY,
+)
 
 
 @dataclass(frozen=True)

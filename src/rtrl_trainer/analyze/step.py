@@ -31,12 +31,13 @@ decision ``continue``); 2 for usage and config errors.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.checkpoint import Decision
+from rtrl.core.results import AnalysisCause, AnalysisResult, CauseKind
 from rtrl.core.store import open_store
 from rtrl_trainer.analyze.config import RESULT_NAME, AnalyzeConfig, AnalyzeError
 from rtrl_trainer.analyze.decide import decide
@@ -66,7 +67,8 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
     looks = config.looks
     doc: dict[str, Any] = {
         "ok": True,
-        "decision": "continue",
+        "decision": Decision.CONTINUE,
+        "cause": None,
         "message": "",
         "reasons": [],
         "baseline": config.baseline,
@@ -121,6 +123,7 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         doc["ok"] = False
         doc["message"] = quarantine_message(q, limit)
         doc["reasons"] = [f"cannot analyse: {doc['message']}"]
+        doc["cause"] = AnalysisCause(kind=CauseKind.CANNOT_ANALYSE, metrics=[])
     else:
         base_units, canary_units, both = arms.srm_counts()
         checked = [i for i, (_, share) in enumerate(plan_) if share is not None]
@@ -181,6 +184,7 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         )
         doc.update(
             decision=result.decision,
+            cause=result.cause,
             message=result.reasons[0],
             reasons=result.reasons,
             metrics=result.metrics,
@@ -201,9 +205,11 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
                 "files": served.files,
             }
     doc["timing"] = {"seconds": round(time.perf_counter() - clock, 3)}
+    written = AnalysisResult.written(doc)  # the contract the operator reads it by
+    doc = written.document()
     with tempfile.TemporaryDirectory(prefix="rtrl-analyze-") as tmp:
         path = Path(tmp) / RESULT_NAME
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        path.write_text(written.to_json())
         metadata = {
             "step": "analyze",
             "ok": doc["ok"],

@@ -17,7 +17,6 @@ and behaviour suites are scored by :mod:`.scoring`.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from rtrl.core.api.checkpoint import GateResult
+from rtrl.core.api.checkpoint import GateResult, Verdict
 from rtrl.core.api.rlcycle import EvalSuite
+from rtrl.core.results import EvalFailure, EvalResult
 from rtrl.core.store import ObjectStore, open_store
 from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint
 from rtrl_trainer.evaluate import behaviour, replay, sandbox, sandbox_shared, sandbox_types
@@ -347,10 +347,16 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
         timing["seconds"] = time.perf_counter() - clock
         doc: dict[str, Any] = {
             "passed": passed,
-            "verdict": "Passed" if passed else "Failed",
+            "verdict": Verdict.PASSED if passed else Verdict.FAILED,
             "message": message,
             # why it failed, for the Checkpoint's condition: unscored suites first
-            "reason": "SandboxUnsafe" if unscored else "EvalGatesFailed" if failed else None,
+            "reason": (
+                EvalFailure.SANDBOX_UNSAFE
+                if unscored
+                else EvalFailure.GATES_FAILED
+                if failed
+                else None
+            ),
             "candidate": config.candidate,
             "parent": config.parent,
             "heldout": config.heldout,
@@ -371,7 +377,8 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             },
             "timing": {k: round(v, 3) for k, v in timing.items()},
         }
+        result = EvalResult.written(doc)  # the contract the operator reads it by
         result_path = tmp_dir / RESULT_NAME
-        result_path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        result_path.write_text(result.to_json())
         out.commit("", {RESULT_NAME: result_path}, {"step": "eval", "passed": passed})
-    return doc
+    return result.document()

@@ -6,7 +6,6 @@ which the parts run and the ``stage.json`` they add up to.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from rtrl.core.events import SealedView
+from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
@@ -139,7 +139,9 @@ def stage(config: StageConfig, *, work_dir: Path | None = None) -> dict[str, Any
             "write_seconds": round(seconds - select_seconds, 3),
             "rows_per_second": round(q.rows_read / seconds) if seconds > 0 else None,
         }
-        staging.path(RESULT_NAME).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        result = StageResult.written(doc)  # the contract the operator reads it by
+        staging.path(RESULT_NAME).write_text(result.to_json())
+        doc = result.document()
         metadata = {
             "step": "stage",
             "ok": doc["ok"],

@@ -31,7 +31,7 @@ weights) mean the set was not written by the stage step and stop the run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from rtrl.core.api.rlcycle import DataSpec
+from rtrl.core.results import StageResult
 from rtrl.core.shards.checks import TOKEN_OUT_OF_RANGE
 from rtrl_trainer import stagedset
 from rtrl_trainer.logprobs import DEFAULT, Sampling
@@ -140,13 +141,11 @@ class RankData:
     skipped: Skipped = field(default_factory=Skipped)
 
 
-def max_bad_fraction(stage: Mapping[str, Any]) -> float:
+def max_bad_fraction(stage: StageResult) -> float:
     """The share of rows that may be skipped: the limit the stage applied to the shards
     (stage.json ``max_bad_fraction``, the RLCycle's ``data.maxBadFraction``)."""
-    value = stage.get("max_bad_fraction")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        return DEFAULT_MAX_BAD_FRACTION
-    return float(value)
+    value = stage.max_bad_fraction
+    return DEFAULT_MAX_BAD_FRACTION if value is None else value
 
 
 def check_skipped(skipped: Skipped, limit: float) -> None:

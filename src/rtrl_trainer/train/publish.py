@@ -9,7 +9,6 @@ Every rank ends with rank 0's outcome, so all pods of the Job succeed or fail to
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rtrl.core.api.checkpoint import TrainingSummary
+from rtrl.core.results import TrainResult
 from rtrl.core.store import ObjectStore, StoreError
 from rtrl_trainer import checkpoint_io as cio
 from rtrl_trainer.train.collectives import Ranks, agree, gather, say
@@ -131,7 +131,7 @@ def train_document(
     probe: dict[str, Any],
     wall_seconds: float,
     host_memory: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """train.json: the summary the operator puts on the Checkpoint (TrainingSummary) and
     the details behind it."""
     history = progress.history
@@ -158,25 +158,27 @@ def train_document(
         tokens_per_second=tokens / progress.loop_seconds if progress.loop_seconds > 0 else None,
         wall_seconds=wall_seconds,
     )
-    return {
-        "version": 1,
-        "summary": summary.model_dump(mode="json", exclude_none=True),
-        "parent": {
+    return TrainResult(
+        summary=summary,
+        parent={
             "uri": inputs.parent.uri,
             "manifest": inputs.parent.manifest,
             "files": inputs.parent.files,
         },
-        "data": {
+        data={
             "uri": inputs.data.uri,
             "files": inputs.data.files,
             "rows": sum(c[0] for c in counts),
             "loss_tokens": sum(c[1] for c in counts),
             "rows_truncated": sum(c[2] for c in counts),
             **data.skipped.to_dict(),
-            "stage": {k: inputs.stage.get(k) for k in ("interactions_used", "tokens_used")},
+            "stage": {
+                "interactions_used": inputs.stage.interactions_used,
+                "tokens_used": inputs.stage.tokens_used,
+            },
         },
-        "config": describe(config),
-        "run": {
+        config=describe(config),
+        run={
             "world_size": world_size,
             "device": device.type,
             "steps_per_epoch": schedule.steps_per_epoch,
@@ -190,10 +192,10 @@ def train_document(
             "loop_seconds": progress.loop_seconds,
             "host_memory": host_memory,
         },
-        "history": history,
-        "probe": probe,
-        "finished_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-    }
+        history=history,
+        probe=probe,
+        finished_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+    )
 
 
 def publish(
@@ -203,7 +205,7 @@ def publish(
     *,
     inputs: Inputs,
     dropout: dict[str, float],
-    doc: dict[str, Any],
+    doc: TrainResult,
     state_dict: dict[str, torch.Tensor] | None,
     config: TrainConfig,
 ) -> None:
@@ -219,7 +221,7 @@ def publish(
     # ranks; save_pretrained drops tied duplicates (lm_head = embeddings) in both cases.
     module.save_pretrained(out_dir, state_dict=state_dict)
     copied = cio.copy_parent_files(inputs.parent, out_dir)
-    (out_dir / "train.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (out_dir / TrainResult.FILE).write_text(doc.to_json(sort_keys=True))
     files = cio.checkpoint_files(out_dir)
     metadata = {
         "kind": "checkpoint",

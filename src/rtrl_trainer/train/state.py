@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
 from rtrl_trainer import checkpoint_io as cio
@@ -49,7 +50,7 @@ class Inputs:
 
     parent: cio.Fetched
     data: cio.Fetched
-    stage: dict[str, Any]
+    stage: StageResult
     vocab_size: int
     tokenizer_size: int | None
 
@@ -130,17 +131,15 @@ def fetch_inputs(config: TrainConfig, scratch: Path) -> Inputs:
         label="staged training set",
         verify=True,
     )
-    try:
-        stage = json.loads((scratch / "data" / RESULT_NAME).read_text())
+    try:  # through the contract the stage step wrote it by (ResultError names the field)
+        stage = StageResult.read(json.loads((scratch / "data" / RESULT_NAME).read_text()))
     except ValueError as exc:
         raise cio.InputError(f"staged training set {config.data}: {RESULT_NAME}: {exc}") from None
-    if not isinstance(stage, dict):
-        raise cio.InputError(f"staged training set {config.data}: {RESULT_NAME} is not an object")
-    if not stage.get("sufficient", True):
+    if not stage.sufficient:
         raise DataError(
             f"staged training set {config.data} is marked insufficient "
-            f"({stage.get('interactions_used', '?')} interactions, "
-            f"{stage.get('tokens_used', '?')} tokens): nothing to train on"
+            f"({stage.interactions_used} interactions, {stage.tokens_used} tokens): "
+            "nothing to train on"
         )
     names = [n for n in manifest.files if n.startswith(f"{TRAIN_DIR}/")]
     data, _ = cio.fetch_committed(

@@ -9,6 +9,7 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
+from rtrl.core.results import AnalysisCause, AnalysisResult, CauseKind
 from rtrl.planning import Observed, PatchStatus, plan
 from tests.rtrl.planning.test_plan import World, analysis, run_cycle, to_canary
 
@@ -148,3 +149,50 @@ def test_a_notification_removed_from_the_spec_is_not_delivered() -> None:
     world.rlcycle["spec"]["notifications"] = HOOKS[1:]
     world.reconcile()
     assert [e["targets"] for e in world.outbox()] == [["chat"]]
+
+
+def _guardrail_world(doc: dict[str, Any]) -> list[Any]:
+    """The canary's first analysis commits ``doc``: the Emits of the round that judges it."""
+    world = NotifyingWorld(notifications=HOOKS)
+    to_canary(world)
+    world.now += timedelta(minutes=30)
+    world.reconcile()
+    world.finish("analyze-0", result=doc)
+    world.reconcile()
+    return [e for e in world.events if e.reason == "AnalysisRollback"]
+
+
+def test_a_guardrail_trip_is_told_by_the_analysis_cause_not_its_words() -> None:
+    """GuardrailTripped follows analysis.json's ``cause`` (kind guardrail), whatever its
+    reasons say (rtrl 99043cc matched "guardrail tripped:" in the reasons' text: this
+    trip, worded otherwise, sent no GuardrailTripped, and a rollback for another cause
+    whose words began so sent one)."""
+    tripped = AnalysisResult.written(
+        {
+            **analysis("rollback"),
+            "cause": AnalysisCause(kind=CauseKind.GUARDRAIL, metrics=["clarification_rate"]),
+            "reasons": ["clarification_rate rose beyond its band (+50%)"],
+        }
+    ).document()
+    [emit] = _guardrail_world(tripped)
+    assert emit.notify == ("GuardrailTripped",)
+    worse = AnalysisResult.written(
+        {
+            **analysis("rollback"),
+            "cause": AnalysisCause(kind=CauseKind.GOAL_WORSE, metrics=["edit_persistence"]),
+            "reasons": ["guardrail tripped: none; edit_persistence significantly worse"],
+        }
+    ).document()
+    [emit] = _guardrail_world(worse)
+    assert emit.notify == ()
+
+
+def test_a_guardrail_trip_in_an_analysis_of_rtrl_before_causes_still_notifies() -> None:
+    """An analysis.json of version 1 (no cause): its lead reason, read once by the contract."""
+    old = {
+        **analysis("rollback"),
+        "reasons": ["guardrail tripped: edit_rate moved beyond its band", "edit_rate: tripped"],
+    }
+    del old["version"]
+    [emit] = _guardrail_world(old)
+    assert emit.notify == ("GuardrailTripped",)

@@ -16,11 +16,22 @@ import jsonpatch
 import pytest
 
 from rtrl.core.api import names
-from rtrl.core.api.checkpoint import CheckpointStatus
+from rtrl.core.api.checkpoint import CheckpointStatus, Decision, TrainingSummary
 from rtrl.core.api.cron import parse_cron
 from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.core.api.rlcycle import RLCycleStatus
 from rtrl.core.api.yamlfile import load
+from rtrl.core.results import (
+    AnalysisMetric,
+    AnalysisResult,
+    EvalGate,
+    EvalResult,
+    FidelityFigures,
+    FidelityGate,
+    RewardFigures,
+    StageResult,
+    TrainResult,
+)
 from rtrl.planning import (
     Create,
     Delete,
@@ -42,34 +53,37 @@ from tests.conftest import REPO
 T0 = datetime(2026, 11, 29, 0, 0, tzinfo=UTC)
 _uids = itertools.count(1)
 
-STAGE_OK = {
-    "ok": True,
-    "sufficient": True,
-    "message": "2000 interactions",
-    "interactions_used": 2000,
-    "tokens_used": 90000,
-    "on_policy_fraction": 0.95,
-    "quarantined": {"truncated": 3},
-    "quarantined_files": [],
-    "reward": {"mean": 0.31, "std": 0.42, "min": -1.0, "max": 1.0},
-    "monitors": {"edit_rate": 0.6, "invalid_tool_call_rate": None, "latency_p95_ms": 850.0},
-    "refused": {"greedy": 2, "raw_logprobs_tempered": 0},
-    "fidelity": {
-        "checked": True, "partitions_checked": 2, "partitions_quarantined": 0,
-        "overall": {"rows": 64, "tokens": 640, "mean_abs_delta": 0.004, "max_abs_delta": 0.03,
-                    "unsupported_fraction": 0.0,
-                    "is_weight": {"p01": 0.99, "p05": 0.995, "p50": 1.0, "p99": 1.01}},
-    },
-}  # fmt: skip
-TRAIN_OK = {"summary": {"steps": 4, "tokens": 90000, "loss": 0.12, "kl": 0.003}}
-EVAL_PASS = {
-    "passed": True,
-    "message": "passed 1 gate(s)",
-    "gates": [
-        {"metric": "tasks.pass_at_1", "candidate": 0.5, "parent": 0.5, "ci_low": -0.1,
-         "ci_high": 0.1, "passed": True, "mode": "absolute"}
+# Step results built through their contracts (rtrl.core.results), as the steps write them.
+STAGE_OK = StageResult(
+    ok=True,
+    sufficient=True,
+    message="2000 interactions",
+    interactions_used=2000,
+    tokens_used=90000,
+    on_policy_fraction=0.95,
+    quarantined={"truncated": 3},
+    quarantined_files=[],
+    reward=RewardFigures(mean=0.31, std=0.42, min=-1.0, max=1.0),
+    monitors={"edit_rate": 0.6, "invalid_tool_call_rate": None, "latency_p95_ms": 850.0},
+    refused={"greedy": 2, "raw_logprobs_tempered": 0},
+    fidelity=FidelityGate(
+        checked=True, partitions_checked=2, partitions_quarantined=0,
+        overall=FidelityFigures(rows=64, tokens=640, mean_abs_delta=0.004, max_abs_delta=0.03,
+                                unsupported_fraction=0.0,
+                                is_weight={"p01": 0.99, "p05": 0.995, "p50": 1.0, "p99": 1.01}),
+    ),
+).document()  # fmt: skip
+TRAIN_OK = TrainResult(
+    summary=TrainingSummary(steps=4, tokens=90000, loss=0.12, kl=0.003)
+).document()
+EVAL_PASS = EvalResult(
+    passed=True,
+    message="passed 1 gate(s)",
+    gates=[
+        EvalGate(metric="tasks.pass_at_1", candidate=0.5, parent=0.5, ci_low=-0.1, ci_high=0.1,
+                 passed=True, mode="absolute")
     ],
-}  # fmt: skip
+).document()  # fmt: skip
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -249,16 +263,16 @@ class World:
 
 
 def analysis(decision: str, samples: int = 60_000) -> dict[str, Any]:
-    return {
-        "decision": decision,
-        "reasons": [f"edit_persistence: {decision}"],
-        "baseline_samples": samples,
-        "canary_samples": samples,
-        "metrics": [
-            {"name": "edit_persistence", "kind": "goal", "baseline": 0.6, "canary": 0.62,
-             "difference": 0.02, "ci_low": 0.01, "ci_high": 0.03}
+    return AnalysisResult(
+        decision=Decision(decision),
+        reasons=[f"edit_persistence: {decision}"],
+        baseline_samples=samples,
+        canary_samples=samples,
+        metrics=[
+            AnalysisMetric(name="edit_persistence", kind="goal", baseline=0.6, canary=0.62,
+                           difference=0.02, ci_low=0.01, ci_high=0.03)
         ],
-    }  # fmt: skip
+    ).document()  # fmt: skip
 
 
 def analyse(world: World, decision: str) -> None:

@@ -99,6 +99,9 @@ def test_guardrail_trip_and_schema(ask_instead_of_edit: Path, tmp_path: Path) ->
     assert code == 0
     assert doc["decision"] == "rollback"
     assert doc["reasons"][0].startswith("guardrail tripped: edit_rate, clarification_rate")
+    # the cause as fields (analysis.json version 2): what the operator notifies on
+    assert doc["version"] == 2
+    assert doc["cause"] == {"kind": "guardrail", "metrics": ["edit_rate", "clarification_rate"]}
     assert doc["baseline_samples"] == doc["canary_samples"] == 12_000
     assert doc["srm"]["mismatch"] is False and doc["srm"]["expected_canary_share"] == 0.5
     assert doc["method"]["citation"].startswith("Lan & DeMets")
@@ -170,6 +173,7 @@ def test_bad_rows_quarantined_and_too_many_fail(tmp_path: Path) -> None:
     code, doc = analyze(shards, tmp_path / "out")
     assert code == 1
     assert doc["ok"] is False and doc["decision"] == "continue"
+    assert doc["cause"] == {"kind": "cannot-analyse", "metrics": []}
     assert doc["quarantined"] == {"signal_out_of_range": 50}
     assert doc["quarantined_by_arm"] == {"baseline": 0, "canary": 50}
     config = tmp_path / "c.yaml"

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from rtrl.core.results import ResultError, StageResult
 from rtrl_trainer.train.batches import (
     collate,
     epoch_micro_batches,
@@ -169,8 +170,11 @@ def test_a_row_with_a_token_id_outside_the_vocabulary_is_skipped_and_counted(
     )
     # One row never stops a run, however small the set or the limit.
     check_skipped(Skipped(rows_read=1, by_reason={"token_out_of_range": 1}), 0.0)
-    assert max_bad_fraction({"max_bad_fraction": 0.25}) == 0.25
-    assert max_bad_fraction({}) == max_bad_fraction({"max_bad_fraction": "x"}) == 0.01
+    counts = {"interactions_used": 6, "tokens_used": 60}
+    assert max_bad_fraction(StageResult.read({**counts, "max_bad_fraction": 0.25})) == 0.25
+    assert max_bad_fraction(StageResult.read(counts)) == 0.01  # a stage.json that does not say
+    with pytest.raises(ResultError, match=r"^stage.json: max_bad_fraction: Input should be"):
+        StageResult.read({**counts, "max_bad_fraction": "x"})
 
 
 def test_tool_output_log_probs_may_be_anything(tmp_path: Path) -> None:
