@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rtrl.core.api.checkpoint import Decision
+
 
 @dataclass(frozen=True)
 class Style:
@@ -47,9 +49,9 @@ STYLES: dict[str, Style] = {
     "Idle": NEUTRAL,
     "Suspended": SUPERSEDED,
     "Pinned": NEUTRAL,
-    "promote": PROMOTED,
-    "rollback": ROLLED_BACK,
-    "continue": CANARY,
+    Decision.PROMOTE: PROMOTED,
+    Decision.ROLLBACK: ROLLED_BACK,
+    Decision.CONTINUE: CANARY,
 }
 
 
@@ -65,7 +67,7 @@ def ansi(text: str, value: str | None) -> str:
 
 
 # What a canary decision made of a checkpoint, as a phase.
-DECIDED = {"promote": "Promoted", "rollback": "RolledBack"}
+DECIDED: dict[str, str] = {Decision.PROMOTE: "Promoted", Decision.ROLLBACK: "RolledBack"}
 
 
 def outcome(phase: str | None, decision: str | None = None) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rtrl.abtable import KUBECTL_HEADERS, ab_table
 from rtrl.abtable import number as metric_number
+from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.names import GROUP
 from rtrl.phasestyle import outcome
 from rtrl.planning.timeutil import parse_time
@@ -193,7 +194,7 @@ def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     st = status(ck)
     if st.get("phase") == "RolledBack" and st.get("reason") == "ManualRollback":
         # promoted by its canary, then rolled back by hand: the last decision is the person's
-        return "rollback", one_line(st.get("message"))
+        return Decision.ROLLBACK.value, one_line(st.get("message"))
     records = st.get("rollout") or []
     decided = [r for r in records if r.get("decision")]
     if not decided:
