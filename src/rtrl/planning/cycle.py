@@ -63,6 +63,9 @@ def cancel(r: Round, ck: dict[str, Any], why: str) -> None:
     for job in r.obs.jobs:
         if job.checkpoint == name and not job.finished and not job.deleting:
             r.act(Delete("batch/v1", "Job", job.name))
+    token = None if r.spec.pin else r.pending_annotation(names.ANNOTATION_ROLLBACK, "lastRollback")
+    if token is not None:  # this write carries the rollback out (its token is taken)
+        r.carry(ck, names.ANNOTATION_ROLLBACK, token)
     r.patch_checkpoint(ck, phase="Failed", reason="Cancelled", message=why, completedAt=iso(r.now))
     r.event("CycleCancelled", f"{name}: {why}", warning=True)
     r.owned = [c for c in r.owned if _meta(c)["name"] != name]

@@ -71,7 +71,7 @@ def passed(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> str |
     record = records[-1]
     gate = str(record.get("gate") or "step")
     mode, weight = gate_mode(r, gate, step_index(records) + 1)
-    by = release(r, mode) if mode else "the gate was removed from the spec"
+    by = release(r, ck, mode) if mode else "the gate was removed from the spec"
     if by is None:
         hold(r, ck, records, gate=gate, mode=str(mode), weight=weight)
         return None
@@ -90,15 +90,17 @@ def promotion_gate(r: Round) -> str | None:
     return r.spec.rollout.approval
 
 
-def release(r: Round, mode: str) -> str | None:
+def release(r: Round, ck: dict[str, Any], mode: str) -> str | None:
     """What releases a gate of ``mode`` in this round, or None while it holds. A manual
-    approval's token is taken here (``status.lastApprove``)."""
+    approval's token is taken here: by the Checkpoint's write that records the release
+    (``status.requests``), then ``status.lastApprove``."""
     if mode == "webhook":
         return WEBHOOK_RELEASE if r.obs.confirmed is True else None
     token = r.pending_annotation(ANNOTATION_APPROVE, "lastApprove")
     if token is None:
         return None
     r.status["lastApprove"] = token
+    r.carry(ck, ANNOTATION_APPROVE, token)
     return f"{ANNOTATION_APPROVE}={token}"
 
 

@@ -71,6 +71,7 @@ def manual_rollback(r: Round, token: str) -> Plan:
         r.event("RollbackImpossible", message, warning=True)
         return r.finish("Idle", message)
     serve(r, parent["spec"]["uri"], str(parent_name))
+    r.carry(serving, names.ANNOTATION_ROLLBACK, token)
     r.patch_checkpoint(
         serving,
         phase="RolledBack",

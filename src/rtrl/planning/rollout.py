@@ -50,7 +50,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     decided = records[-1].get("decision") if records else None
     gates.clear(r)
     if decided not in (PROMOTE, ROLLBACK):
-        reason, decision = manual_decision(r)
+        reason, decision = manual_decision(r, ck)
         if decision is not None:
             return decide(r, ck, records, decision, reason)
     if records and decided == PROMOTE:
@@ -81,13 +81,13 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     return run_step(r, ck, records)
 
 
-def manual_decision(r: Round) -> tuple[str, Decision | None]:
+def manual_decision(r: Round, ck: dict[str, Any]) -> tuple[str, Decision | None]:
     """``(reason, decision)`` asked for by hand or by ``spec.pin``; ``("", None)`` if none."""
     if r.spec.pin:
         return f"spec.pin is set to {r.spec.pin}", ROLLBACK
-    # The decision's record on the Checkpoint names the token ("... (key=token)"): that
-    # write is what takes it, so an operator killed before the RLCycle's status says so
-    # does not take it again (Round.pending_annotation reads the records).
+    # The decision's write on the Checkpoint carries the request (status.requests): that
+    # write is what takes the token, so an operator killed before the RLCycle's status says
+    # so does not take it again (Round.pending_annotation reads them).
     for key, status_key, decision, words in (
         (ANNOTATION_ROLLBACK, "lastRollback", ROLLBACK, "manual rollback"),
         (ANNOTATION_PROMOTE, "lastPromote", PROMOTE, "manual promotion"),
@@ -95,6 +95,7 @@ def manual_decision(r: Round) -> tuple[str, Decision | None]:
         token = r.pending_annotation(key, status_key)
         if token is not None:
             r.status[status_key] = token
+            r.carry(ck, key, token)
             return f"{words} ({key}={token})", decision
     return "", None
 

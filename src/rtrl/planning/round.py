@@ -10,7 +10,6 @@ so that the areas share it without calling back into each other or into the disp
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,6 +33,8 @@ from .schedule import next_run
 from .timeutil import iso, parse_time
 
 READY_POLL_SECONDS = 5.0
+# Requests a Checkpoint's status keeps (the CRD's bound): the newest.
+MAX_REQUESTS = 16
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Round:
         for key in ("lastApprove", "awaitingApproval", "outbox"):
             if key in self.old:  # written only by RLCycles that use gates or notifications
                 self.status[key] = self.old[key] if key != "awaitingApproval" else None
+        # requests carried out in this round, by the Checkpoint whose write takes them
+        self.carried: dict[str, list[dict[str, str]]] = {}
         self.owned = owned(observed, self.name)
         promoted = [c for c in self.owned if phase(c) in ("Promoted", "Superseded")]
         if promoted:  # read back from the Checkpoints, not only from the status
@@ -144,9 +147,19 @@ class Round:
         seen = str(self.meta.get("resourceVersion") or "")
         self.act(PatchStatus(API_VERSION, "RLCycle", self.name, status, seen))
 
+    def carry(self, ck: dict[str, Any], annotation: str, token: str) -> None:
+        """The request ``annotation=token`` is carried out by ``ck``'s next status write in
+        this round: that write records it (``status.requests``), which takes its token."""
+        self.carried.setdefault(meta(ck)["name"], []).append(
+            {"annotation": annotation, "token": token}
+        )
+
     def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
         name = meta(ck)["name"]
         status = {k: v for k, v in fields.items() if v is not None}
+        if name in self.carried:  # the requests this write carries out, with the earlier ones
+            earlier = list((ck.get("status") or {}).get("requests") or [])
+            status["requests"] = [*earlier, *self.carried[name]][-MAX_REQUESTS:]
         if isinstance(status.get("message"), str):
             status["message"] = bounded(status["message"])
         status["observedGeneration"] = int(meta(ck).get("generation") or 0)
@@ -172,15 +185,15 @@ class Round:
 
     def pending_annotation(self, key: str, status_key: str) -> str | None:
         """The RLCycle's annotation ``key`` when its value is a request not yet taken: not
-        the one recorded in ``status.<status_key>``, nor named by a Checkpoint's record of
-        what it did (``<key>=<token>`` ending its message or a canary step's reason). The
-        Checkpoint's write is the one that carries a request out; the RLCycle's status
-        follows in a later write, which a crash can lose, and the same request must not be
-        carried out twice (a second rollback of the serving model)."""
+        the one recorded in ``status.<status_key>``, nor in an owned Checkpoint's
+        ``status.requests`` (:meth:`carry`). The Checkpoint's write is the one that carries
+        a request out; the RLCycle's status follows in a later write, which a crash can
+        lose, and the same request must not be carried out twice (a second rollback of the
+        serving model)."""
         value = (self.meta.get("annotations") or {}).get(key)
         if not value or value == self.status.get(status_key):
             return None
-        return None if self._recorded(f"{key}={value}") else str(value)
+        return None if self._recorded(key, str(value)) else str(value)
 
     def _take_recorded_requests(self) -> None:
         """``status.lastTrigger``/``lastRollback``/``lastPromote`` for a request a
@@ -200,19 +213,13 @@ class Round:
             (ANNOTATION_APPROVE, "lastApprove"),
         ):
             value = annotations.get(key)
-            if value and value != self.status.get(status_key) and self._recorded(f"{key}={value}"):
+            if value and value != self.status.get(status_key) and self._recorded(key, value):
                 self.status[status_key] = str(value)
 
-    def _recorded(self, request: str) -> bool:
-        named = re.compile(re.escape(request) + r"\)?$")
-        for ck in self.owned:
-            status = ck.get("status") or {}
-            texts = [status.get("message") or ""]
-            for record in status.get("rollout") or []:
-                texts += [record.get("reason") or "", record.get("approved") or ""]
-            if any(named.search(str(t)) for t in texts):
-                return True
-        return False
+    def _recorded(self, annotation: str, token: str) -> bool:
+        """Whether an owned Checkpoint's write carried out ``annotation=token``."""
+        request = {"annotation": annotation, "token": token}
+        return any(request in ((c.get("status") or {}).get("requests") or []) for c in self.owned)
 
     # --- status --------------------------------------------------------------------------
     def last_start(self) -> datetime | None:

@@ -922,6 +922,24 @@ def test_a_manual_decision_is_taken_once_when_its_status_write_is_lost(key: str)
     assert world.rlcycle["status"]["phase"] == "Idle"
     assert "RollbackImpossible" not in world.reasons()
     assert world.reasons().count("RolledBack") == (1 if key.endswith("rollback") else 0)
+    # what took the token: the field the Checkpoint's write carried, not its words
+    assert ck["status"]["requests"] == [{"annotation": key, "token": "by-hand-1"}]
+
+
+def test_a_request_is_taken_by_the_checkpoints_requests_field_not_by_its_words() -> None:
+    """Only ``status.requests`` says a request was carried out: a Checkpoint whose words
+    end with the token (rtrl 99043cc matched ``<key>=<token>`` at the end of its messages
+    and reasons by a regex) does not take it."""
+    world = World()
+    to_canary(world)
+    ck = world.checkpoint("composer-1")
+    ck["status"]["message"] = "the user wrote: (rtrl.io/rollback=oops-7)"
+    world.rlcycle["metadata"]["annotations"] = {"rtrl.io/rollback": "oops-7"}
+    world.reconcile()
+    ck = world.checkpoint("composer-1")
+    assert ck["status"]["phase"] == "RolledBack"
+    assert ck["status"]["requests"] == [{"annotation": "rtrl.io/rollback", "token": "oops-7"}]
+    assert world.rlcycle["status"]["lastRollback"] == "oops-7"
 
 
 def test_manual_promotion_skips_the_analysis() -> None:

@@ -252,6 +252,18 @@ class RolloutRecord(ApiModel):
     )
 
 
+class CarriedRequest(ApiModel):
+    """A request made by annotating the RLCycle, carried out by a write of this Checkpoint's
+    status (that write is what takes its token: the RLCycle's ``status.last*`` follows in a
+    later write, which a crash can lose, and a request must never be carried out twice)."""
+
+    annotation: str = Field(
+        max_length=253,
+        description="The annotation: rtrl.io/rollback, rtrl.io/promote or rtrl.io/approve.",
+    )
+    token: str = Field(max_length=253, description="Its value, the request's token.")
+
+
 class CheckpointStatus(ApiModel):
     """What happened to this model version; written only by the operator."""
 
@@ -265,6 +277,12 @@ class CheckpointStatus(ApiModel):
     eval: EvalSummary | None = Field(None, description="Eval results and verdict.")
     rollout: list[RolloutRecord] | None = Field(
         None, max_length=64, description="Canary steps and their A/B results."
+    )
+    requests: list[CarriedRequest] | None = Field(
+        None,
+        max_length=16,
+        description="The annotation requests of the RLCycle its writes carried out, newest "
+        "last (a manual rollback, promotion or approval).",
     )
     observed_generation: Count | None = Field(
         None, description="The metadata.generation the status reflects."
