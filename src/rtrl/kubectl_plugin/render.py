@@ -17,6 +17,7 @@ from rtrl.abtable import number as metric_number
 from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.names import GROUP
 from rtrl.phasestyle import outcome
+from rtrl.planning.gates import reason_text
 from rtrl.planning.timeutil import parse_time
 
 # A condition's healthy state: these are listed as one line; anything else stands out.
@@ -200,7 +201,7 @@ def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     if not decided:
         return "-", "-"
     last = decided[-1]
-    return str(last["decision"]), one_line(last.get("reason"))
+    return str(last["decision"]), one_line(reason_text(last))
 
 
 def step_number(record: dict[str, Any], position: int) -> str:
@@ -240,7 +241,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
             f"    Step {step_number(r, i)} ({r.get('weight', 0)}%): {paint(decision, decision)}"
         )
         if r.get("reason"):
-            out.append(f"      Reason: {one_line(r.get('reason'))}")
+            out.append(f"      Reason: {one_line(reason_text(r))}")
         metrics = r.get("metrics") or []
         if metrics:
             out += ab_table(metrics, KUBECTL_HEADERS, indent="      ")

@@ -28,26 +28,33 @@ from .timeutil import iso
 WEBHOOK_RELEASE = "confirm webhook answered 200"
 
 
+# How a held promotion's reason is worded wherever it is shown (Events, the RLCycle's
+# message, kubectl rtrl): the record itself says it with ``held``.
 HELD = "promotion awaits approval: "
 
 
-def as_recorded(r: Round, verdict: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """An analysis's verdict as the step's record keeps it, and whether it is a promotion
-    held by ``rollout.approval`` (recorded as what happens: the canary stays, continue)."""
-    held = verdict["decision"] == Decision.PROMOTE and promotion_gate(r) is not None
-    return (held_promotion(verdict) if held else verdict), held
+def as_recorded(
+    r: Round, record: dict[str, Any], verdict: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    """An analysis's verdict as the step's ``record`` keeps it, and whether it is a
+    promotion held by ``rollout.approval``: recorded as what happens (the canary stays:
+    continue) with ``held: promote``. An earlier analysis's hold on the record ends."""
+    record.pop("held", None)
+    if verdict["decision"] != Decision.PROMOTE or promotion_gate(r) is None:
+        return verdict, False
+    return {**verdict, "decision": Decision.CONTINUE.value, "held": Decision.PROMOTE.value}, True
 
 
-def held_promotion(verdict: dict[str, Any]) -> dict[str, Any]:
-    """An analysis's promotion held by ``rollout.approval``, as recorded: continue."""
-    reason = f"{HELD}{verdict['reason']}"[:32768]
-    return {**verdict, "decision": Decision.CONTINUE.value, "reason": reason}
+def reason_text(record: dict[str, Any]) -> str:
+    """A record's reason as the Events, the status message and kubectl rtrl word it."""
+    reason = str(record.get("reason") or "")
+    return f"{HELD}{reason}"[:32768] if record.get("held") == Decision.PROMOTE else reason
 
 
 def promotion_reason(record: dict[str, Any]) -> str:
-    """The reason of a promotion released by its gate."""
-    reason = str(record.get("reason") or "").removeprefix(HELD)
-    return f"{reason} (approved: {record.get('approved')})"
+    """The reason of a promotion released by its gate (the hold ends with it)."""
+    record.pop("held", None)
+    return f"{record.get('reason') or ''} (approved: {record.get('approved')})"
 
 
 def gate_mode(r: Round, gate: str, next_index: int) -> tuple[str | None, int | None]:

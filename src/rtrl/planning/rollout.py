@@ -265,11 +265,11 @@ def judge(
     """An analysis's verdict (:func:`read_verdict`) into the step's record: promote, roll
     back, the next step (once both arms have ``minSamples``), or stay."""
     name, record, decision = meta(ck)["name"], records[-1], result.decision
-    verdict, held = gates.as_recorded(r, record_fields(result))
+    verdict, held = gates.as_recorded(r, record, record_fields(result))
     record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
     r.event(
         f"Analysis{decision.title()}",
-        f"{name}: {record['reason']}",
+        f"{name}: {gates.reason_text(record)}",
         warning=decision == ROLLBACK,
         kind="Checkpoint",
         name=name,
@@ -281,7 +281,7 @@ def judge(
         r.out.soon(0)
         return r.finish(
             "Promoting" if decision == PROMOTE else "RollingBack",
-            f"{name}: {decision}: {record['reason']}",
+            f"{name}: {decision}: {gates.reason_text(record)}",
         )
     steps = r.spec.rollout.steps
     index = step_index(records)
@@ -296,7 +296,7 @@ def judge(
             next_step(r, ck, records)
     r.patch_checkpoint(ck, phase="Canary", rollout=records)
     r.out.soon(0)
-    return r.finish("Canary", f"{name}: {record['reason']}")
+    return r.finish("Canary", f"{name}: {gates.reason_text(record)}")
 
 
 def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:

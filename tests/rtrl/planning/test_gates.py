@@ -149,15 +149,21 @@ def test_a_promotion_gate_holds_the_analysis_promotion_until_approved() -> None:
     ck = world.checkpoint("composer-1")
     assert ck["status"]["phase"] == "Canary"
     assert records(world)[-1]["decision"] == "continue"
-    assert records(world)[-1]["reason"].startswith("promotion awaits approval: ")
+    # held, as a field; the words a user reads are those of before
+    assert records(world)[-1]["held"] == "promote"
+    assert not records(world)[-1]["reason"].startswith("promotion awaits approval: ")
+    held = [e.message for e in world.events if e.reason == "AnalysisPromote"]
+    assert held == ["composer-1: promotion awaits approval: edit_persistence: promote"]
     assert world.rlcycle["status"]["awaitingApproval"]["gate"] == "promotion"
     approve(world, "ship")
     world.reconcile()
     world.settle()
     world.reconcile()
     assert world.checkpoint("composer-1")["status"]["phase"] == "Promoted"
-    assert records(world)[-1]["decision"] == "promote"
-    assert records(world)[-1]["reason"].endswith("(approved: rtrl.io/approve=ship)")
+    assert records(world)[-1]["decision"] == "promote" and "held" not in records(world)[-1]
+    assert records(world)[-1]["reason"] == (
+        "edit_persistence: promote (approved: rtrl.io/approve=ship)"
+    )
 
 
 def test_gate_rules_name_the_field() -> None:

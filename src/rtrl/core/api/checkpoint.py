@@ -216,6 +216,11 @@ class RolloutRecord(ApiModel):
     )
     ended_at: datetime | None = Field(None, description="When the step ended.")
     decision: Decision | None = Field(None, description="promote, rollback or continue.")
+    held: Decision | None = Field(
+        None,
+        description="The analysis's decision an approval gate holds (promote, held by "
+        "rollout.approval): decision says what happens meanwhile (continue) until released.",
+    )
     reason: str | None = Field(None, max_length=32768, description="Why, in words.")
     baseline_samples: Count | None = Field(None, description="Matured interactions, stable.")
     canary_samples: Count | None = Field(None, description="Matured interactions, canary.")
