@@ -151,7 +151,7 @@ class Round:
         """The request ``annotation=token`` is carried out by ``ck``'s next status write in
         this round: that write records it (``status.requests``), which takes its token."""
         self.carried.setdefault(meta(ck)["name"], []).append(
-            {"annotation": annotation, "token": token}
+            {"annotation": annotation, "value": token}
         )
 
     def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
@@ -218,7 +218,7 @@ class Round:
 
     def _recorded(self, annotation: str, token: str) -> bool:
         """Whether an owned Checkpoint's write carried out ``annotation=token``."""
-        request = {"annotation": annotation, "token": token}
+        request = {"annotation": annotation, "value": token}
         return any(request in ((c.get("status") or {}).get("requests") or []) for c in self.owned)
 
     # --- status --------------------------------------------------------------------------

@@ -923,7 +923,7 @@ def test_a_manual_decision_is_taken_once_when_its_status_write_is_lost(key: str)
     assert "RollbackImpossible" not in world.reasons()
     assert world.reasons().count("RolledBack") == (1 if key.endswith("rollback") else 0)
     # what took the token: the field the Checkpoint's write carried, not its words
-    assert ck["status"]["requests"] == [{"annotation": key, "token": "by-hand-1"}]
+    assert ck["status"]["requests"] == [{"annotation": key, "value": "by-hand-1"}]
 
 
 def test_a_request_is_taken_by_the_checkpoints_requests_field_not_by_its_words() -> None:
@@ -938,7 +938,7 @@ def test_a_request_is_taken_by_the_checkpoints_requests_field_not_by_its_words()
     world.reconcile()
     ck = world.checkpoint("composer-1")
     assert ck["status"]["phase"] == "RolledBack"
-    assert ck["status"]["requests"] == [{"annotation": "rtrl.io/rollback", "token": "oops-7"}]
+    assert ck["status"]["requests"] == [{"annotation": "rtrl.io/rollback", "value": "oops-7"}]
     assert world.rlcycle["status"]["lastRollback"] == "oops-7"
 
 

@@ -266,7 +266,7 @@ class CarriedRequest(ApiModel):
         max_length=253,
         description="The annotation: rtrl.io/rollback, rtrl.io/promote or rtrl.io/approve.",
     )
-    token: str = Field(max_length=253, description="Its value, the request's token.")
+    value: str = Field(max_length=253, description="Its value: the request's token.")
 
 
 class CheckpointStatus(ApiModel):
