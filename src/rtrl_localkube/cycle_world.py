@@ -82,6 +82,15 @@ ANALYSIS_PROMOTE = AnalysisResult(
                        difference=0.02, ci_low=0.005, ci_high=0.035, verdict="better")
     ],
 ).document()  # fmt: skip
+# An analysis that holds the canary at its step (nothing significant yet).
+ANALYSIS_CONTINUE = AnalysisResult.written(
+    {
+        **ANALYSIS_PROMOTE,
+        "decision": Decision.CONTINUE,
+        "cause": AnalysisCause(kind=CauseKind.INCONCLUSIVE, metrics=[]),
+        "reasons": ["inconclusive"],
+    }
+).document()
 ANALYSIS_ROLLBACK = AnalysisResult.written(
     {
         **ANALYSIS_PROMOTE,

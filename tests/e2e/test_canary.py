@@ -46,11 +46,11 @@ def target_env(kube_api: KubeAPI, deployment: str = "composer-vllm") -> dict[str
 def test_canary_steps_then_promotes(
     kube_api: KubeAPI, job_runner: JobRunner, operator: Any, tmp_path: Path
 ) -> None:
-    from rtrl_localkube.cycle_world import ANALYSIS_PROMOTE, commit_result
+    from rtrl_localkube.cycle_world import ANALYSIS_CONTINUE, commit_result
     from rtrl_localkube.outcomes import Succeed
 
     script_all(job_runner, tmp_path)
-    wait = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}
+    wait = ANALYSIS_CONTINUE
     job_runner.script(
         "*-analyze-0-*", Succeed(before=commit_result("analyze", wait, tmp_path / "results"))
     )

@@ -15,7 +15,7 @@ from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.crashrun import CrashSweep, Step
 from rtrl_localkube.cycle_world import (
-    ANALYSIS_PROMOTE,
+    ANALYSIS_CONTINUE,
     ANALYSIS_ROLLBACK,
     RTRL,
     base_uri,
@@ -101,7 +101,7 @@ def test_suspended_mid_canary_finishes_then_stays_suspended(
     """``spec.suspend`` starts no cycle; the running canary goes on: a continue, step 2,
     promote, then the RLCycle is Suspended."""
     script_all(job_runner, tmp_path)
-    wait = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}
+    wait = ANALYSIS_CONTINUE
     job_runner.script(
         f"{CKPT}-analyze-0-0", Succeed(before=commit_result("analyze", wait, tmp_path / "results"))
     )

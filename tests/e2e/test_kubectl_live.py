@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from rtrl.core.results import AnalysisCause, AnalysisMetric, AnalysisResult, CauseKind, Decision
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.cycle_world import (
     ANALYSIS_ROLLBACK,
@@ -37,17 +38,18 @@ pytestmark = pytest.mark.timeout(300)
 CKPT = "composer-1"
 # An analysis that holds the canary at its step (the last one: until promoted by hand),
 # with today's relative change, always-valid interval and verdict.
-HOLD = {
-    "decision": "continue",
-    "reasons": ["edit_persistence: inconclusive"],
-    "baseline_samples": 5000,
-    "canary_samples": 5000,
-    "metrics": [
-        {"name": "edit_persistence", "kind": "goal", "baseline": 0.6, "canary": 0.62,
-         "difference": 0.02, "ci_low": -0.005, "ci_high": 0.045, "relative_difference": 0.0333,
-         "relative_ci_low": -0.0083, "relative_ci_high": 0.075, "verdict": "inconclusive"},
+HOLD = AnalysisResult(
+    decision=Decision.CONTINUE,
+    cause=AnalysisCause(kind=CauseKind.INCONCLUSIVE),
+    reasons=["edit_persistence: inconclusive"],
+    baseline_samples=5000,
+    canary_samples=5000,
+    metrics=[
+        AnalysisMetric(name="edit_persistence", kind="goal", baseline=0.6, canary=0.62,
+                       difference=0.02, ci_low=-0.005, ci_high=0.045, relative_difference=0.0333,
+                       relative_ci_low=-0.0083, relative_ci_high=0.075, verdict="inconclusive"),
     ],
-}  # fmt: skip
+).document()  # fmt: skip
 
 
 def hold_the_canary(node: Kubelet, scratch: Path) -> None:

@@ -21,6 +21,7 @@ from rtrl.validation import validate_document
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.cycle_world import (
+    ANALYSIS_CONTINUE,
     ANALYSIS_PROMOTE,
     NAME,
     RTRL,
@@ -41,7 +42,7 @@ from tests.e2e.test_manifests import server_verdict
 pytestmark = pytest.mark.timeout(300)
 CKPT = "composer-1"
 TOKEN = "T0KEN-s3cr3t-4a7f9e"  # what a Slack or Teams URL carries: never to be shown
-CONTINUE = {**ANALYSIS_PROMOTE, "decision": "continue", "reasons": ["inconclusive"]}
+CONTINUE = ANALYSIS_CONTINUE
 
 
 class Receiver:
