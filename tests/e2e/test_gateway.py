@@ -150,10 +150,10 @@ def test_deleted_mid_canary_with_no_operator_keeps_routing_to_a_live_service(
 
     kube.delete(RTRL, "RLCycle", "composer")
     time.sleep(5)  # the garbage collector has had time to act on anything it may take
-    rlcycle = kube.get(RTRL, "RLCycle", "composer") or {}
-    assert rlcycle["metadata"].get("deletionTimestamp"), rlcycle
     assert canary_ref() == ref
     assert resolve(kube, ref), "the canary Service the route names serves no more"
+    rlcycle = kube.get(RTRL, "RLCycle", "composer") or {}
+    assert rlcycle["metadata"].get("deletionTimestamp"), rlcycle
     assert kube.get(RTRL, "Checkpoint", "composer-1") is not None
 
     operator = rtrl_operator()
