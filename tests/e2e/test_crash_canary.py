@@ -161,5 +161,8 @@ def test_deleted_mid_canary_with_the_gateway_api(
     sweep.settle(rounds=False)
     assert not canary_refs()
     assert not exists(kube_api, "Deployment", CANARY)
-    assert ("PATCH", "httproutes") in killed(sweep), sorted(killed(sweep))
-    assert ("PATCH", "rlcycles") in killed(sweep), sorted(killed(sweep))
+    # killed after each of the four: the finalizer on, the route weighted, the route given
+    # back, the finalizer off
+    writes = [(w.method, w.plural) for w in sweep.kills]
+    assert writes.count(("PATCH", "httproutes")) >= 2, writes
+    assert writes.count(("PATCH", "rlcycles")) >= 2, writes

@@ -14,12 +14,15 @@ from typing import Any
 
 import pytest
 
-from rtrl.core.api.names import FINALIZER_RESTORE_TRAFFIC
+from rtrl.core.api.names import API_VERSION, FINALIZER_RESTORE_TRAFFIC
 from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.kube.apply import apply, write_status
+from rtrl.kube.client import KubeClient, KubeError
+from rtrl.planning import Patch
 from rtrl.planning.manifests.canary import CANARY_RULE, bucket_regex, route_rules
 from rtrl_localkube import gateway
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.cycle_world import RTRL
+from rtrl_localkube.cycle_world import RTRL, rlcycle
 from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.tools import OperatorProcess
 from tests.e2e.world import set_up
@@ -144,16 +147,16 @@ def test_deleted_mid_canary_with_no_operator_keeps_routing_to_a_live_service(
 
     ref = kube.wait_for(canary_ref, timeout=240, interval=0.5, message=operator.output)
     kube.wait_for(lambda: resolve(kube, ref), timeout=90, interval=0.5, message=operator.output)
-    rlcycle = kube.get(RTRL, "RLCycle", "composer") or {}
-    assert FINALIZER_RESTORE_TRAFFIC in rlcycle["metadata"]["finalizers"]
+    held = kube.get(RTRL, "RLCycle", "composer") or {}
+    assert FINALIZER_RESTORE_TRAFFIC in held["metadata"]["finalizers"]
     operator.stop()
 
     kube.delete(RTRL, "RLCycle", "composer")
     time.sleep(5)  # the garbage collector has had time to act on anything it may take
     assert canary_ref() == ref
     assert resolve(kube, ref), "the canary Service the route names serves no more"
-    rlcycle = kube.get(RTRL, "RLCycle", "composer") or {}
-    assert rlcycle["metadata"].get("deletionTimestamp"), rlcycle
+    terminating = kube.get(RTRL, "RLCycle", "composer") or {}
+    assert terminating["metadata"].get("deletionTimestamp"), terminating
     assert kube.get(RTRL, "Checkpoint", "composer-1") is not None
 
     operator = rtrl_operator()
@@ -171,6 +174,31 @@ def test_deleted_mid_canary_with_no_operator_keeps_routing_to_a_live_service(
 
     events = kube.wait_for(restored_event, timeout=10, message=operator.output)
     assert "HTTPRoute composer sends all its traffic to Service composer" in events[0]["message"]
+
+
+def test_the_status_write_after_the_finalizer_write_is_conditional_on_it(
+    kube: KubeAPI, release: str, tmp_path: Path
+) -> None:
+    """A round adds the finalizer (conditional on the RLCycle it saw), then writes the
+    status: that write is conditional on what the finalizer write answered, not refused as
+    someone else's change; and a finalizer write from a stale view is refused (409)."""
+    kube.create(rlcycle(tmp_path))
+    client = KubeClient(kube.api_client)
+    seen = client.get("RLCycle", kube.namespace, "composer") or {}
+    version = seen["metadata"]["resourceVersion"]
+    meta = {"finalizers": [FINALIZER_RESTORE_TRAFFIC], "resourceVersion": version}
+    held = Patch(API_VERSION, "RLCycle", "composer", {"metadata": meta})
+    try:
+        apply(client, seen, [held])
+        assert write_status(client, seen, {"message": "held"})
+        with pytest.raises(KubeError) as refused:
+            apply(KubeClient(kube.api_client), seen, [held])
+        assert refused.value.status == 409
+        now = kube.get(RTRL, "RLCycle", "composer") or {}
+        assert now["metadata"]["finalizers"] == [FINALIZER_RESTORE_TRAFFIC]
+        assert now["status"]["message"] == "held"
+    finally:
+        kube.patch(RTRL, "RLCycle", "composer", {"metadata": {"finalizers": None}})
 
 
 def users_arms(route: dict[str, Any], users: list[str], rng: random.Random) -> dict[str, str]:
