@@ -275,3 +275,16 @@ def test_a_canary_an_older_rtrl_routed_gets_the_finalizer_in_the_next_round() ->
     cluster.reconcile()
     assert cluster.held()
     assert len(cluster.patches) == patches  # the route, already weighted, is not written
+
+
+def test_a_rule_someone_pointed_at_the_canary_alone_is_sent_to_the_stable_service() -> None:
+    """A rule edited by hand to name only the canary Service (no stable backendRef to give
+    the weight back to) is pointed at the stable Service, not left naming a Service that
+    the garbage collector is about to remove."""
+    cluster = mid_canary()
+    by_hand = {"matches": [{"path": {"type": "PathPrefix", "value": "/try"}}],
+               "backendRefs": [{**STABLE_REF, "name": "composer-canary", "weight": 3}]}  # fmt: skip
+    cluster.deployments["composer"]["spec"]["rules"].append(by_hand)
+    cluster.delete()
+    cluster.until_gone()
+    assert cluster.rules() == [*RESTORED, {**by_hand, "backendRefs": [{**STABLE_REF, "weight": 3}]}]
