@@ -33,6 +33,7 @@ from tests.e2e.crash import (
     exists,
     killed,
 )
+from tests.e2e.test_gateway import stable_service_and_route
 
 pytestmark = pytest.mark.timeout(240)
 forkserver, sweep = crash.forkserver, crash.sweep  # the fixtures
@@ -117,3 +118,51 @@ def test_suspended_mid_canary_finishes_then_stays_suspended(
     records = sweep.status("Checkpoint", CKPT)["rollout"]
     assert [(r["weight"], r["decision"]) for r in records] == [(25, "continue"), (50, "promote")]
     assert sweep.status()["serving"] == CKPT
+
+
+GATEWAY = "gateway.networking.k8s.io/v1"
+
+
+def test_deleted_mid_canary_with_the_gateway_api(
+    sweep: CrashSweep, kube_api: KubeAPI, job_runner: Any, tmp_path: Path
+) -> None:
+    """The operator killed after every write from the canary's start, the RLCycle deleted
+    once the route names the canary: the route never names a canary Service that is gone
+    (checked at every look after the deletion), and ends given back, the RLCycle gone."""
+    script_all(job_runner, tmp_path, analyze=Hang())
+    stable_service_and_route(kube_api)
+    rollout = {
+        "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+        "steps": [{"weight": 25, "minDuration": "1h"}], "readyTimeout": "1h",
+        "analysis": {"maxDuration": "2h", "interval": "1m"},
+    }  # fmt: skip
+    setup_namespace(kube_api, tmp_path, rollout=rollout)
+
+    def canary_refs() -> list[str]:
+        rules = (kube_api.get(GATEWAY, "HTTPRoute", "composer") or {})["spec"]["rules"]
+        names = [ref["name"] for rule in rules for ref in rule.get("backendRefs") or []]
+        return [name for name in names if name == "composer-canary"]
+
+    def delete() -> None:
+        kube_api.delete(RTRL, "RLCycle", "composer")
+
+    routed = Step(canary_refs, delete)
+
+    def done() -> bool:
+        # the Service first: once gone it never comes back, so a route read after it that
+        # still names it names a Service that is gone
+        service = kube_api.get("v1", "Service", "composer-canary")
+        if canary_refs():
+            assert service is not None, f"the route names a deleted Service{sweep.explain()}"
+            return False
+        return not exists(kube_api, "RLCycle", "composer") and service is None
+
+    sweep.run(done, steps=[sweep_from_the_canary(sweep), routed], timeout=180)
+    sweep.settle(rounds=False)
+    assert not canary_refs()
+    assert not exists(kube_api, "Deployment", CANARY)
+    # killed after each of the four: the finalizer on, the route weighted, the route given
+    # back, the finalizer off
+    writes = [(w.method, w.plural) for w in sweep.kills]
+    assert writes.count(("PATCH", "httproutes")) >= 2, writes
+    assert writes.count(("PATCH", "rlcycles")) >= 2, writes

@@ -7,17 +7,22 @@ routed by the Gateway API's matching rules (``src/rtrl_localkube/gateway.py``)."
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rtrl.core.api.names import API_VERSION, FINALIZER_RESTORE_TRAFFIC
 from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.kube.apply import apply, write_status
+from rtrl.kube.client import KubeClient, KubeError
+from rtrl.planning import Patch
 from rtrl.planning.manifests.canary import CANARY_RULE, bucket_regex, route_rules
 from rtrl_localkube import gateway
 from rtrl_localkube.api import KubeAPI
-from rtrl_localkube.cycle_world import RTRL
+from rtrl_localkube.cycle_world import RTRL, rlcycle
 from rtrl_localkube.kubelet import Kubelet
 from rtrl_localkube.tools import OperatorProcess
 from tests.e2e.world import set_up
@@ -114,6 +119,86 @@ def test_canary_route_backends_resolve(
 
     kube.wait_for(released, timeout=30, message=operator.output)
     kube.wait_for(lambda: kube.get("v1", "Service", "composer-canary") is None, timeout=30)
+
+
+def test_deleted_mid_canary_with_no_operator_keeps_routing_to_a_live_service(
+    kube: KubeAPI,
+    node: Kubelet,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """The operator stopped mid-canary, the RLCycle deleted: it stays Terminating (the
+    finalizer rtrl.io/restore-traffic), so the garbage collector leaves the canary Service
+    the route names, and its pods, serving. An operator started again gives the route back,
+    lets the RLCycle go, and the garbage collector then removes the canary."""
+    stable_service_and_route(kube)
+    rollout = {
+        "router": "gatewayapi", "httpRoute": "composer", "service": "composer",
+        "steps": [{"weight": 10, "minDuration": "1h"}], "readyTimeout": "2m",
+        "analysis": {"maxDuration": "2h", "interval": "1m"},
+    }  # fmt: skip
+    set_up(kube, tmp_path / "store", tmp_path, rollout=rollout)
+    operator = rtrl_operator()
+
+    def canary_ref() -> dict[str, Any] | None:
+        route = kube.get(GATEWAY, "HTTPRoute", "composer") or {}
+        refs = route["spec"]["rules"][0]["backendRefs"]
+        return next((r for r in refs if r["name"] == "composer-canary"), None)
+
+    ref = kube.wait_for(canary_ref, timeout=240, interval=0.5, message=operator.output)
+    kube.wait_for(lambda: resolve(kube, ref), timeout=90, interval=0.5, message=operator.output)
+    held = kube.get(RTRL, "RLCycle", "composer") or {}
+    assert FINALIZER_RESTORE_TRAFFIC in held["metadata"]["finalizers"]
+    operator.stop()
+
+    kube.delete(RTRL, "RLCycle", "composer")
+    time.sleep(5)  # the garbage collector has had time to act on anything it may take
+    assert canary_ref() == ref
+    assert resolve(kube, ref), "the canary Service the route names serves no more"
+    terminating = kube.get(RTRL, "RLCycle", "composer") or {}
+    assert terminating["metadata"].get("deletionTimestamp"), terminating
+    assert kube.get(RTRL, "Checkpoint", "composer-1") is not None
+
+    operator = rtrl_operator()
+    kube.wait_for(lambda: kube.get(RTRL, "RLCycle", "composer") is None, timeout=60,
+                  interval=0.2, message=operator.output)  # fmt: skip
+    route = kube.get(GATEWAY, "HTTPRoute", "composer") or {}
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r.get("weight")) for r in refs] == [("composer", 100)]
+    kube.wait_for(lambda: kube.get("v1", "Service", "composer-canary") is None, timeout=60)
+    kube.wait_for(lambda: kube.get("apps/v1", "Deployment", "composer-vllm-canary") is None,
+                  timeout=60)  # fmt: skip
+
+    def restored_event() -> list[dict[str, Any]]:
+        return [e for e in kube.list("v1", "Event") if e.get("reason") == "TrafficRestored"]
+
+    events = kube.wait_for(restored_event, timeout=10, message=operator.output)
+    assert "HTTPRoute composer sends all its traffic to Service composer" in events[0]["message"]
+
+
+def test_the_status_write_after_the_finalizer_write_is_conditional_on_it(
+    kube: KubeAPI, release: str, tmp_path: Path
+) -> None:
+    """A round adds the finalizer (conditional on the RLCycle it saw), then writes the
+    status: that write is conditional on what the finalizer write answered, not refused as
+    someone else's change; and a finalizer write from a stale view is refused (409)."""
+    kube.create(rlcycle(tmp_path))
+    client = KubeClient(kube.api_client)
+    seen = client.get("RLCycle", kube.namespace, "composer") or {}
+    version = seen["metadata"]["resourceVersion"]
+    meta = {"finalizers": [FINALIZER_RESTORE_TRAFFIC], "resourceVersion": version}
+    held = Patch(API_VERSION, "RLCycle", "composer", {"metadata": meta})
+    try:
+        apply(client, seen, [held])
+        assert write_status(client, seen, {"message": "held"})
+        with pytest.raises(KubeError) as refused:
+            apply(KubeClient(kube.api_client), seen, [held])
+        assert refused.value.status == 409
+        now = kube.get(RTRL, "RLCycle", "composer") or {}
+        assert now["metadata"]["finalizers"] == [FINALIZER_RESTORE_TRAFFIC]
+        assert now["status"]["message"] == "held"
+    finally:
+        kube.patch(RTRL, "RLCycle", "composer", {"metadata": {"finalizers": None}})
 
 
 def users_arms(route: dict[str, Any], users: list[str], rng: random.Random) -> dict[str, str]:

@@ -145,7 +145,7 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
         elif isinstance(action, Patch):
             json_patch = isinstance(action.patch, list)
             try:
-                client.patch(
+                answer = client.patch(
                     action.kind, namespace, action.name, action.patch, json_patch=json_patch
                 )
             except KubeError as exc:
@@ -154,6 +154,7 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
                 log.info("patch of %s %s no longer applies; replanning", action.kind, action.name)
             else:
                 log.info("patched %s %s", action.kind, action.name)
+                _wrote_conditionally(client, action, namespace, answer)
         elif isinstance(action, PatchStatus):
             patch_status(
                 client, action.kind, namespace, action.name, action.status,
@@ -165,6 +166,18 @@ def apply(client: KubeClient, rlcycle: dict[str, Any], actions: list[Action]) ->
                 events = KubeClient(client.api)  # not the round's client: another thread
             EVENTS.submit(functools.partial(post_event, events, namespace, {"uid": uid}, action))
             log.info("%s %s/%s: %s", action.reason, action.kind, action.name, action.message)
+
+
+def _wrote_conditionally(
+    client: KubeClient, action: Patch, namespace: str, answer: dict[str, Any] | None
+) -> None:
+    """A merge patch conditional on a resourceVersion (the RLCycle's finalizers) is the
+    round's own write of the object: a status write of it later in the round is
+    conditional on the version it answered (``patch_status``), not the one first seen."""
+    meta = action.patch.get("metadata") if isinstance(action.patch, dict) else None
+    written = ((answer or {}).get("metadata") or {}).get("resourceVersion")
+    if isinstance(meta, dict) and meta.get("resourceVersion") and written:
+        client.written[(action.kind, namespace, action.name)] = str(written)
 
 
 def patch_status(

@@ -44,10 +44,12 @@ from typing import Any
 
 from ..metrics import observe_plan, reconcile_failed, set_object_source
 from ..planning import plan, plan_rejected
+from ..planning.traffic import deleting, holds
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
 from .cache import CachingClient, ObjectCache
 from .client import KubeClient, KubeError
+from .deletion import give_back
 from .observe import observe
 from .webhooks import NOTIFIER, confirm
 
@@ -129,6 +131,9 @@ class Process:
     cache = ObjectCache()
     # RTRL_ROUND_TRACE: a file that gets one JSON line per round (bench/operator_latency.py).
     trace: Any = None
+    # The reconcilers of deleted RLCycles held by rtrl's finalizer (kopf runs no daemon for
+    # an object being deleted): rtrl.kube.watch.give_back_soon.
+    giving_back: dict[tuple[str, str], asyncio.Task[None]] = {}
 
 
 def start(settings: Settings) -> None:
@@ -139,6 +144,7 @@ def start(settings: Settings) -> None:
     Process.seen.clear()
     Process.listed.clear()
     Process.cache = ObjectCache()
+    Process.giving_back = {}
     NOTIFIER.reset()
     NOTIFIER.policy = settings.policy
     set_object_source(lambda kind: Process.cache.list(kind, None))
@@ -211,9 +217,11 @@ def reconcile_once(
         marks["woken"] = woken
     try:
         rlcycle = kube.get("RLCycle", namespace, name)
-        if rlcycle is None or rlcycle["metadata"].get("deletionTimestamp"):
+        if rlcycle is None or (deleting(rlcycle) and not holds(rlcycle)):
             raise RLCycleGoneError(f"{namespace}/{name}")
         policy = Process.settings.policy
+        if deleting(rlcycle):
+            return give_back(kube, rlcycle, policy)
         observed = with_webhooks(kube, rlcycle, observe(kube, rlcycle, policy))
         marks["observed"] = time.perf_counter()
         now = datetime.now(UTC)
@@ -342,8 +350,8 @@ async def run(namespace: str, name: str, stopped: object) -> None:
                 if live:
                     last_live = started
             except RLCycleGoneError:
-                log.info("%s/%s is gone; its children go with it (garbage collection), its "
-                         "stored artifacts stay", namespace, name)  # fmt: skip
+                log.info("%s/%s is gone or going; its children go with it (garbage "
+                         "collection), its stored artifacts stay", namespace, name)  # fmt: skip
                 return
             except KubeError as exc:
                 reconcile_failed(namespace, name, internal=False)

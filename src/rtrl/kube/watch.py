@@ -16,17 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.api import names
-from ..core.api.rlcycle import Router
 from ..metrics import forget
-from ..planning.manifests.canary import route_rules
-from ..planning.plan import validate_spec
+from ..planning.traffic import deleting, holds
 from .cache import CHILD_KINDS, CHILD_LABEL, copy_json
-from .client import KubeError
-from .reconcile import Process, client, wake
+from .reconcile import Process, run, wake
 
 log = logging.getLogger("rtrl.operator")
 # How long the Job index handler waits for the round a finished Job started (see job_event).
 HAND_OVER_SECONDS = 0.1
+# How often the reconciler of a deleted RLCycle waits for kopf's daemon of it to end.
+DAEMON_EXIT_POLL_SECONDS = 0.05
 
 
 def feed(kind: str, body: Mapping[str, Any], type_: str | None = None) -> None:
@@ -135,26 +134,31 @@ async def rlcycle_event(body: Mapping[str, Any], type_: str | None) -> None:
         feed("RLCycle", body, type_)
         if namespace:
             forget(namespace, name)
-            await asyncio.to_thread(release_route, namespace, body)
+    elif namespace and deleting(body) and holds(body):
+        give_back_soon(namespace, name)  # its traffic, before it goes (planning.traffic)
     if changed_beyond_status(body, type_):
         wake(namespace, name)  # a deleted RLCycle's reconciler ends
 
 
-def release_route(namespace: str, rlcycle: Mapping[str, Any]) -> None:
-    """An RLCycle deleted mid-canary with the gatewayapi router: its canary Service goes
-    with the garbage collector, so the HTTPRoute's weight on it is given back to the stable
-    Service. Best effort, as the operator sees the deletion only while it runs."""
-    spec, _problem = validate_spec(rlcycle.get("spec"))
-    route_name = spec.rollout.http_route if spec is not None else None
-    if spec is None or spec.rollout.router != Router.GATEWAY_API or not route_name:
+def give_back_soon(namespace: str, name: str) -> None:
+    """RLCycle ``namespace/name`` is being deleted and carries rtrl's finalizer: a
+    reconciler of its own gives its traffic back (:mod:`rtrl.kube.deletion`) until it is
+    gone. kopf starts no daemon for an object being deleted, and stops the one that ran:
+    that one's round ends first, so that no two rounds of one RLCycle ever run at once.
+    Called on the event loop for every event of such an RLCycle (the listing's too, when
+    the operator starts); a second call while one runs does nothing."""
+    key = (namespace, name)
+    if key in Process.giving_back:
         return
+    Process.giving_back[key] = asyncio.get_running_loop().create_task(_give_back(namespace, name))
+
+
+async def _give_back(namespace: str, name: str) -> None:
+    key = (namespace, name)
     try:
-        route = client().get("HTTPRoute", namespace, route_name)
-        rules = route_rules(spec, route, 0) if route is not None else None
-        if rules is not None:
-            client().patch("HTTPRoute", namespace, route_name, {"spec": {"rules": rules}})
-            log.info("%s/%s deleted: HTTPRoute %s back to the stable Service", namespace,
-                     rlcycle.get("metadata", {}).get("name"), route_name)  # fmt: skip
-    except KubeError as exc:
-        log.warning("could not give HTTPRoute %s/%s back to stable: %s", namespace, route_name,
-                    exc)  # fmt: skip
+        while key in Process.wakeups:  # kopf's daemon of it, told to stop, ends its round
+            await asyncio.sleep(DAEMON_EXIT_POLL_SECONDS)
+        await run(namespace, name, stopped=False)
+    finally:
+        if Process.giving_back.get(key) is asyncio.current_task():
+            del Process.giving_back[key]

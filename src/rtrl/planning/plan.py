@@ -43,10 +43,13 @@ from .reading import step_jobs as _step_jobs
 from .rollout import drive_canary
 from .round import Plan, Round
 from .tenancy import policy_problem
+from .traffic import deleting, finalize, keep_finalizer
 
 
 def results_to_read(observed: Observed) -> list[str]:
     """Result documents the next plan needs: the current step's, once its Job succeeded."""
+    if deleting(observed.rlcycle):
+        return []  # its round gives traffic back, nothing more (traffic.finalize)
     name = _meta(observed.rlcycle).get("name")
     active = _active(_owned(observed, str(name)))
     if active is None:
@@ -167,11 +170,15 @@ def inconsistent(r: Round, ck: dict[str, Any]) -> Plan:
 
 
 def plan(observed: Observed, now: datetime) -> Plan:
-    """Decide the next actions for one RLCycle and its new status."""
+    """Decide the next actions for one RLCycle and its new status; for one being deleted,
+    only what must be given back before it goes (:mod:`.traffic`)."""
     r = Round(observed, now)
+    if deleting(r.rlc):
+        return finalize(r)
     out = run(r)
     if getattr(r, "spec", None) is not None:
         unused_approval(r)
+    keep_finalizer(r)
     return finish_round(r, out)
 
 

@@ -38,6 +38,7 @@ from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
 from .steps import new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
+from .traffic import route_patch
 
 PROMOTE, ROLLBACK = Decision.PROMOTE, Decision.ROLLBACK
 
@@ -147,8 +148,7 @@ def route_to(r: Round, weight: int) -> None:
     route = r.obs.http_route
     rules = cn.route_rules(r.spec, dict(route), weight) if route is not None else None
     if rules is not None:
-        name = r.spec.rollout.http_route or ""
-        r.act(Patch("gateway.networking.k8s.io/v1", "HTTPRoute", name, {"spec": {"rules": rules}}))
+        r.act(route_patch(r.spec.rollout.http_route or "", rules))
 
 
 class StableServiceMissingError(Exception):

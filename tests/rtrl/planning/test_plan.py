@@ -206,6 +206,8 @@ class World:
                     self.services.add(meta["name"])
                     self.manifests = getattr(self, "manifests", {})
                     self.manifests[meta["name"]] = manifest
+            elif isinstance(action, Patch) and action.kind == "RLCycle":
+                self.patch_rlcycle(action.patch)
             elif isinstance(action, Patch):
                 dep = self.deployments[action.name]
                 before = copy.deepcopy(dep["spec"])
@@ -236,6 +238,18 @@ class World:
                 ck["status"] = {**(ck.get("status") or {}), **action.status}
             elif isinstance(action, Emit):
                 self.events.append(action)
+
+    def patch_rlcycle(self, patch: Any) -> None:
+        """A merge patch of the RLCycle's metadata (its finalizers), as the API server
+        applies it: refused (409) when it names a resourceVersion that is not the current."""
+        meta, fields = self.rlcycle["metadata"], dict(patch["metadata"])
+        wanted = fields.pop("resourceVersion", None)
+        if wanted is not None and wanted != meta.get("resourceVersion"):
+            raise RuntimeError(f"409: resourceVersion {wanted} is not {meta['resourceVersion']}")
+        meta.update({k: v for k, v in fields.items() if v is not None})
+        for key in [k for k, v in fields.items() if v is None]:
+            meta.pop(key, None)
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
 
     # Jobs finishing, as the Job controller and the step would leave them
     def finish(self, step: str, *, result: dict[str, Any] | None = None, fail: str = "") -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "ANNOTATION_TRIGGER",
     "API_VERSION",
     "FINALIZER",
+    "FINALIZER_RESTORE_TRAFFIC",
     "GROUP",
     "LABEL_ARM",
     "LABEL_ATTEMPT",
@@ -55,6 +56,11 @@ ANNOTATION_STARTED = f"{GROUP}/started-at"
 # parent's lineage. Absent when the parent was trained on none (a base model).
 ANNOTATION_DATA_SINCE = f"{GROUP}/data-since"
 FINALIZER = f"{GROUP}/finalizer"
+# On an RLCycle while its gatewayapi HTTPRoute (someone else's object) sends traffic to its
+# canary Service: its deletion waits until the route is given back to the stable Service, so
+# the garbage collector never removes a Service the route still sends requests to
+# (rtrl.planning.traffic). The only finalizer rtrl puts on an RLCycle.
+FINALIZER_RESTORE_TRAFFIC = f"{GROUP}/restore-traffic"
 # Written by the operator on the pod template of a Deployment it injected the capture sidecar
 # into: the RLCycle that did (a sidecar without it is someone else's, never overwritten), and
 # the hash of the sidecar as the spec makes it (the part that is not per-checkpoint).

@@ -281,13 +281,33 @@ def route_rules(
     100 and no canary backendRef there; each such rule followed, at the end of the list, by
     a copy named :data:`CANARY_RULE` whose matches also require ``rollout.bucketHeader`` to
     be below ``weight``, sending to the canary Service what went to the stable one. At 0
-    (in either mode) the canary backendRefs and rules are gone.
+    (in either mode) the canary backendRefs and rules are gone (:func:`restored_rules`).
     """
     assert spec.rollout.service is not None
-    stable = spec.rollout.service
-    canary = canary_service_name(stable)
     header = spec.rollout.bucket_header or ""
-    by_bucket = sticky(spec)
+    return _weighted(route, spec.rollout.service, weight, header, sticky(spec))
+
+
+def restored_rules(route: dict[str, Any], stable: str) -> list[dict[str, Any]] | None:
+    """The HTTPRoute's rules with nothing left of a canary of the Service ``stable``: its
+    :data:`CANARY_RULE` copies gone, the stable backendRef at weight 100, and a backendRef
+    to the canary Service in a rule without the stable one (someone edited the route) sent
+    to the stable Service instead. None when nothing changes. Needs no valid spec: what a
+    deleted RLCycle whose spec no longer validates gives back."""
+    return _weighted(route, stable, 0, "", False)
+
+
+def routes_to_canary(route: Mapping[str, Any] | None, stable: str) -> bool:
+    """Whether any rule of ``route`` sends requests to the canary Service of ``stable``."""
+    canary = canary_service_name(stable)
+    rules = ((route or {}).get("spec") or {}).get("rules") or []
+    return any(ref.get("name") == canary for rule in rules for ref in rule.get("backendRefs") or [])
+
+
+def _weighted(
+    route: dict[str, Any], stable: str, weight: int, header: str, by_bucket: bool
+) -> list[dict[str, Any]] | None:
+    canary = canary_service_name(stable)
     current = (route.get("spec") or {}).get("rules") or []
     rules = [copy.deepcopy(rule) for rule in current if not is_canary_rule(rule)]
     added: list[dict[str, Any]] = []
@@ -295,6 +315,9 @@ def route_rules(
         refs = rule.get("backendRefs") or []
         mine = [r for r in refs if r.get("name") == stable]
         if not mine:
+            if weight == 0 and any(r.get("name") == canary for r in refs):
+                rule["backendRefs"] = [{**r, "name": stable} if r.get("name") == canary else r
+                                       for r in refs]  # fmt: skip
             continue
         others = [r for r in refs if r.get("name") not in (stable, canary)]
         # copies of the stable ref's shape (port, and the group and kind the server
