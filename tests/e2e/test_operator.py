@@ -151,3 +151,30 @@ def test_deleting_an_rlcycle_mid_training_removes_its_children_not_its_artifacts
     kube.wait_for(lambda: not children(), timeout=60, message=lambda: str(children()))
     assert kube.get(RTRL, "Checkpoint", "composer-0") is not None
     assert list((root / "artifacts" / "cycles").glob("composer-1-*/stage/stage.json"))
+
+
+def test_the_base_checkpoint_reads_promoted_once_it_serves(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """The base model's Checkpoint, registered by hand with no status, reads ``Promoted``
+    in ``kubectl get ckpt`` and ``kubectl rtrl status`` once the RLCycle serves it (it read
+    nothing and ``Pending``). Suspended: no cycle needs to run for it."""
+    set_up(kube, tmp_path / "store", tmp_path, suspend=True)
+    operator = rtrl_operator()
+    ns = kube.namespace
+    base = lambda: (kube.get(RTRL, "Checkpoint", "composer-0") or {}).get("status") or {}  # noqa: E731
+    kube.wait_for(lambda: base().get("phase"), timeout=60, message=operator.output)
+    assert (base()["phase"], base()["reason"]) == ("Promoted", "Serving"), base()
+    rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
+    assert rows[0][:2] == ["NAME", "PHASE"] and rows[1][:2] == ["composer-0", "Promoted"], rows
+    kube.wait_for(lambda: rlcycle_status(kube).get("phase") == "Suspended", timeout=30,
+                  message=operator.output)  # fmt: skip
+    shown = admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
+    lines = [line.split() for line in shown.splitlines()]
+    tree = next(row for row in lines if "composer-0" in row and "Checkpoint" in row)
+    assert tree[2:4] == ["Checkpoint", "Promoted"], shown
+    assert operator.stop() == 0, operator.output()
