@@ -166,6 +166,9 @@ def test_status_watch_redraws_a_live_cycle_in_a_terminal(  # noqa: PLR0917 (fixt
                   "inconclusive"], shown  # fmt: skip
     assert line_of(shown, "replay.kl", "yes")[:4] == ["replay.kl", "0.010", "0.000", "+0.010"]
     assert line_of(shown, "Normal", "CanaryStarted", f"Checkpoint/{CKPT}"), shown
+    # Step 1 asked 25%, but one canary pod next to one stable pod is 50%: the Candidate
+    # block says what the canary got, as the RLCycle's weight does (it said 25%)
+    assert line_of(shown, "(step:", "25%)")[:4] == ["1", "50%", "(step:", "25%)"], shown
     # Redrawn in place: one frame on the screen, not appended ones.
     assert shown.count("RLCycle") >= 2 and shown.count(f"Candidate {CKPT}:") == 1, shown
 

@@ -166,6 +166,9 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(r, ck, records, "rollback", reason)
     r.status["canaryWeight"] = round(share)
+    if record.get("share") != round(share, 2):  # the target's replicas changed, or an old record
+        record["share"] = round(share, 2)
+        r.patch_checkpoint(ck, phase="Canary", rollout=records)
     if record.get("restarted"):
         text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
         r.conditions.set("Progressing", True, "RolloutRestarted", text)

@@ -1,12 +1,15 @@
 """What the operator writes into a Checkpoint's status for a user to read (issue 33, "status
-a user can trust"): the base model's phase once it serves, through the same in-memory world
-as test_plan.py."""
+a user can trust"): the base model's phase once it serves, the share of traffic a canary
+step actually got, through the same in-memory world as test_plan.py."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from rtrl.kubectl_plugin.render import checkpoint_lines
 from rtrl.metrics import observe_plan
 from rtrl.planning import PatchStatus, plan
-from tests.rtrl.planning.test_plan import World, run_cycle
+from tests.rtrl.planning.test_plan import World, run_cycle, to_canary
 from tests.rtrl.test_metrics import value
 
 
@@ -34,3 +37,32 @@ def test_the_base_checkpoint_s_first_status_is_no_promotion_in_the_metrics() -> 
     assert any(isinstance(a, PatchStatus) and a.name == "composer-0" for a in decided.actions)
     observe_plan("m-base", "metrics-test", {}, decided.status, decided.actions)
     assert value("rtrl_last_promotion_age_seconds", rlcycle="m-base") == 0.0
+
+
+def test_a_canary_step_records_the_share_it_got_next_to_the_stable_replicas() -> None:
+    """With the replicas router one canary pod next to one stable pod is 50% whatever the
+    step's weight: the RLCycle said 50% and the Candidate block 25% (its record's weight),
+    as the quick start shows it (steps 25 and 50, one replica)."""
+    world = World()
+    world.rlcycle["spec"]["rollout"]["steps"] = [
+        {"weight": 25, "minDuration": "30m", "minSamples": 20000},
+        {"weight": 50, "minDuration": "30m", "minSamples": 20000},
+    ]
+    world.deployments["composer-vllm"]["spec"]["replicas"] = 1
+    world.settle()
+    to_canary(world)
+    (record,) = world.checkpoint("composer-1")["status"]["rollout"]
+    assert (record["weight"], record["share"]) == (25, 50.0), record
+    assert world.rlcycle["status"]["canaryWeight"] == 50
+    lines = checkpoint_lines(world.checkpoint("composer-1"), "Candidate", datetime.now(UTC))
+    row = next(line.split() for line in lines if line.split()[:1] == ["1"])
+    assert row[1:4] == ["50%", "(step:", "25%)"], lines
+    # the target scaled to 3 replicas mid-step: one canary pod is 25% now, and says so
+    world.deployments["composer-vllm"]["spec"]["replicas"] = 3
+    world.settle()
+    world.reconcile()
+    (record,) = world.checkpoint("composer-1")["status"]["rollout"]
+    assert (record["weight"], record["share"]) == (25, 25.0), record
+    lines = checkpoint_lines(world.checkpoint("composer-1"), "Candidate", datetime.now(UTC))
+    row = next(line.split() for line in lines if line.split()[:1] == ["1"])
+    assert row[1:3] == ["25%", "2026-11-29T00:00:00Z"], lines

@@ -208,6 +208,14 @@ class RolloutRecord(ApiModel):
     """One canary step as it happened."""
 
     weight: int = Field(ge=0, le=100, description="Canary traffic share in percent.")
+    share: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="The share of traffic (percent) the canary got at this step: the weight "
+        "with the gatewayapi router; with replicas, its replicas' share next to the stable "
+        "ones (weight 25 next to one stable replica is one canary replica: 50).",
+    )
     started_at: datetime = Field(description="When the step began.")
     ready_at: datetime | None = Field(
         None,
