@@ -178,3 +178,40 @@ def test_the_base_checkpoint_reads_promoted_once_it_serves(
     tree = next(row for row in lines if "composer-0" in row and "Checkpoint" in row)
     assert tree[2:4] == ["Checkpoint", "Promoted"], shown
     assert operator.stop() == 0, operator.output()
+
+
+def test_training_shows_the_progress_its_step_reports(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """Training read only "Running" while its pod logged progress and an ETA: the train
+    step writes progress.json beside its output (rtrl_trainer.train.events, here with its
+    own writer while the pod hangs), and the operator's next round puts it in the
+    Checkpoint's status, which ``kubectl rtrl status`` shows."""
+    from rtrl.core.store import open_store
+    from rtrl_localkube.cycle_world import arg
+    from rtrl_trainer.progress import Progress
+    from rtrl_trainer.train.events import progress_document
+
+    node.script("composer-1-train-*", Hang())
+    set_up(kube, tmp_path / "store", tmp_path)
+    operator = rtrl_operator(env={"RTRL_RESYNC_SECONDS": "2"})
+    ns = kube.namespace
+    job = kube.wait_for(lambda: kube.get("batch/v1", "Job", "composer-1-train-0"), timeout=120,
+                        message=operator.output)  # fmt: skip
+    progress = Progress("train", "training", total=40, unit="steps", done=12, quiet=True)
+    open_store(arg(job, "out")).put_bytes("progress.json", progress_document(progress))
+    reported = lambda: (  # noqa: E731
+        (kube.get(RTRL, "Checkpoint", "composer-1") or {}).get("status") or {}
+    ).get("progress")
+    shown = kube.wait_for(reported, timeout=60, message=operator.output)
+    assert (shown["step"], shown["done"], shown["total"], shown["unit"]) == (
+        "train", 12, 40, "steps"), shown  # fmt: skip
+    out = admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
+    assert "  Progress:  train: 12/40 steps (30%) (reported " in out, out
+    assert "Phase:     Training (TrainRunning: train step running: 12/40 steps (30%))" in out
+    assert "12/40 steps (30%)" in rlcycle_status(kube)["message"], rlcycle_status(kube)
+    assert operator.stop() == 0, operator.output()

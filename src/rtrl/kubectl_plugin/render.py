@@ -18,6 +18,8 @@ from rtrl.core.api.names import GROUP
 from rtrl.phasestyle import outcome
 from rtrl.planning.timeutil import parse_time
 
+from .running import progress_line, weight_text
+
 # A condition's healthy state: these are listed as one line; anything else stands out.
 HEALTHY = {
     "Ready": "True",
@@ -209,16 +211,6 @@ def step_number(record: dict[str, Any], position: int) -> str:
     return str(int(step) + 1) if step is not None else str(position)
 
 
-def weight_text(record: dict[str, Any]) -> str:
-    """A step's share of traffic: the share the canary got, and the step's weight when that
-    differs (the replicas router: weight 25 next to one stable pod is one canary pod, 50%),
-    so that it reads as the RLCycle's canary weight and the canary's row do."""
-    weight, share = record.get("weight", 0), record.get("share")
-    if not isinstance(share, int | float) or round(share) == weight:
-        return f"{weight}%"
-    return f"{share:.0f}% (step: {weight}%)"
-
-
 def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> list[str]:
     records = status(ck).get("rollout") or []
     if not records:
@@ -245,7 +237,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
             continue
         out.append("")
         decision = text(r.get("decision"))
-        out.append(f"    Step {step_number(r, i)} ({weight_text(r)}): {paint(decision, decision)}")
+        out.append(f"    Step {step_number(r, i)} at {weight_text(r)}: {paint(decision, decision)}")
         if r.get("reason"):
             out.append(f"      Reason: {one_line(r.get('reason'))}")
         metrics = r.get("metrics") or []
@@ -283,6 +275,9 @@ def checkpoint_lines(
             ("Data", f"{data.get('interactions', 0)} interactions, {data.get('tokens', 0)} tokens"
              f"{share}")
         )  # fmt: skip
+    reported = progress_line(st, now)
+    if reported:
+        pairs.append(("Progress", reported))
     training = st.get("training") or {}
     if training:
         extra = "".join(

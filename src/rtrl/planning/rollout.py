@@ -35,7 +35,7 @@ from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
 from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
-from .steps import new_record, restart_steps, steps_changed, steps_hash
+from .steps import keep_share, new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
 
 
@@ -166,9 +166,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(r, ck, records, "rollback", reason)
     r.status["canaryWeight"] = round(share)
-    if record.get("share") != round(share, 2):  # the target's replicas changed, or an old record
-        record["share"] = round(share, 2)
-        r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    keep_share(r, ck, records, share)
     if record.get("restarted"):
         text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
         r.conditions.set("Progressing", True, "RolloutRestarted", text)

@@ -38,6 +38,14 @@ def share(r: Round, weight: int) -> float:
     return round(cn.canary_weight(r.spec, r.obs.target, weight)[1], 2)
 
 
+def keep_share(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], share: float) -> None:
+    """The current step's record says the share the canary has now: written when the
+    target's replicas changed since (or the record is an older rtrl's, without one)."""
+    if records[-1].get("share") != round(share, 2):
+        records[-1]["share"] = round(share, 2)
+        r.patch_checkpoint(ck, phase="Canary", rollout=records)
+
+
 def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
     """The steps were edited since the current step started (a record of an older rtrl,
     without a hash, is taken as unchanged)."""

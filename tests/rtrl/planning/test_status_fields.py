@@ -1,15 +1,17 @@
 """What the operator writes into a Checkpoint's status for a user to read (issue 33, "status
 a user can trust"): the base model's phase once it serves, the share of traffic a canary
-step actually got, through the same in-memory world as test_plan.py."""
+step actually got, the training's progress while it runs, through the same in-memory world
+as test_plan.py."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from rtrl.kubectl_plugin.render import checkpoint_lines
 from rtrl.metrics import observe_plan
-from rtrl.planning import PatchStatus, plan
-from tests.rtrl.planning.test_plan import World, run_cycle, to_canary
+from rtrl.planning import Observed, PatchStatus, plan, progress_to_read
+from tests.rtrl.planning.test_plan import STAGE_OK, TRAIN_OK, World, run_cycle, to_canary
 from tests.rtrl.test_metrics import value
 
 
@@ -66,3 +68,62 @@ def test_a_canary_step_records_the_share_it_got_next_to_the_stable_replicas() ->
     lines = checkpoint_lines(world.checkpoint("composer-1"), "Candidate", datetime.now(UTC))
     row = next(line.split() for line in lines if line.split()[:1] == ["1"])
     assert row[1:3] == ["25%", "2026-11-29T00:00:00Z"], lines
+
+
+class ReportingWorld(World):
+    """The world, with the files a running step writes beside its results (progress.json)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, Any] = {}
+
+    def observed(self) -> Observed:
+        obs = super().observed()
+        uri = progress_to_read(obs)
+        return Observed(**{**obs.__dict__, "progress": self.written.get(uri) if uri else None})
+
+
+PROGRESS = {"step": "train", "done": 12, "total": 40, "unit": "steps", "rate": 0.5,
+            "etaSeconds": 56.0, "elapsedSeconds": 24.0,
+            "updatedAt": "2026-11-29T00:00:30Z"}  # fmt: skip
+
+
+def test_training_shows_its_progress_from_the_file_the_step_writes() -> None:
+    """Training read only "Running" although the pod logged progress and an ETA: the train
+    step now writes progress.json, and the round of a running train Job copies it into the
+    Checkpoint's status.progress (and the messages), reading no pod log."""
+    world = ReportingWorld()
+    world.reconcile()
+    assert progress_to_read(world.observed()) is None  # the stage step writes none
+    world.finish("stage", result=STAGE_OK)
+    world.reconcile()
+    uri = progress_to_read(world.observed())
+    model = world.checkpoint("composer-1")["spec"]["uri"]
+    assert uri == f"{model}progress.json"
+    world.reconcile()  # nothing written yet: nothing shown, nothing fails
+    assert "progress" not in world.checkpoint("composer-1")["status"]
+    world.written[uri] = {"version": 1, "progress": PROGRESS}
+    world.reconcile()
+    status = world.checkpoint("composer-1")["status"]
+    assert status["phase"] == "Training" and status["progress"] == PROGRESS
+    assert (status["reason"], status["message"]) == (
+        "TrainRunning", "train step running: 12/40 steps (30%), 0.5 steps/s, ETA 56s")  # fmt: skip
+    assert world.rlcycle["status"]["message"].endswith(
+        "(composer-1-train-0): 12/40 steps (30%), 0.5 steps/s, ETA 56s")  # fmt: skip
+    shown = checkpoint_lines(world.checkpoint("composer-1"), "Candidate",
+                             datetime(2026, 11, 29, 0, 1, tzinfo=UTC))  # fmt: skip
+    assert "  Progress:  train: 12/40 steps (30%), 0.5 steps/s, ETA 56s (reported 30s ago)" in (
+        shown), shown  # fmt: skip
+    # unchanged: not written again
+    again = plan(world.observed(), world.now)
+    assert not [a for a in again.actions if isinstance(a, PatchStatus) and a.name == "composer-1"]
+    # a layout this operator does not know is not shown, and stops nothing
+    world.written[uri] = {"version": 2, "progress": {**PROGRESS, "done": 13}}
+    world.reconcile()
+    assert world.checkpoint("composer-1")["status"]["progress"]["done"] == 12
+    # once the Job ended the file is not read again; the last report stays
+    world.finish("train", result=TRAIN_OK)
+    assert progress_to_read(world.observed()) is None
+    world.reconcile()
+    status = world.checkpoint("composer-1")["status"]
+    assert status["phase"] == "Evaluating" and status["progress"]["done"] == 12
