@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rtrl.core.api.progress import ProgressDocument
+from rtrl.core.store import open_store
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.cycle_world import NAME, RTRL
 from rtrl_localkube.kubelet import Kubelet
@@ -78,6 +80,12 @@ def test_cycles_promoted_rolled_back_and_rolled_back_by_hand(
             assert pod["spec"]["automountServiceAccountToken"] is False
             assert not any("projected" in v for v in pod["spec"].get("volumes") or []), pod
     assert serving_uri(kube) == checkpoint(kube, "composer-1")["spec"]["uri"]
+    # The real train step left its last progress report beside the checkpoint, not in it.
+    model = open_store(checkpoint(kube, "composer-1")["spec"]["uri"])
+    report = ProgressDocument.model_validate_json(model.get_bytes("progress.json")).progress
+    assert report.step == "train" and report.done == report.total and report.total
+    manifest = model.committed("")
+    assert manifest is not None and "progress.json" not in manifest.files
     kube.wait_for(lambda: kube.get("apps/v1", "Deployment", "composer-vllm-canary") is None,
                   timeout=60, message=why)  # fmt: skip
 

@@ -62,11 +62,14 @@ class Terminal:
     environment (``env -i``: the test process' LINES and COLUMNS would override the
     terminal's size), as a fresh login's terminal would."""
 
-    def __init__(self, socket: Path, command: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, socket: Path, command: str, env: dict[str, str], size: tuple[int, int] = (160, 100)
+    ) -> None:
         # a fixed size whatever attaches (or not), and the pane kept after the command ends
         # so that its exit status can be read
         config = socket.with_suffix(".conf")
-        config.write_text("set -g default-size 160x100\nset -g remain-on-exit on\n")
+        width, height = size
+        config.write_text(f"set -g default-size {width}x{height}\nset -g remain-on-exit on\n")
         self.base = ["tmux", "-S", os.fspath(socket), "-f", os.fspath(config)]
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         # The command's exit status goes to a file: tmux's own (#{pane_dead_status}) was
@@ -76,7 +79,7 @@ class Terminal:
         self.status_file = socket.with_suffix(".status")
         script = (f"trap true INT; env -i {exports} {command}; "
                   f"echo $? > {shlex.quote(os.fspath(self.status_file))}")  # fmt: skip
-        self.tmux("new-session", "-d", "-s", "rtrl", "-x", "160", "-y", "100",
+        self.tmux("new-session", "-d", "-s", "rtrl", "-x", str(width), "-y", str(height),
                   f"sh -c {shlex.quote(script)}")  # fmt: skip
 
     def tmux(self, *args: str) -> str:
@@ -120,8 +123,8 @@ def terminal(tmp_path: Path) -> Iterator[Callable[[str, dict[str, str]], Termina
         pytest.skip(message)
     opened: list[Terminal] = []
 
-    def open_(command: str, env: dict[str, str]) -> Terminal:
-        opened.append(Terminal(tmp_path / f"tmux-{len(opened)}", command, env))
+    def open_(command: str, env: dict[str, str], size: tuple[int, int] = (160, 100)) -> Terminal:
+        opened.append(Terminal(tmp_path / f"tmux-{len(opened)}", command, env, size))
         return opened[-1]
 
     yield open_
@@ -165,6 +168,9 @@ def test_status_watch_redraws_a_live_cycle_in_a_terminal(  # noqa: PLR0917 (fixt
                   "inconclusive"], shown  # fmt: skip
     assert line_of(shown, "replay.kl", "yes")[:4] == ["replay.kl", "0.010", "0.000", "+0.010"]
     assert line_of(shown, "Normal", "CanaryStarted", f"Checkpoint/{CKPT}"), shown
+    # Step 1 asked 25%, but one canary pod next to one stable pod is 50%: the Candidate
+    # block says what the canary got, as the RLCycle's weight does (it said 25%)
+    assert line_of(shown, "(step:", "25%)")[:4] == ["1", "50%", "(step:", "25%)"], shown
     # Redrawn in place: one frame on the screen, not appended ones.
     assert shown.count("RLCycle") >= 2 and shown.count(f"Candidate {CKPT}:") == 1, shown
 
@@ -174,6 +180,35 @@ def test_status_watch_redraws_a_live_cycle_in_a_terminal(  # noqa: PLR0917 (fixt
     assert line_of(shown, "Normal", "Promoted", f"RLCycle/{NAME}"), shown
     assert shown.count("Last cycle composer-1:") == 1, shown
     # Ctrl-C: exit 0.
+    screen.tmux("send-keys", "-t", "rtrl", "C-c")
+    assert screen.exit_status() == "0", screen.screen()
+
+
+def test_status_watch_keeps_its_header_when_lines_wrap_in_a_narrow_terminal(
+    kube_api: KubeAPI, release: str, admin: Cli, terminal: Any, tmp_path: Path
+) -> None:
+    """A terminal narrower than the frame's lines: the terminal wraps them, and a redraw
+    that counted each as one row scrolled the screen, losing the header (and repeating the
+    frame's tail) at every redraw. (``release``: the chart's CRDs; no operator runs: the
+    status is written by hand, with a long message.)"""
+    ns = kube_api.namespace
+    setup_namespace(kube_api, tmp_path)
+    message = "waiting for the canary to be ready: " + "a long message, " * 12
+    kube_api.patch(RTRL, "RLCycle", NAME, {"status": {"phase": "Canary", "cycle": 1,
+                   "serving": "composer-0", "message": message}}, subresource="status")  # fmt: skip
+    env = admin.env({"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
+    env = {k: env[k] for k in ("PATH", "KUBECONFIG", "TERM", "LANG", "LC_ALL", "HOME")}
+    screen = terminal(f"{tool('kubectl')} rtrl status {NAME} -n {ns} --watch", env, (48, 24))
+    # three redraws (one a second), each of more rows than the terminal has once wrapped
+    shown = screen.wait_for(lambda s: "Events" in s or "more rows" in s)
+    time.sleep(3.5)
+    shown = screen.screen()
+    top = shown.splitlines()[0]
+    assert top.startswith("kubectl rtrl status composer -n"), shown
+    assert shown.count("kubectl rtrl status") == 1 and shown.count("RLCycle ") == 1, shown
+    assert all(len(line) < 48 for line in shown.splitlines()), shown
+    last = [line for line in shown.splitlines() if line.strip()][-1]
+    assert last.startswith("... ") and last.endswith("more rows: a larger terminal shows them")
     screen.tmux("send-keys", "-t", "rtrl", "C-c")
     assert screen.exit_status() == "0", screen.screen()
 

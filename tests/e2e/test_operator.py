@@ -151,3 +151,67 @@ def test_deleting_an_rlcycle_mid_training_removes_its_children_not_its_artifacts
     kube.wait_for(lambda: not children(), timeout=60, message=lambda: str(children()))
     assert kube.get(RTRL, "Checkpoint", "composer-0") is not None
     assert list((root / "artifacts" / "cycles").glob("composer-1-*/stage/stage.json"))
+
+
+def test_the_base_checkpoint_reads_promoted_once_it_serves(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """The base model's Checkpoint, registered by hand with no status, reads ``Promoted``
+    in ``kubectl get ckpt`` and ``kubectl rtrl status`` once the RLCycle serves it (it read
+    nothing and ``Pending``). Suspended: no cycle needs to run for it."""
+    set_up(kube, tmp_path / "store", tmp_path, suspend=True)
+    operator = rtrl_operator()
+    ns = kube.namespace
+    base = lambda: (kube.get(RTRL, "Checkpoint", "composer-0") or {}).get("status") or {}  # noqa: E731
+    kube.wait_for(lambda: base().get("phase"), timeout=60, message=operator.output)
+    assert (base()["phase"], base()["reason"]) == ("Promoted", "Serving"), base()
+    rows = [line.split() for line in admin.kubectl("get", "ckpt", "-n", ns).stdout.splitlines()]
+    assert rows[0][:2] == ["NAME", "PHASE"] and rows[1][:2] == ["composer-0", "Promoted"], rows
+    kube.wait_for(lambda: rlcycle_status(kube).get("phase") == "Suspended", timeout=30,
+                  message=operator.output)  # fmt: skip
+    shown = admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
+    lines = [line.split() for line in shown.splitlines()]
+    tree = next(row for row in lines if "composer-0" in row and "Checkpoint" in row)
+    assert tree[2:4] == ["Checkpoint", "Promoted"], shown
+    assert operator.stop() == 0, operator.output()
+
+
+def test_training_shows_the_progress_its_step_reports(
+    kube: KubeAPI,
+    node: Kubelet,
+    admin: Cli,
+    rtrl_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """Training read only "Running" while its pod logged progress and an ETA: the train
+    step writes progress.json beside its output (rtrl_trainer.train.events, here with its
+    own writer while the pod hangs), and the operator's next round puts it in the
+    Checkpoint's status, which ``kubectl rtrl status`` shows."""
+    from rtrl.core.store import open_store
+    from rtrl_localkube.cycle_world import arg
+    from rtrl_trainer.progress import Progress
+    from rtrl_trainer.train.events import progress_document
+
+    node.script("composer-1-train-*", Hang())
+    set_up(kube, tmp_path / "store", tmp_path)
+    operator = rtrl_operator(env={"RTRL_RESYNC_SECONDS": "2"})
+    ns = kube.namespace
+    job = kube.wait_for(lambda: kube.get("batch/v1", "Job", "composer-1-train-0"), timeout=120,
+                        message=operator.output)  # fmt: skip
+    progress = Progress("train", "training", total=40, unit="steps", done=12, quiet=True)
+    open_store(arg(job, "out")).put_bytes("progress.json", progress_document(progress))
+    reported = lambda: (  # noqa: E731
+        (kube.get(RTRL, "Checkpoint", "composer-1") or {}).get("status") or {}
+    ).get("progress")
+    shown = kube.wait_for(reported, timeout=60, message=operator.output)
+    assert (shown["step"], shown["done"], shown["total"], shown["unit"]) == (
+        "train", 12, 40, "steps"), shown  # fmt: skip
+    out = admin.kubectl("rtrl", "status", NAME, "-n", ns).stdout
+    assert "  Progress:  train: 12/40 steps (30%) (reported " in out, out
+    assert "Phase:     Training (TrainRunning: train step running: 12/40 steps (30%))" in out
+    assert "12/40 steps (30%)" in rlcycle_status(kube)["message"], rlcycle_status(kube)
+    assert operator.stop() == 0, operator.output()

@@ -11,7 +11,14 @@ from typing import Any
 from rtrl.core.api import names
 from rtrl.core.api.policy import TenancyPolicy
 from rtrl.core.store import FileCredentials, read_committed_json
-from rtrl.planning import DeploymentState, JobState, Observed, SecretState, results_to_read
+from rtrl.planning import (
+    DeploymentState,
+    JobState,
+    Observed,
+    SecretState,
+    progress_to_read,
+    results_to_read,
+)
 from rtrl.planning.manifests.names import canary_service_name
 from rtrl.planning.manifests.seal import seal_name
 from rtrl.planning.timeutil import parse_time
@@ -325,8 +332,9 @@ def observe(
         policy=policy,
     )
     wanted = results_to_read(observed)
+    progress = progress_to_read(observed)
     readable, credentials = result_credentials(storage, secret, policy)
-    if not wanted or not readable:
+    if not (wanted or progress) or not readable:
         return observed
     results = {
         uri: read_committed_json(
@@ -337,7 +345,16 @@ def observe(
         )
         for uri in wanted
     }
-    return Observed(**{**observed.__dict__, "results": results})
+    reported = None
+    if progress is not None:
+        reported = read_committed_json(
+            progress,
+            endpoint_url=storage.get("endpoint"),
+            region=storage.get("region"),
+            credentials=credentials,
+            committed_only=False,
+        )
+    return Observed(**{**observed.__dict__, "results": results, "progress": reported})
 
 
 __all__ = ["KubeError", "observe"]

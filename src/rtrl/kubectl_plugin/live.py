@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -157,7 +159,8 @@ def watch(session: Session, name: str, out: TextIO = sys.stdout) -> int:
                 stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
                 text = f"{title}  {stamp}\n\n{body}" + (f"\n{problem}\n" if problem else "")
                 if tty:
-                    lines = fit(text, shutil.get_terminal_size().lines)
+                    size = shutil.get_terminal_size()
+                    lines = fit(text, size.lines, size.columns)
                     out.write(
                         HOME + "".join(f"{line}{CLEAR_LINE}\n" for line in lines) + CLEAR_BELOW
                     )
@@ -174,15 +177,43 @@ def watch(session: Session, name: str, out: TextIO = sys.stdout) -> int:
         return 0
 
 
-def fit(text: str, height: int) -> list[str]:
-    """The frame's lines that fit a terminal ``height`` lines high (one left for the cursor),
-    the last one saying how many did not."""
-    lines = text.rstrip("\n").split("\n")
+def fit(text: str, height: int, width: int) -> list[str]:
+    """The rows of the frame that fit a terminal ``height`` rows high (one left for the
+    cursor) and ``width`` columns wide, the last one saying how many did not. A line wider
+    than the terminal is cut into rows here, as the terminal would wrap it: counted as one
+    line, it scrolled the screen and the header was lost at every redraw."""
+    lines = [row for line in text.rstrip("\n").split("\n") for row in rows(line, width)]
     room = max(2, height - 1)
     if len(lines) <= room:
         return lines
     hidden = len(lines) - room + 1
-    return [*lines[: room - 1], f"... {hidden} more lines: a taller terminal shows them"]
+    return [
+        *lines[: room - 1],
+        *rows(f"... {hidden} more rows: a larger terminal shows them", width)[:1],
+    ]
+
+
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def rows(line: str, width: int) -> list[str]:
+    """``line`` cut into rows of at most ``width - 1`` columns (the last column stays
+    empty: a row that fills it leaves the cursor there, and clearing to the line's end
+    would erase its last character). Escape codes take no column, a wide character two."""
+    room = max(1, width - 1)
+    out: list[str] = []
+    row, used, at = "", 0, 0
+    for match in [*ESCAPE.finditer(line), None]:
+        end = match.start() if match is not None else len(line)
+        for char in line[at:end]:
+            cells = 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+            if used + cells > room and used:
+                out.append(row)
+                row, used = "", 0
+            row, used = row + char, used + cells
+        if match is not None:
+            row, at = row + match.group(), match.end()
+    return [*out, row]
 
 
 # --- wait ----------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from rtrl.phasestyle import outcome
 from rtrl.planning.gates import reason_text
 from rtrl.planning.timeutil import parse_time
 
+from .running import progress_line, weight_text
+
 # A condition's healthy state: these are listed as one line; anything else stands out.
 HEALTHY = {
     "Ready": "True",
@@ -221,7 +223,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
         rows.append(
             [
                 step_number(r, i),
-                f"{r.get('weight', 0)}%",
+                weight_text(r),
                 stamp(r.get("startedAt")),
                 ended,
                 text(r.get("analyses", 0)),
@@ -237,9 +239,7 @@ def rollout_lines(ck: dict[str, Any], now: datetime, paint: Paint = plain) -> li
             continue
         out.append("")
         decision = text(r.get("decision"))
-        out.append(
-            f"    Step {step_number(r, i)} ({r.get('weight', 0)}%): {paint(decision, decision)}"
-        )
+        out.append(f"    Step {step_number(r, i)} at {weight_text(r)}: {paint(decision, decision)}")
         if r.get("reason"):
             out.append(f"      Reason: {one_line(reason_text(r))}")
         metrics = r.get("metrics") or []
@@ -277,6 +277,9 @@ def checkpoint_lines(
             ("Data", f"{data.get('interactions', 0)} interactions, {data.get('tokens', 0)} tokens"
              f"{share}")
         )  # fmt: skip
+    reported = progress_line(st, now)
+    if reported:
+        pairs.append(("Progress", reported))
     training = st.get("training") or {}
     if training:
         extra = "".join(

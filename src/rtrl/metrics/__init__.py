@@ -76,6 +76,9 @@ RESULTS = {
     "CycleFailed": "failed",
     "InsufficientData": "insufficient_data",
 }
+# A Checkpoint that becomes Promoted without being promoted: the base model's first status
+# (it serves), the parent that serves again after a manual rollback.
+SERVING_WITHOUT_PROMOTION = frozenset({"Serving", "ServingAgain"})
 _JOB_FAILURE = re.compile(r"^(Stage|Train|Eval|Analyze)(Retrying|Failed)$")
 _ACTION_NAMES: dict[type, str] = {
     Create: "create",
@@ -128,6 +131,7 @@ def observe_plan(
             isinstance(action, PatchStatus)
             and action.kind == "Checkpoint"
             and action.status.get("phase") == "Promoted"
+            and action.status.get("reason") not in SERVING_WITHOUT_PROMOTION
         ):
             LAST_PROMOTION_AGE.labels(namespace, rlcycle_name).set_function(_age_since(clock))
 

@@ -9,6 +9,7 @@ demo runner, so both make the same decisions.
 from .actions import Action, Create, Delete, Emit, Patch, PatchStatus
 from .observed import DeploymentState, JobState, Observed, SecretState
 from .plan import plan, plan_rejected, results_to_read
+from .progress import progress_to_read
 from .round import Plan
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "SecretState",
     "plan",
     "plan_rejected",
+    "progress_to_read",
     "results_to_read",
 ]

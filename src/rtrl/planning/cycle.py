@@ -32,6 +32,7 @@ from .manifests.jobs import (
 )
 from .manifests.names import config_map_name, result_uri, service_name
 from .observed import JobState
+from .progress import record_progress
 from .reading import data_watermark
 from .reading import fresh as _fresh
 from .reading import meta as _meta
@@ -126,7 +127,9 @@ def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
         return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name}")
     job = jobs[-1]
     if not job.finished:
-        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name} ({job.name})")
+        progress = record_progress(r, ck, step)
+        detail = f": {progress}" if progress else ""
+        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name} ({job.name}){detail}")
     if job.succeeded:
         return step_succeeded(r, ck, step, job)
     return step_failed(r, ck, step, job)

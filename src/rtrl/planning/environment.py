@@ -1,13 +1,14 @@
 """What the spec names must exist before any Job is created: the target Deployment and its
 container (and, with spec.capture, room for the sidecar in it), the credentials Secret with
 its keys, a pinned Checkpoint, and the Checkpoint the target serves. A problem here makes
-the RLCycle ``Invalid`` with the field to fix."""
+the RLCycle ``Invalid`` with the field to fix. A serving Checkpoint registered by hand (the
+base model) gets its first status here: it serves, so it reads ``Promoted``."""
 
 from __future__ import annotations
 
 from .capture import check_capture
 from .manifests.names import same_uri
-from .reading import meta
+from .reading import meta, phase
 from .round import Round
 
 
@@ -73,3 +74,20 @@ def check_environment(r: Round) -> tuple[str, str]:
     )
     r.status["serving"] = meta(r.serving)["name"]
     return "", ""
+
+
+def mark_serving_base(r: Round) -> None:
+    """The serving Checkpoint, when nothing ever wrote its status (the base model, which a
+    user registers by hand), becomes ``Promoted`` (reason ``Serving``), as every other
+    serving checkpoint reads: ``kubectl get ckpt`` showed it with no phase and ``kubectl
+    rtrl`` as ``Pending`` although it is what serves. Once written, it is left to the
+    cycles (``Superseded`` by the first promotion, ``Promoted`` again by a rollback)."""
+    serving = r.serving
+    if phase(serving) is not None or any(meta(c)["name"] == meta(serving)["name"] for c in r.owned):
+        return
+    r.patch_checkpoint(
+        serving,
+        phase="Promoted",
+        reason="Serving",
+        message=f"serves {r.spec.target.deployment} (RLCycle {r.name}); registered by hand",
+    )

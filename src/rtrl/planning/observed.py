@@ -80,6 +80,9 @@ class Observed:
     # Step results by URI (stage.json, train.json, eval.json): the document, or None when
     # nothing is committed there; a string is the error met reading it.
     results: Mapping[str, Mapping[str, Any] | str | None] = field(default_factory=dict)
+    # While a step that reports its progress runs (rtrl.planning.progress): its progress
+    # file, as results are read but without waiting for a commit.
+    progress: Mapping[str, Any] | str | None = None
     # While status.awaitingApproval names a webhook gate: whether the confirm webhook
     # answered 200 (None: not asked), and why not, in words (never its URL).
     confirmed: bool | None = None

@@ -26,7 +26,7 @@ from rtrl.core.api.rlcycle import RLCycleMeta, RLCycleSpec
 
 from .capture import keep_capture
 from .cycle import cancel, cancel_reason, drive_step
-from .environment import check_environment
+from .environment import check_environment, mark_serving_base
 from .gates import unused_approval
 from .history import prune_history
 from .idle import idle
@@ -116,6 +116,7 @@ def run(r: Round) -> Plan:
     if r.conditions.previous_status("InvalidSpec") == "True":
         r.event("SpecValid", "the spec is valid again; resuming")
     r.conditions.set("InvalidSpec", False, "SpecValid", "")
+    mark_serving_base(r)
     if r.conditions.previous_status("InsufficientData") is None:
         r.conditions.set("InsufficientData", False, "NotStaged", "no cycle staged yet")
     prune_history(r)

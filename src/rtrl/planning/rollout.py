@@ -36,7 +36,7 @@ from .manifests import canary as cn
 from .manifests.names import canary_service_name, result_uri
 from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
-from .steps import new_record, restart_steps, steps_changed, steps_hash
+from .steps import keep_share, new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
 from .traffic import route_patch
 
@@ -170,6 +170,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         reason = f"spec.rollout.service: Service {missing} not found in namespace {namespace}"
         return decide(r, ck, records, ROLLBACK, reason)
     r.status["canaryWeight"] = round(share)
+    keep_share(r, ck, records, share)
     if record.get("restarted"):
         text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
         r.conditions.set("Progressing", True, "RolloutRestarted", text)

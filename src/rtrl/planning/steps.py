@@ -9,6 +9,7 @@ import hashlib
 import json
 from typing import Any
 
+from .manifests import canary as cn
 from .reading import meta, step_index
 from .round import Round
 from .timeutil import iso
@@ -26,8 +27,23 @@ def steps_hash(r: Round) -> str:
 def new_record(r: Round, index: int, **extra: Any) -> dict[str, Any]:
     """The record of step ``index`` of the current ``spec.rollout.steps``, starting now."""
     weight = r.spec.rollout.steps[index].weight
-    return {"weight": weight, "startedAt": iso(r.now), "analyses": 0, "step": index,
-            "stepsHash": steps_hash(r), **extra}  # fmt: skip
+    return {"weight": weight, "share": share(r, weight), "startedAt": iso(r.now),
+            "analyses": 0, "step": index, "stepsHash": steps_hash(r), **extra}  # fmt: skip
+
+
+def share(r: Round, weight: int) -> float:
+    """The share of traffic (percent) ``weight`` gives the canary next to the target as it
+    is now, as a record keeps it: with the replicas router it is not the weight (one
+    canary pod next to one stable pod is 50%, whatever the step asks)."""
+    return round(cn.canary_weight(r.spec, r.obs.target, weight)[1], 2)
+
+
+def keep_share(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], share: float) -> None:
+    """The current step's record says the share the canary has now: written when the
+    target's replicas changed since (or the record is an older rtrl's, without one)."""
+    if records[-1].get("share") != round(share, 2):
+        records[-1]["share"] = round(share, 2)
+        r.patch_checkpoint(ck, phase="Canary", rollout=records)
 
 
 def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:

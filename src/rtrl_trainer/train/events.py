@@ -1,5 +1,6 @@
-"""What a running train step shows: TensorBoard event files in the store, and its progress
-lines (steps, tokens/s, ETA).
+"""What a running train step shows: TensorBoard event files in the store, its progress
+lines (steps, tokens/s, ETA), and the same progress as ``progress.json`` for the operator
+(:mod:`rtrl.core.api.progress`), written with each upload of the event file.
 
 TRL, OpenRLHF and verl users watch a run in TensorBoard, so rank 0 writes one scalar per
 tag (:data:`TAGS`) per optimizer step, the step number being the global optimizer step,
@@ -20,12 +21,16 @@ reads them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.checkpoint import StepProgress
+from rtrl.core.api.progress import PROGRESS_FILE, ProgressDocument
 from rtrl.core.store import ObjectStore, StoreError, join_key
 from rtrl_trainer.checkpoint_io import TENSORBOARD_PREFIX
 from rtrl_trainer.progress import Progress
@@ -91,6 +96,7 @@ class RunEvents:
 
         self.writer = SummaryWriter(log_dir=str(self.directory))
         self.progress.start()
+        self._guard(self.report)
 
     def record(self, metrics: dict[str, Any], *, learning_rate: float | None) -> None:
         """One optimizer step's scalars (``metrics``: its history entry) and line."""
@@ -123,6 +129,11 @@ class RunEvents:
             if EVENT_FILE_MARK in p.name
         }
         self._guard(lambda: [self.store.put_file(k, p) for k, p in files.items()])
+        self._guard(self.report)
+
+    def report(self) -> None:
+        """Write ``progress.json``: how far the run is, for the Checkpoint's status."""
+        self.store.put_bytes(PROGRESS_FILE, progress_document(self.progress))
 
     def close(self) -> None:
         """The last upload, and the end line."""
@@ -144,6 +155,23 @@ class RunEvents:
                 where = self.store.url(TENSORBOARD_PREFIX)
                 say(f"TensorBoard events not uploaded to {where}/: {exc}")
             self.failed = True
+
+
+def progress_document(progress: Progress) -> bytes:
+    """``progress.json``'s bytes for a :class:`Progress` now."""
+    doc = ProgressDocument(
+        progress=StepProgress(
+            step="train",
+            done=progress.done,
+            total=progress.total,
+            unit=progress.unit,
+            rate=progress.rate(),
+            eta_seconds=progress.eta(),
+            elapsed_seconds=round(progress.elapsed(), 3),
+            updated_at=datetime.now(UTC),
+        )
+    )
+    return (json.dumps(doc.to_k8s(), sort_keys=True) + "\n").encode()
 
 
 def trim(store: ObjectStore, keep_through: int, scratch: Path) -> None:

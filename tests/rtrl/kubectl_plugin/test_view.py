@@ -254,3 +254,21 @@ def test_history_of_a_promoted_checkpoint_rolled_back_by_hand_says_rollback() ->
     row = next(line for line in out.splitlines() if "composer-1" in line)
     assert "rollback" in row and "rtrl.io/rollback=back-1" in row, out
     assert "edit_persistence better" not in row
+
+
+def test_watch_rows_are_cut_as_the_terminal_wraps_them_and_fit_its_height() -> None:
+    """``status --watch`` counts a line wider than the terminal as the rows the terminal
+    wraps it into (tests/e2e/test_kubectl_live.py sees the header kept in a real one)."""
+    assert live.rows("abcdefghij", 5) == ["abcd", "efgh", "ij"]  # the last column stays free
+    assert live.rows("", 5) == [""]
+    painted = ansi("Promoted", "Promoted") + " now"
+    cut = live.rows(painted, 6)
+    assert [ANSI.sub("", r) for r in cut] == ["Promo", "ted n", "ow"]
+    assert "".join(cut) == painted  # the colour codes kept, taking no column
+    assert live.rows("模型模型", 6) == ["模型", "模型"]  # a wide character takes two
+    frame = "title " * 20 + "\n\n" + "\n".join(f"line {i}" for i in range(30))
+    shown = live.fit(frame, 12, 60)
+    assert len(shown) == 11 and all(len(r) <= 59 for r in shown)
+    assert shown[:4] == [("title " * 20)[:59], ("title " * 20)[59:118], "e ", ""]
+    assert shown[4:10] == [f"line {i}" for i in range(6)]
+    assert shown[-1] == "... 24 more rows: a larger terminal shows them"

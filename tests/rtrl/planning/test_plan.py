@@ -372,8 +372,8 @@ def test_a_cycle_runs_stage_train_eval_canary_and_promotes() -> None:
     # eval passed: the canary comes up at the first step (5%) next to the 19 stable pods
     assert ck["status"]["phase"] == "Canary"
     (first,) = ck["status"]["rollout"]
-    assert first == {"weight": 5, "startedAt": "2026-11-29T00:00:00Z", "analyses": 0,
-                     "step": 0, "stepsHash": first["stepsHash"]}  # fmt: skip
+    assert first == {"weight": 5, "share": 5.0, "startedAt": "2026-11-29T00:00:00Z",
+                     "analyses": 0, "step": 0, "stepsHash": first["stepsHash"]}  # fmt: skip
     assert len(first["stepsHash"]) == 16
     canary = world.deployments["composer-vllm-canary"]
     assert canary["spec"]["replicas"] == 1

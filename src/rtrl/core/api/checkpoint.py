@@ -148,6 +148,25 @@ class TrainingSummary(ApiModel):
     wall_seconds: float | None = Field(None, ge=0, description="Wall time of the step.")
 
 
+class StepProgress(ApiModel):
+    """How far the running step is, as it last said: the train step writes it to the store
+    (``progress.json`` beside its result, :mod:`rtrl.core.api.progress`) about every 30
+    seconds, and the operator copies it here on its next round."""
+
+    step: Literal["train"] = Field(description="The step reporting.")
+    done: Count = Field(description="How many units are done (optimizer steps for train).")
+    total: Count | None = Field(None, description="How many there are; unset when unknown.")
+    unit: str = Field(max_length=32, description="What is counted, e.g. steps.")
+    rate: float | None = Field(
+        None, ge=0, description="Units per second since the step's run began (or resumed)."
+    )
+    eta_seconds: float | None = Field(
+        None, ge=0, description="Seconds left at that rate; unset before the first unit."
+    )
+    elapsed_seconds: float = Field(ge=0, description="Seconds since the run began (or resumed).")
+    updated_at: datetime = Field(description="When the step wrote it.")
+
+
 class Verdict(StrEnum):
     PASSED = "Passed"
     FAILED = "Failed"
@@ -208,6 +227,14 @@ class RolloutRecord(ApiModel):
     """One canary step as it happened."""
 
     weight: int = Field(ge=0, le=100, description="Canary traffic share in percent.")
+    share: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="The share of traffic (percent) the canary got at this step: the weight "
+        "with the gatewayapi router; with replicas, its replicas' share next to the stable "
+        "ones (weight 25 next to one stable replica is one canary replica: 50).",
+    )
     started_at: datetime = Field(description="When the step began.")
     ready_at: datetime | None = Field(
         None,
@@ -279,6 +306,11 @@ class CheckpointStatus(ApiModel):
     completed_at: datetime | None = Field(None, description="When it reached a final phase.")
     data: DataSummary | None = Field(None, description="What it was trained on.")
     training: TrainingSummary | None = Field(None, description="Training metrics.")
+    progress: StepProgress | None = Field(
+        None,
+        description="The running step's progress (done/total, rate, ETA), as it last "
+        "reported it; the last report stays once the step is done.",
+    )
     eval: EvalSummary | None = Field(None, description="Eval results and verdict.")
     rollout: list[RolloutRecord] | None = Field(
         None, max_length=64, description="Canary steps and their A/B results."

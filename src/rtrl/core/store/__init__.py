@@ -137,18 +137,26 @@ def read_committed_json(
     endpoint_url: str | None = None,
     region: str | None = None,
     credentials: FileCredentials | None = None,
+    committed_only: bool = True,
 ) -> dict[str, Any] | str | None:
     """The JSON object at ``uri`` once its prefix is committed (manifest written last), None
     while it is not, or a string saying why it could not be read. How the operator and the
-    local demo read a step's result document (stage.json, eval.json, analysis.json...)."""
+    local demo read a step's result document (stage.json, eval.json, analysis.json...).
+    ``committed_only=False``: whatever is there now (None when nothing is), as for the
+    progress a running step writes before anything is committed."""
     prefix, name = split_uri(uri)
     try:
         store = open_store(
             prefix, endpoint_url=endpoint_url, region=region, credentials=credentials
         )
-        if store.committed("") is None:
+        if committed_only and store.committed("") is None:
             return None
-        doc = json.loads(store.get_bytes(name))
+        try:
+            doc = json.loads(store.get_bytes(name))
+        except ObjectNotFound:
+            if committed_only:
+                raise
+            return None
     except (StoreError, ValueError, OSError) as exc:
         return redact(f"{type(exc).__name__}: {exc}")
     return doc if isinstance(doc, dict) else f"{name} is not a JSON object"
