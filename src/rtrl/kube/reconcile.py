@@ -46,7 +46,8 @@ from ..metrics import observe_plan, reconcile_failed, set_object_source
 from ..planning import plan, plan_rejected
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
-from .cache import CachingClient, ObjectCache
+from .cache import ObjectCache
+from .cached_client import CachingClient
 from .client import KubeClient, KubeError
 from .observe import observe
 from .webhooks import NOTIFIER, confirm
