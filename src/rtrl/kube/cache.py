@@ -19,8 +19,9 @@ is held "ahead", hiding the watch's older events until the watch delivers that v
 (equality): an event in flight never undoes the operator's write, and its next round sees
 its own writes. A deleted object's uid is a tombstone: nothing of that uid comes back (an
 object created again under its name has another uid). Where neither settles it (two
-incarnations of one name delivered by two workers; two answers crossing), the kind is read
-live in that namespace until a live read has.
+incarnations of one name delivered by two workers), the kind is read live in that
+namespace until a live read has; two answers crossing need not be (the watch delivers both,
+in their order).
 
 A re-list by kopf brings what exists, not what was deleted meanwhile: the next read of that
 kind lists it all live first (:meth:`ObjectCache.relist`); nothing is re-read on a timer.
@@ -241,8 +242,8 @@ class ObjectCache:
         if held is None:
             self._set(kind, key, Entry(kept, uid, rv, "", None, True, 0), watch=False)
             return
-        if any(not c.watch and c.uid == uid and c.rv != rv for c in changes):
-            self._unsure(kind, key[0], f"two answers for {key[1]} crossed")
+        # Two answers crossing (a round's write, a notifier's) need no live read: whichever
+        # is held ahead, the watch delivers both in their order and the later one stays.
         watched = {c.rv for c in changes if c.watch and c.uid == uid}
         if at_mark is not None and at_mark[0] == uid:
             watched.add(at_mark[2])

@@ -300,3 +300,24 @@ def test_a_live_read_ends_an_answer_the_watch_skipped() -> None:
     assert phase(cache, "c1") == "Evaluating"
     cache.feed("Checkpoint", "MODIFIED", obj("Checkpoint", "c1", 9, "Promoted"))
     assert phase(cache, "c1") == "Promoted"
+
+
+def test_two_answers_crossing_are_settled_by_the_watch_without_a_live_read() -> None:
+    """A round's status write and a notifier's cross (two threads, one object): whichever
+    answer is held, the watch delivers both versions in their order and the later stays;
+    the kind stays cached (a live read of every RLCycle's kind would send 1,000 rounds
+    live: seen in bench/scale.py)."""
+    for first_held in (True, False):
+        cache = synced()
+        cache.feed("RLCycle", "ADDED", obj("RLCycle", "r", 3, "Idle"))
+        round_write, notifier_write = cache.begin(), cache.begin()
+        older, newer = obj("RLCycle", "r", 4, "Running"), obj("RLCycle", "r", 5, "Canary")
+        answers = [(round_write, older), (notifier_write, newer)]
+        for mark, answer in answers if first_held else answers[::-1]:
+            cache.wrote("RLCycle", answer, mark)
+        assert cache.usable("RLCycle", NS)
+        cache.feed("RLCycle", "MODIFIED", older)
+        cache.feed("RLCycle", "MODIFIED", newer)
+        assert ((cache.get("RLCycle", NS, "r") or {}).get("status") or {})["phase"] == "Canary"
+        cache.end(round_write)
+        cache.end(notifier_write)
