@@ -182,6 +182,8 @@ class ObjectCache:
         incarnation holds it."""
         if uid:
             self._gone[uid] = time.monotonic()
+            if len(self._gone) % 256 == 0:  # tombstones outlive no late event: bounded
+                self._prune()
         held = self._entry(kind, key)
         if held is not None and (held.uid == uid or not uid):
             self._set(kind, key, None, watch=watch)

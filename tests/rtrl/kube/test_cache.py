@@ -321,3 +321,17 @@ def test_two_answers_crossing_are_settled_by_the_watch_without_a_live_read() -> 
         assert ((cache.get("RLCycle", NS, "r") or {}).get("status") or {})["phase"] == "Canary"
         cache.end(round_write)
         cache.end(notifier_write)
+
+
+def test_tombstones_are_forgotten_once_no_late_event_can_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tombstone per deleted uid: an operator that runs for months deletes Jobs every
+    cycle, and no live list (which used to prune them) may come for as long."""
+    cache = synced()
+    clock = [1000.0]
+    monkeypatch.setattr("rtrl.kube.cache.time.monotonic", lambda: clock[0])
+    for k in range(300):
+        cache.feed("Job", "DELETED", job(f"j{k}", k, uid=f"j{k}"))
+        clock[0] += 10.0  # 300 deletions over 50 minutes
+    assert len(cache._gone) < 100  # those of the last TOMBSTONE_SECONDS, and a batch
