@@ -357,15 +357,16 @@ class Scale:
         self.created = size
         return seconds
 
-    def operator(self, label: str) -> tuple[OperatorProcess, Path]:
+    def operator(self, label: str, src: Path | None = None) -> tuple[OperatorProcess, Path]:
         trace = self.tmp / f"rounds-{label}.jsonl"
         env = {
             "RTRL_RESYNC_SECONDS": str(self.args.resync),
             "RTRL_ERROR_BACKOFF_SECONDS": "5",
             "RTRL_ROUND_TRACE": os.fspath(trace),
         }
-        if self.args.operator_src:  # e.g. an earlier commit's src/, for a before/after
-            env["PYTHONPATH"] = os.fspath(self.args.operator_src)
+        src = src or self.args.operator_src
+        if src:  # e.g. an earlier commit's src/, for a before/after
+            env["PYTHONPATH"] = os.fspath(src)
         proc = OperatorProcess(
             self.cp,
             self.tmp / f"operator-{label}",
@@ -375,7 +376,14 @@ class Scale:
         )
         return proc, trace
 
-    def measure(self, size: int) -> dict[str, Any]:
+    def variants(self) -> list[tuple[str, Path | None]]:
+        """The operators measured on each world: with ``--baseline-src``, that one
+        ("before") and then this checkout's ("after"), on the same world and machine."""
+        if self.args.baseline_src:
+            return [("before", self.args.baseline_src), ("after", self.args.operator_src)]
+        return [("", self.args.operator_src)]
+
+    def measure(self, size: int) -> list[dict[str, Any]]:
         print(f"--- {size} RLCycles: creating ...", flush=True)
         created_s = self.grow(size)
         names = [name_of(i) for i in range(size)]
@@ -388,26 +396,53 @@ class Scale:
                 self.wait_rounds(first, first_trace, set(names), time.perf_counter())
             finally:
                 first.stop()
+        variants = self.variants()
+        r, p, n = self.args.reactions, self.args.prune, len(names)
+        runs = []
+        for k, (label, src) in enumerate(variants):
+            # each operator reacts to and prunes RLCycles of its own
+            reacting = names[n - (k + 1) * r : n - k * r]
+            pruned = names[n - len(variants) * r - (k + 1) * p : n - len(variants) * r - k * p]
+            run = self.measure_operator(
+                size, names, label=label, src=src, reacting=reacting, pruned=pruned
+            )
+            runs.append({**run, "created_s": created_s})
+        return runs
+
+    def measure_operator(
+        self,
+        size: int,
+        names: list[str],
+        *,
+        label: str,
+        src: Path | None,
+        reacting: list[str],
+        pruned: list[str],
+    ) -> dict[str, Any]:
+        print(f"    operator {label or 'measured'} ({src or 'this checkout'})", flush=True)
         started_wall, started = time.time(), time.perf_counter()
-        operator, trace = self.operator(str(size))
+        operator, trace = self.operator(f"{size}{'-' + label if label else ''}", src)
         pid = operator.proc.pid
+        load = {"start": os.getloadavg()}
         try:
             startup_s = self.wait_rounds(operator, trace, set(names), started)
+            startup_cpu_s = cpu_seconds(pid)
             startup_requests = count(self.audit.between(started_wall, time.time()))
             print(f"    every RLCycle had a round after {startup_s:.1f} s; settling", flush=True)
             time.sleep(self.args.settle)
+            load["idle"] = os.getloadavg()
             idle = self.idle(operator, trace)
             print(
                 f"    idle: {idle['requests_per_s']:.2f} req/s, RSS "
-                f"{idle['rss_steady_bytes'] / MB:.0f} MB",
+                f"{idle['rss_steady_bytes'] / MB:.0f} MB, CPU {idle['cpu_percent']:.1f}%",
                 flush=True,
             )
-            reaction = self.reactions(operator, names[-self.args.reactions :])
+            reaction = self.reactions(operator, reacting)
             print(f"    reaction median {reaction['ms']['median']} ms", flush=True)
-            prune_names = names[-(self.args.reactions + self.args.prune) : -self.args.reactions]
-            pruning = self.pruning(operator, prune_names)
+            pruning = self.pruning(operator, pruned)
             print(f"    pruning median {pruning['s']['median']} s", flush=True)
             rss_end = rss_tree(pid)
+            load["end"] = os.getloadavg()
         except Exception:
             print(operator.output()[-6000:], file=sys.stderr)
             raise
@@ -416,9 +451,11 @@ class Scale:
         errors = [line for line in operator.output().splitlines() if "Traceback" in line]
         return {
             "rlcycles": size,
+            "label": label,
             "checkpoints": size * (OWNED + 1),
-            "created_s": created_s,
             "startup_s": startup_s,
+            "startup_cpu_s": startup_cpu_s,
+            "load_average": load,
             "startup_requests": startup_requests,
             "idle": idle,
             "reaction": reaction,
@@ -579,7 +616,8 @@ def ratio(a: float | None, b: float | None) -> str:
 
 def render(result: dict[str, Any]) -> str:
     runs = result["runs"]
-    head = f"{'':48}" + "".join(f"{r['rlcycles']:>12,}" for r in runs)
+    titles = [f"{r['rlcycles']:,} {r.get('label', '')}".strip() for r in runs]
+    head = f"{'':48}" + "".join(f"{t:>12}" for t in titles)
     lines = [
         f"real control plane (kube-apiserver {result['version']}), 1 namespace, "
         f"{result['cpus']} CPUs (shared); RTRL_RESYNC_SECONDS={result['resync']}",
@@ -595,6 +633,7 @@ def render(result: dict[str, Any]) -> str:
     row("Checkpoints", lambda r: r["checkpoints"], ",")
     row("world created (s)", lambda r: r["created_s"], ".0f")
     row("operator start -> every RLCycle had a round (s)", lambda r: r["startup_s"], ".1f")
+    row("  operator CPU meanwhile (s)", lambda r: r.get("startup_cpu_s"), ".1f")
     row(
         "  requests meanwhile (watches aside)",
         lambda r: r["startup_requests"].get("requests", 0),
@@ -608,6 +647,7 @@ def render(result: dict[str, Any]) -> str:
     row("    of which read live", lambda r: r["idle"]["rounds_live"], "d")
     row("  a round, median (ms)", lambda r: r["idle"]["round_ms"]["median"], ".1f")
     row("idle CPU of the operator (%)", lambda r: r["idle"]["cpu_percent"], ".1f")
+    row("  load average (1 min) in the idle window", lambda r: r["load_average"]["idle"][0], ".1f")
     row(
         "reaction to a Job's completion, median (ms)",
         lambda r: r["reaction"]["ms"]["median"],
@@ -635,8 +675,10 @@ def render(result: dict[str, Any]) -> str:
     last = runs[-1]
     rss = max(last["idle"]["rss_steady_bytes"], last["idle"]["rss_max_bytes"])
     median = last["reaction"]["ms"]["median"]
+    cpu = last["idle"]["cpu_percent"]
     goals = [
         (f"RSS < 300 MB at {last['rlcycles']:,}", rss < 300 * MB, f"max {rss / MB:.0f} MB"),
+        (f"idle CPU <= 10% of a core at {last['rlcycles']:,}", cpu <= 10, f"{cpu:.1f}%"),
         (
             f"0 idle requests per second at {last['rlcycles']:,}",
             last["idle"]["requests"].get("requests", 0) == 0,
@@ -671,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--operator-src", type=Path, help="run the operator from this src/ (e.g. `git archive`)"
     )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also measure an operator from this src/ first, on the same world (before/after)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     binaries = binaries_dir()
@@ -688,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with ControlPlane(tmp / "controlplane", binaries, apiserver_args=audit_args) as cp:
             bench = Scale(args, tmp, cp)
-            runs = [bench.measure(size) for size in sizes]
+            runs = [run for size in sizes for run in bench.measure(size)]
             version = cp.version
     result = {
         "cpus": os.cpu_count(),

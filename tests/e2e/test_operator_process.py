@@ -19,7 +19,8 @@ import pytest
 
 from rtrl.core.api.policy import UNRESTRICTED
 from rtrl.kube.apply import apply, write_status
-from rtrl.kube.cache import CACHED_KINDS, CachingClient, ObjectCache
+from rtrl.kube.cache import CACHED_KINDS, ObjectCache
+from rtrl.kube.cached_client import CachingClient
 from rtrl.kube.client import KubeClient, KubeError
 from rtrl.kube.observe import observe
 from rtrl.planning import PatchStatus, plan
@@ -159,10 +160,11 @@ def stale_view(kube: KubeAPI, client: KubeClient, old: dict[str, Any]) -> Cachin
     view = CachingClient(client, cache)
     name = old["metadata"]["name"]
     for kind in CACHED_KINDS:
-        items, list_rv = view.list_with_version(kind, kube.namespace)
-        if kind == "Checkpoint":
-            items = [old if i["metadata"]["name"] == name else i for i in items]
-        cache.absorb_list(kind, kube.namespace, None, items, list_rv)
+        with cache.request() as mark:
+            items, _ = view.list_with_version(kind, kube.namespace)
+            if kind == "Checkpoint":
+                items = [old if i["metadata"]["name"] == name else i for i in items]
+            cache.absorb_list(kind, kube.namespace, None, items, mark)
     cache.mark_synced()
     return view
 

@@ -19,6 +19,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from ..core.api.names import GROUP, VERSION
+from .index import Finder, ListFinder
 
 # kind -> (API group, version, plural, namespaced)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -207,8 +208,8 @@ class KubeClient:
 
     def list_with_version(
         self, kind: str, namespace: str, labels: dict[str, str] | None = None
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """The objects, and the list's resourceVersion (None when not an integer)."""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The objects, and the list's resourceVersion (opaque: for equality only)."""
         query = (
             {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         )
@@ -223,12 +224,16 @@ class KubeClient:
                 ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
                 for k, v in (labels or {}).items()
             )
-        ], int(rv) if rv.isdigit() else None
+        ], rv
 
     def list(
         self, kind: str, namespace: str, labels: dict[str, str] | None = None
     ) -> list[dict[str, Any]]:
         return self.list_with_version(kind, namespace, labels)[0]
+
+    def finder(self, kind: str, namespace: str) -> Finder:
+        """The namespace's ``kind``, to find by name or field (:mod:`rtrl.kube.index`)."""
+        return ListFinder(kind, self.list(kind, namespace))
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (fixed names: that means done)."""

@@ -47,7 +47,8 @@ from ..planning import plan, plan_rejected
 from ..planning.traffic import deleting, holds
 from ..settings import Settings
 from .apply import RejectedError, apply, write_status
-from .cache import CachingClient, ObjectCache
+from .cache import ObjectCache
+from .cached_client import CachingClient
 from .client import KubeClient, KubeError
 from .deletion import give_back
 from .observe import observe
