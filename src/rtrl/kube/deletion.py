@@ -16,7 +16,7 @@ from rtrl.core.api.policy import TenancyPolicy
 from rtrl.planning import plan
 
 from .apply import apply
-from .cache import CachingClient
+from .cached_client import CachingClient
 from .client import KubeError
 from .observe import observe
 

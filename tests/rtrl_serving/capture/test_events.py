@@ -248,16 +248,27 @@ def test_a_client_that_leaves_mid_stream_is_an_event(capture: Capture, moto: str
     host, port = capture.url.removeprefix("http://").split(":")
     body = (b'{"model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": true, '
             b'"stream": true}')  # fmt: skip
-    with socket.create_connection((host, int(port))) as sock:
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                b"\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
-        sock.sendall(head + body)
-        head = sock.recv(65536)
-        while b"data: " not in head:
-            head += sock.recv(65536)
-    line = next(h for h in head.split(b"\r\n") if h.lower().startswith(b"x-rtrl-interaction-id"))
-    interaction_id = line.split(b":", 1)[1].strip().decode()
-    event = one_event(moto, capture, interaction_id)
+    # On loaded cores the engine can finish all 400 tokens, and the proxy write them into the
+    # sockets' buffers, before this client is scheduled to leave: then the proxy did serve the
+    # whole stream (status 200, all tokens), which is no failure of the proxy. A small receive
+    # buffer makes that rare; such a run is tried again, at most three times in all.
+    for _ in range(3):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect((host, int(port)))
+            head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+            sock.sendall(head + body)
+            head = sock.recv(65536)
+            while b"data: " not in head:
+                head += sock.recv(65536)
+        line = next(h for h in head.split(b"\r\n")
+                    if h.lower().startswith(b"x-rtrl-interaction-id"))  # fmt: skip
+        interaction_id = line.split(b":", 1)[1].strip().decode()
+        event = one_event(moto, capture, interaction_id)
+        served_whole = event["status"] == 200 and len(event["completion_ids"] or []) == 400
+        if not served_whole:
+            break
     assert event["status"] == 499
     assert event["completion_ids"] is None
     started = time.monotonic()

@@ -38,8 +38,10 @@ RETRY_VARIABLES = ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS", "RTRL_S3_BODY_ATTEMPTS"
 # (which 3 tries per body, the old budget, cannot survive); chosen again when write_shards'
 # files changed size (dictionary pages for scalar columns only), which moved the faults.
 SEEDS = [0, 1, 6]
-# One run, retries and backoff included, must fit in this (the CI budget of the test).
-STAGE_BUDGET_S = 15.0
+# One run, retries and backoff included, must fit in this: not a speed figure (bench/s3_faults.py
+# measures that) but a bound that a backoff grown to minutes, or a retry loop without end,
+# exceeds. An unloaded run takes 3-6 s; a CI run on 2 loaded cores took 18 s.
+STAGE_BUDGET_S = 60.0
 FILES = 20
 
 
