@@ -178,7 +178,8 @@ ROOMS: dict[str, Room] = {
     "rtrl_trainer.monitors": room("behaviour monitors (reward hacking)", "rtrl_trainer.reward"),
     "rtrl_trainer.read_ahead": room("the next item of a stream, made on a thread meanwhile"),
     "rtrl_trainer.progress": room(
-        "progress lines of every long step: counts, rate and ETA, as text or JSON"
+        "progress lines of every long step: counts, rate and ETA, as text or JSON",
+        "rtrl.core.api",
     ),
     "rtrl_trainer.checkpoint_io": room(
         "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO, TypeVar
 
+from rtrl.core.api.progress import duration
+
 LOG_FORMAT_ENV = "RTRL_LOG_FORMAT"
 INTERVAL_ENV = "RTRL_PROGRESS_SECONDS"
 FORMATS = ("text", "json")
@@ -97,16 +99,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
-
-
-def duration(seconds: float) -> str:
-    """``37s``, ``3m05s``, ``2h04m``."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def _number(value: float) -> str:

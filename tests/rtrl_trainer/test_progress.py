@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from rtrl.core.api.progress import duration
 from rtrl_trainer import progress
 from rtrl_trainer.cli import main
-from rtrl_trainer.progress import Progress, duration
+from rtrl_trainer.progress import Progress
 
 
 class Clock:

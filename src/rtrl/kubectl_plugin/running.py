@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rtrl.core.api.checkpoint import StepProgress
-from rtrl.planning.progress import duration, progress_text
+from rtrl.core.api.progress import duration
+from rtrl.planning.progress import progress_text
 
 
 def progress_line(st: dict[str, Any], now: datetime) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rtrl.core.api.checkpoint import StepProgress
-from rtrl.core.api.progress import PROGRESS_FILE, ProgressDocument
+from rtrl.core.api.progress import PROGRESS_FILE, ProgressDocument, duration
 
 from .manifests.names import step_out
 from .observed import Observed
@@ -57,16 +57,6 @@ def progress_text(progress: StepProgress) -> str:
     if progress.eta_seconds is not None:
         done += f", ETA {duration(progress.eta_seconds)}"
     return done
-
-
-def duration(seconds: float) -> str:
-    """``37s``, ``3m05s``, ``2h04m`` (as the step's own progress lines say it)."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def record_progress(r: Round, ck: dict[str, Any], step: str) -> str:

@@ -9,13 +9,14 @@ import os
 from dataclasses import asdict
 from typing import Any
 
+from rtrl.core.api.progress import duration
 from rtrl.core.store.credentials import CREDENTIALS_DIR_ENV
 from rtrl_trainer.evaluate import behaviour, sandbox_types
 from rtrl_trainer.evaluate import suite as tasks
 from rtrl_trainer.evaluate.config import EvaluatorOptions
 from rtrl_trainer.evaluate.gates import Metric, value
 from rtrl_trainer.evaluate.model import EvalModel
-from rtrl_trainer.progress import Progress, duration, emit, running
+from rtrl_trainer.progress import Progress, emit, running
 
 STEP = "eval"
 

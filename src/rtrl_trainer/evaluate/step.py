@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from rtrl.core.api.checkpoint import GateResult, Verdict
+from rtrl.core.api.progress import duration
 from rtrl.core.api.rlcycle import EvalSuite
 from rtrl.core.results import EvalFailure, EvalResult
 from rtrl.core.store import ObjectStore, open_store
@@ -56,7 +57,7 @@ from rtrl_trainer.evaluate.scoring import (
     sandbox_options,
     suite_line,
 )
-from rtrl_trainer.progress import duration, note, running
+from rtrl_trainer.progress import note, running
 from rtrl_trainer.spec_file import ConfigError
 
 

@@ -10,8 +10,9 @@ into ``status.progress``. It is not part of the committed checkpoint (its manife
 only what publishing commits), and a newer run of the step overwrites it.
 
 The body is :class:`~rtrl.core.api.checkpoint.StepProgress`, the status field it becomes,
-under a version, so that a reader can refuse a layout it does not know. (This contract
-belongs with the other step files' typed models once they have a room of their own.)
+under a version, so that a reader can refuse a layout it does not know. (The other step
+files' contracts are in :mod:`rtrl.core.results`; this one stays beside the status field
+its body is.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import Field
 from .checkpoint import StepProgress
 from .common import ApiModel
 
-__all__ = ["PROGRESS_FILE", "ProgressDocument"]
+__all__ = ["PROGRESS_FILE", "ProgressDocument", "duration"]
 
 PROGRESS_FILE = "progress.json"
 
@@ -33,3 +34,13 @@ class ProgressDocument(ApiModel):
 
     version: Literal[1] = Field(1, description="The layout's version.")
     progress: StepProgress = Field(description="How far the step is.")
+
+
+def duration(seconds: float) -> str:
+    """``37s``, ``3m05s``, ``2h04m``: how a step's progress lines and the status say a time."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
