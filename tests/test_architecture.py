@@ -66,7 +66,8 @@ ROOMS: dict[str, Room] = {
     ),
     "rtrl.core.api": room(
         "the RLCycle and Checkpoint types, the single source of truth; names.py: labels, "
-        "annotations, phases; policy.py: the admin's tenancy policy",
+        "annotations, phases; reasons.py: condition types and reasons; policy.py: the admin's "
+        "tenancy policy",
         "rtrl.core.redaction",
         pure=True,
     ),
