@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rtrl.core.api.rlcycle import NotificationEvent
+
 
 @dataclass(frozen=True)
 class Create:
@@ -78,7 +80,7 @@ class Emit:
     warning: bool = False
     # The notification events (spec.notifications) this Event also is: a decision or a
     # phase change a webhook may want to hear of (rtrl.planning.notify).
-    notify: tuple[str, ...] = ()
+    notify: tuple[NotificationEvent, ...] = ()
 
 
 Action = Create | Delete | Patch | PatchStatus | Emit

@@ -6,7 +6,7 @@ the spec says (:func:`keep_capture`): the sidecar injected, changed or taken out
 compare-and-swap patch, and nothing written when it already matches, so an unchanged spec
 never rolls the Deployment. The sidecar's checkpoint follows the engine's: a promotion or a
 rollback sets both in the one patch that moves the engine (:func:`sidecar_env_ops`, from
-``rollout.serve``), so they roll out together; a round that patches the target for that
+``workload.serve``), so they roll out together; a round that patches the target for that
 leaves the sidecar's other changes to the next round. The canary Deployment gets the
 sidecar with ``RTRL_ARM=canary`` and the candidate's id and URI when it is created
 (:func:`canary_template`), and keeps it while it runs, as it keeps the rest of the template
@@ -18,6 +18,8 @@ CronJob is created, replaced when the spec changes it, and deleted with ``spec.c
 from __future__ import annotations
 
 from typing import Any
+
+from rtrl.core.api.reasons import Reason
 
 from .actions import Create, Delete, Patch
 from .manifests import capture as cap
@@ -143,13 +145,15 @@ def _keep_seal(r: Round) -> None:
         if stored is not None:
             name = str(meta(stored)["name"])
             r.act(Delete("batch/v1", "CronJob", name))
-            r.event("SealRemoved", f"CronJob {name} deleted: spec.capture is unset")
+            r.event(Reason.SEAL_REMOVED, f"CronJob {name} deleted: spec.capture is unset")
         return
     want = seal.seal_cronjob(r.rlc, r.spec, job_service_account(r.spec, r.obs.policy))
     name = want["metadata"]["name"]
     if stored is None:
         r.act(Create(want))
-        r.event("SealScheduled", f"CronJob {name}: rtrl-job seal on {want['spec']['schedule']}")
+        r.event(
+            Reason.SEAL_SCHEDULED, f"CronJob {name}: rtrl-job seal on {want['spec']['schedule']}"
+        )
     elif seal.spec_hash(stored) != seal.spec_hash(want):
         r.act(Patch("batch/v1", "CronJob", name, seal.replace_patch(stored, want)))
-        r.event("SealUpdated", f"CronJob {name}: rtrl-job seal on {want['spec']['schedule']}")
+        r.event(Reason.SEAL_UPDATED, f"CronJob {name}: rtrl-job seal on {want['spec']['schedule']}")

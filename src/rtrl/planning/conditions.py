@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from rtrl.core.api.reasons import ConditionType
+
 from .timeutil import iso
 
 # The API's bound on a status or condition message (core/api); a longer one would make the
@@ -27,7 +29,9 @@ class Conditions:
         self._current: dict[str, dict[str, Any]] = {}
         self.transitions: list[dict[str, Any]] = []
 
-    def set(self, type_: str, status: bool | None, reason: str, message: str = "") -> None:
+    def set(
+        self, type_: ConditionType, status: bool | None, reason: str, message: str = ""
+    ) -> None:
         text = "Unknown" if status is None else ("True" if status else "False")
         old = self._previous.get(type_)
         changed = old is None or old.get("status") != text
@@ -44,11 +48,11 @@ class Conditions:
         if changed or (old is not None and old.get("reason") != reason):
             self.transitions.append(self._current[type_])
 
-    def previous_status(self, type_: str) -> str | None:
+    def previous_status(self, type_: ConditionType) -> str | None:
         old = self._previous.get(type_)
         return None if old is None else old.get("status")
 
-    def previous_message(self, type_: str) -> str:
+    def previous_message(self, type_: ConditionType) -> str:
         return str((self._previous.get(type_) or {}).get("message") or "")
 
     def to_list(self) -> list[dict[str, Any]]:

@@ -17,9 +17,11 @@ from datetime import timedelta
 from typing import Any
 
 from rtrl.core.api import names
-from rtrl.core.api.checkpoint import EvalSummary, Verdict
+from rtrl.core.api.checkpoint import CheckpointPhase, EvalSummary, Verdict
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION, STEP_PHASE
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
 from rtrl.core.results import EvalFailure, EvalResult, GatesSource, StageResult, TrainResult
 
 from .actions import Create, Delete
@@ -33,7 +35,7 @@ from .manifests.jobs import (
 from .manifests.names import config_map_name, result_uri, service_name
 from .observed import JobState
 from .progress import record_progress
-from .reading import data_watermark
+from .reading import STEP_FAILED, STEP_RUNNING, data_watermark
 from .reading import fresh as _fresh
 from .reading import meta as _meta
 from .reading import phase as _phase
@@ -44,7 +46,6 @@ from .stage_result import data_summary
 from .tenancy import job_service_account
 from .timeutil import iso
 
-STEP_TITLE = {"stage": "Stage", "train": "Train", "eval": "Eval"}
 MAX_BACKOFF = 3600.0
 
 
@@ -67,8 +68,14 @@ def cancel(r: Round, ck: dict[str, Any], why: str) -> None:
     token = None if r.spec.pin else r.pending_annotation(names.ANNOTATION_ROLLBACK, "lastRollback")
     if token is not None:  # this write carries the rollback out (its token is taken)
         r.carry(ck, names.ANNOTATION_ROLLBACK, token)
-    r.patch_checkpoint(ck, phase="Failed", reason="Cancelled", message=why, completedAt=iso(r.now))
-    r.event("CycleCancelled", f"{name}: {why}", warning=True)
+    r.patch_checkpoint(
+        ck,
+        phase=CheckpointPhase.FAILED,
+        reason=Reason.CANCELLED,
+        message=why,
+        completedAt=iso(r.now),
+    )
+    r.event(Reason.CYCLE_CANCELLED, f"{name}: {why}", warning=True)
     r.owned = [c for c in r.owned if _meta(c)["name"] != name]
 
 
@@ -84,9 +91,9 @@ def start(r: Round, trigger: str | None) -> Plan:
     r.act(Create(manifest))
     why = f"triggered by {names.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"
     r.event(
-        "CycleStarted",
+        Reason.CYCLE_STARTED,
         f"cycle {cycle} ({why}): training {name} from {parent}",
-        notify=("CycleStarted",),
+        notify=(NotificationEvent.CYCLE_STARTED,),
     )
     r.status.update(
         cycle=cycle,
@@ -96,17 +103,19 @@ def start(r: Round, trigger: str | None) -> Plan:
     )
     due = next_run(r.spec.schedule, r.now, r.now)
     r.status["nextRun"] = iso(due) if due else None
-    r.conditions.set("Progressing", True, "CycleStarted", f"cycle {cycle} started")
+    r.conditions.set(
+        ConditionType.PROGRESSING, True, Reason.CYCLE_STARTED, f"cycle {cycle} started"
+    )
     r.set_ready(parent)
     r.set_degraded()
     r.out.soon(0)  # the Checkpoint's uid is needed for its children
-    return r.finish("Staging", f"cycle {cycle}: creating {name}")
+    return r.finish(RLCyclePhase.STAGING, f"cycle {cycle}: creating {name}")
 
 
 def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
     """One step of the running cycle: its Job created, awaited, retried or judged."""
     name = _meta(ck)["name"]
-    phase = STEP_PHASE[step]
+    phase = CheckpointPhase(STEP_PHASE[step])
     jobs = _step_jobs(r.obs, ck, step)
     for stale in [j for j in jobs if not _fresh(j, ck)]:
         r.act(Delete("batch/v1", "Job", stale.name))
@@ -117,19 +126,21 @@ def drive_step(r: Round, ck: dict[str, Any], step: str) -> Plan:
         r.patch_checkpoint(
             ck,
             phase=phase,
-            reason=f"{STEP_TITLE[step]}Running",
+            reason=STEP_RUNNING[step],
             message=f"{step} step running",
             startedAt=started,
         )
-    r.conditions.set("Progressing", True, f"{STEP_TITLE[step]}Running", f"{name}: {step}")
+    r.conditions.set(ConditionType.PROGRESSING, True, STEP_RUNNING[step], f"{name}: {step}")
     if not jobs:
         create_step(r, ck, step, 0)
-        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name}")
+        return r.finish(RLCyclePhase(phase), f"cycle {r.status['cycle']}: {step} of {name}")
     job = jobs[-1]
     if not job.finished:
         progress = record_progress(r, ck, step)
         detail = f": {progress}" if progress else ""
-        return r.finish(phase, f"cycle {r.status['cycle']}: {step} of {name} ({job.name}){detail}")
+        return r.finish(
+            RLCyclePhase(phase), f"cycle {r.status['cycle']}: {step} of {name} ({job.name}){detail}"
+        )
     if job.succeeded:
         return step_succeeded(r, ck, step, job)
     return step_failed(r, ck, step, job)
@@ -163,7 +174,7 @@ def create_step(
     r.act(Create(job))
     again = f" (attempt {attempt + 1} of {r.spec.jobs.backoff_limit + 1})" if attempt else ""
     r.event(
-        f"{STEP_TITLE.get(step, 'Analysis')}Started",
+        Reason.of(step if step in STEP_PHASE else "analysis", "Started"),
         f"{job['metadata']['name']}{again}",
         kind="Checkpoint",
         name=name,
@@ -181,35 +192,39 @@ def step_failed(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Plan:
         if retry_at > r.now:
             r.out.soon((retry_at - r.now).total_seconds())
             return r.finish(
-                STEP_PHASE[step],
+                RLCyclePhase(STEP_PHASE[step]),
                 f"cycle {r.status['cycle']}: {job.name} failed ({why}); retrying at "
                 f"{iso(retry_at)}",
             )
         r.event(
-            f"{STEP_TITLE[step]}Retrying",
+            Reason.of(step, "Retrying"),
             f"{job.name} failed: {why}",
             warning=True,
             kind="Checkpoint",
             name=name,
         )
         create_step(r, ck, step, job.attempt + 1)
-        return r.finish(STEP_PHASE[step], f"cycle {r.status['cycle']}: retrying {step}")
+        return r.finish(
+            RLCyclePhase(STEP_PHASE[step]), f"cycle {r.status['cycle']}: retrying {step}"
+        )
     message = f"{step} failed after {job.attempt + 1} attempt(s): {job.name}: {why}"
-    return fail(r, ck, f"{STEP_TITLE[step]}Failed", message)
+    return fail(r, ck, STEP_FAILED[step], message)
 
 
 def fail(r: Round, ck: dict[str, Any], reason: str, message: str) -> Plan:
     name = _meta(ck)["name"]
-    r.patch_checkpoint(ck, phase="Failed", reason=reason, message=message, completedAt=iso(r.now))
+    r.patch_checkpoint(
+        ck, phase=CheckpointPhase.FAILED, reason=reason, message=message, completedAt=iso(r.now)
+    )
     r.event(reason, message, warning=True, kind="Checkpoint", name=name)
     r.event(
-        "CycleFailed",
+        Reason.CYCLE_FAILED,
         f"{name}: {message}; the serving model is unchanged",
         warning=True,
-        notify=("CycleFailed",),
+        notify=(NotificationEvent.CYCLE_FAILED,),
     )
-    r.conditions.set("Degraded", True, "CycleFailed", f"{name}: {message}")
-    r.conditions.set("Progressing", False, "CycleFailed", message)
+    r.conditions.set(ConditionType.DEGRADED, True, Reason.CYCLE_FAILED, f"{name}: {message}")
+    r.conditions.set(ConditionType.PROGRESSING, False, Reason.CYCLE_FAILED, message)
     return end_cycle(r, f"cycle {r.status['cycle']} failed: {message}")
 
 
@@ -219,9 +234,13 @@ def end_cycle(r: Round, message: str) -> Plan:
     due = r.schedule_next()
     if due is not None:
         r.out.soon((due - r.now).total_seconds())
-    phase = "Suspended" if r.spec.suspend else ("Pinned" if r.spec.pin else "Idle")
+    phase = (
+        RLCyclePhase.SUSPENDED
+        if r.spec.suspend
+        else (RLCyclePhase.PINNED if r.spec.pin else RLCyclePhase.IDLE)
+    )
     if r.spec.pin:  # phase and condition agree: the pin is why nothing progresses now
-        r.conditions.set("Progressing", False, "Pinned", f"pinned to {r.spec.pin}")
+        r.conditions.set(ConditionType.PROGRESSING, False, Reason.PINNED, f"pinned to {r.spec.pin}")
     return r.finish(phase, message)
 
 
@@ -231,10 +250,13 @@ def step_succeeded(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Pl
     doc = r.obs.results.get(uri)
     if isinstance(doc, str):  # the store could not be read: look again soon
         r.out.soon(10)
-        return r.finish(STEP_PHASE[step], f"cannot read {uri}: {doc}")
+        return r.finish(RLCyclePhase(STEP_PHASE[step]), f"cannot read {uri}: {doc}")
     if doc is None:
         return fail(
-            r, ck, "ResultMissing", f"{job.name} succeeded but {uri} holds no committed result"
+            r,
+            ck,
+            Reason.RESULT_MISSING,
+            f"{job.name} succeeded but {uri} holds no committed result",
         )
     try:  # through the step's contract: a ResultError names the field and the problem
         if step == "stage":
@@ -243,16 +265,16 @@ def step_succeeded(r: Round, ck: dict[str, Any], step: str, job: JobState) -> Pl
             return trained(r, ck, TrainResult.read(doc), uri)
         return evaluated(r, ck, EvalResult.read(doc), uri)
     except (KeyError, TypeError, ValueError) as exc:
-        return fail(r, ck, "ResultInvalid", f"{uri} is not a valid {step} result: {exc}")
+        return fail(r, ck, Reason.RESULT_INVALID, f"{uri} is not a valid {step} result: {exc}")
 
 
 def staged(r: Round, ck: dict[str, Any], doc: StageResult, uri: str) -> Plan:
     name = _meta(ck)["name"]
     if not doc.sufficient:
         message = doc.message or "not enough matured interactions"
-        r.conditions.set("InsufficientData", True, "InsufficientData", message)
-        r.conditions.set("Progressing", False, "InsufficientData", message)
-        r.event("InsufficientData", f"{name}: {message}; retrying at the next tick")
+        r.conditions.set(ConditionType.INSUFFICIENT_DATA, True, Reason.INSUFFICIENT_DATA, message)
+        r.conditions.set(ConditionType.PROGRESSING, False, Reason.INSUFFICIENT_DATA, message)
+        r.event(Reason.INSUFFICIENT_DATA, f"{name}: {message}; retrying at the next tick")
         r.status["candidate"] = None
         # Crash-safe order: the verdict recorded, then the Checkpoint deleted, then its
         # children (owned by it: garbage collection takes them anyway). Deleting the Jobs
@@ -276,12 +298,20 @@ def staged(r: Round, ck: dict[str, Any], doc: StageResult, uri: str) -> Plan:
             r.act(Delete("v1", "ConfigMap", config_map_name(name)))
         return end_cycle(r, f"cycle {r.status['cycle']}: insufficient data: {message}")
     summary = data_summary(doc, uri)
-    r.conditions.set("InsufficientData", False, "DataSufficient", doc.message)
-    r.patch_summary(ck, "data", summary, phase="Training", reason="Staged", message=doc.message)
-    r.event("Staged", f"{name}: {doc.message}", kind="Checkpoint", name=name)
+    r.conditions.set(ConditionType.INSUFFICIENT_DATA, False, Reason.DATA_SUFFICIENT, doc.message)
+    r.patch_summary(
+        ck,
+        "data",
+        summary,
+        phase=CheckpointPhase.TRAINING,
+        reason=Reason.STAGED,
+        message=doc.message,
+    )
+    r.event(Reason.STAGED, f"{name}: {doc.message}", kind="Checkpoint", name=name)
     r.out.soon(0)
     return r.finish(
-        "Training", f"cycle {r.status['cycle']}: staged {summary.interactions} interactions"
+        RLCyclePhase.TRAINING,
+        f"cycle {r.status['cycle']}: staged {summary.interactions} interactions",
     )
 
 
@@ -293,10 +323,17 @@ def trained(r: Round, ck: dict[str, Any], doc: TrainResult, uri: str) -> Plan:
         if summary.loss is not None and summary.kl is not None
         else ""
     )
-    r.patch_summary(ck, "training", summary, phase="Evaluating", reason="Trained", message=text)
-    r.event("Trained", f"{name}: {text}", kind="Checkpoint", name=name)
+    r.patch_summary(
+        ck,
+        "training",
+        summary,
+        phase=CheckpointPhase.EVALUATING,
+        reason=Reason.TRAINED,
+        message=text,
+    )
+    r.event(Reason.TRAINED, f"{name}: {text}", kind="Checkpoint", name=name)
     r.out.soon(0)
-    return r.finish("Evaluating", f"cycle {r.status['cycle']}: trained {name}")
+    return r.finish(RLCyclePhase.EVALUATING, f"cycle {r.status['cycle']}: trained {name}")
 
 
 def eval_summary(doc: EvalResult, uri: str) -> tuple[EvalSummary, str, str]:
@@ -308,7 +345,7 @@ def eval_summary(doc: EvalResult, uri: str) -> tuple[EvalSummary, str, str]:
     message = doc.message or str(verdict)
     if doc.gates_source == GatesSource.DEFAULT:  # spec.eval.gates unset
         message += " (default gates)"
-    reason = "EvalPassed" if doc.passed else str(doc.reason or EvalFailure.GATES_FAILED)
+    reason = Reason.EVAL_PASSED if doc.passed else str(doc.reason or EvalFailure.GATES_FAILED)
     return summary, message, reason
 
 
@@ -316,7 +353,7 @@ def evaluated(r: Round, ck: dict[str, Any], doc: EvalResult, uri: str) -> Plan:
     name = _meta(ck)["name"]
     summary, message, reason = eval_summary(doc, uri)
     passed = doc.passed
-    phase = "Evaluated" if passed else "Rejected"
+    phase = CheckpointPhase.EVALUATED if passed else CheckpointPhase.REJECTED
     r.patch_summary(
         ck,
         "eval",
@@ -332,16 +369,16 @@ def evaluated(r: Round, ck: dict[str, Any], doc: EvalResult, uri: str) -> Plan:
         warning=not passed,
         kind="Checkpoint",
         name=name,
-        notify=() if passed else ("EvalRejected",),
+        notify=() if passed else (NotificationEvent.EVAL_REJECTED,),
     )
     if passed:
-        r.conditions.set("Progressing", True, reason, f"{name}: {message}; canary next")
+        r.conditions.set(ConditionType.PROGRESSING, True, reason, f"{name}: {message}; canary next")
         r.out.soon(0)
-        return r.finish("Canary", f"cycle {r.status['cycle']}: {name} passed eval")
-    r.conditions.set("Progressing", False, reason, f"{name}: {message}")
+        return r.finish(RLCyclePhase.CANARY, f"cycle {r.status['cycle']}: {name} passed eval")
+    r.conditions.set(ConditionType.PROGRESSING, False, reason, f"{name}: {message}")
     serving = _meta(r.serving)["name"]
     text = (
         f"cycle {r.status['cycle']}: {name} rejected by eval ({message}); {serving} keeps serving"
     )
-    r.event("CycleCompleted", text, warning=True, notify=("CycleCompleted",))
+    r.event(Reason.CYCLE_COMPLETED, text, warning=True, notify=(NotificationEvent.CYCLE_COMPLETED,))
     return end_cycle(r, text)

@@ -6,6 +6,9 @@ base model) gets its first status here: it serves, so it reads ``Promoted``."""
 
 from __future__ import annotations
 
+from rtrl.core.api.checkpoint import CheckpointPhase
+from rtrl.core.api.reasons import Reason
+
 from .capture import check_capture
 from .manifests.names import same_uri
 from .reading import meta, phase
@@ -20,12 +23,12 @@ def check_environment(r: Round) -> tuple[str, str]:
     ns = r.meta.get("namespace")
     if not dep.found:
         return (
-            "DeploymentNotFound",
+            Reason.DEPLOYMENT_NOT_FOUND,
             f"spec.target.deployment: Deployment {target.deployment} not found in namespace {ns}",
         )
     if not dep.has_container:
         return (
-            "ContainerNotFound",
+            Reason.CONTAINER_NOT_FOUND,
             f"spec.target.container: Deployment {target.deployment} has no container "
             f"{target.container}",
         )
@@ -36,24 +39,24 @@ def check_environment(r: Round) -> tuple[str, str]:
     if spec.storage.credentials_secret and secret is not None:
         if not secret.found:
             return (
-                "SecretNotFound",
+                Reason.SECRET_NOT_FOUND,
                 f"spec.storage.credentialsSecret: Secret {spec.storage.credentials_secret} "
                 f"not found in namespace {ns}",
             )
         if secret.missing_keys:
             return (
-                "SecretIncomplete",
+                Reason.SECRET_INCOMPLETE,
                 f"spec.storage.credentialsSecret: Secret {spec.storage.credentials_secret} "
                 f"lacks key(s) {', '.join(secret.missing_keys)}",
             )
     if spec.pin and r.checkpoint(spec.pin) is None:
         return (
-            "PinnedCheckpointNotFound",
+            Reason.PINNED_CHECKPOINT_NOT_FOUND,
             f"spec.pin: Checkpoint {spec.pin} not found in namespace {ns}",
         )
     if not dep.serving_uri:
         return (
-            "CheckpointEnvMissing",
+            Reason.CHECKPOINT_ENV_MISSING,
             f"spec.target.checkpointEnv: container {target.container} of Deployment "
             f"{target.deployment} has no value for {target.checkpoint_env}",
         )
@@ -62,7 +65,7 @@ def check_environment(r: Round) -> tuple[str, str]:
     ]
     if not serving:
         return (
-            "ServingCheckpointUnknown",
+            Reason.SERVING_CHECKPOINT_UNKNOWN,
             f"spec.target: Deployment {target.deployment} serves {dep.serving_uri}, and no "
             f"Checkpoint in namespace {ns} has that spec.uri; register the base model as "
             "a Checkpoint (see examples/checkpoint-base.yaml)",
@@ -87,7 +90,7 @@ def mark_serving_base(r: Round) -> None:
         return
     r.patch_checkpoint(
         serving,
-        phase="Promoted",
-        reason="Serving",
+        phase=CheckpointPhase.PROMOTED,
+        reason=Reason.SERVING,
         message=f"serves {r.spec.target.deployment} (RLCycle {r.name}); registered by hand",
     )

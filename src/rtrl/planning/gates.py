@@ -20,6 +20,8 @@ from typing import Any
 from rtrl.core.api.checkpoint import Decision
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_APPROVE
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import NotificationEvent
 
 from .reading import step_index
 from .round import Round
@@ -130,11 +132,11 @@ def hold(
         what = f"step {weight}%" if gate == "step" else "promotion"
         how = "kubectl rtrl approve" if mode == "manual" else "the confirm webhook"
         r.event(
-            "AwaitingApproval",
+            Reason.AWAITING_APPROVAL,
             f"{name}: {what} awaits approval ({how})",
             kind="Checkpoint",
             name=name,
-            notify=("AwaitingApproval",),
+            notify=(NotificationEvent.AWAITING_APPROVAL,),
         )
     r.status["awaitingApproval"] = {
         "checkpoint": name,
@@ -143,7 +145,9 @@ def hold(
         "mode": mode,
         "since": record["awaitingApproval"],
     }
-    r.conditions.set("AwaitingApproval", True, "AwaitingApproval", awaiting_text(r, mode))
+    r.conditions.set(
+        ConditionType.AWAITING_APPROVAL, True, Reason.AWAITING_APPROVAL, awaiting_text(r, mode)
+    )
     if mode == "webhook":
         # Flagger's semantics: asked again every interval until it answers 200; the first
         # time at once (the next round, which reads status.awaitingApproval).
@@ -165,15 +169,19 @@ def released(r: Round, ck: dict[str, Any], record: dict[str, Any], by: str) -> N
     name = str((ck.get("metadata") or {}).get("name"))
     record["approved"] = by
     r.event(
-        "Approved", f"{name}: approved ({by})", kind="Checkpoint", name=name, notify=("Approved",)
+        Reason.APPROVED,
+        f"{name}: approved ({by})",
+        kind="Checkpoint",
+        name=name,
+        notify=(NotificationEvent.APPROVED,),
     )
 
 
 def clear(r: Round) -> None:
     """No gate waits: the status and condition say so (called every canary round)."""
     r.status["awaitingApproval"] = None
-    if r.conditions.previous_status("AwaitingApproval") == "True":
-        r.conditions.set("AwaitingApproval", False, "Released", "")
+    if r.conditions.previous_status(ConditionType.AWAITING_APPROVAL) == "True":
+        r.conditions.set(ConditionType.AWAITING_APPROVAL, False, Reason.RELEASED, "")
 
 
 def unused_approval(r: Round) -> None:
@@ -184,7 +192,7 @@ def unused_approval(r: Round) -> None:
         return
     r.status["lastApprove"] = token
     r.event(
-        "ApprovalIgnored",
+        Reason.APPROVAL_IGNORED,
         f"{ANNOTATION_APPROVE}={token}: no approval gate is waiting; nothing approved",
         warning=True,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rtrl.core.api.names import API_VERSION
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
+from rtrl.core.api.reasons import Reason
 
 from .actions import Delete
 from .reading import meta, phase
@@ -33,7 +34,7 @@ def prune_history(r: Round) -> None:
             continue
         r.act(Delete(API_VERSION, "Checkpoint", name))
         r.event(
-            "CheckpointPruned",
+            Reason.CHECKPOINT_PRUNED,
             f"{name} deleted: more than historyLimit={limit} "
             "Checkpoints (its stored files are kept)",
         )

@@ -4,12 +4,15 @@ wait for the schedule, or start the next cycle when it is due or triggered."""
 from __future__ import annotations
 
 from rtrl.core.api import names
+from rtrl.core.api.checkpoint import CheckpointPhase
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
 
 from .cycle import start
 from .reading import meta as _meta
-from .rollout import serve
 from .round import READY_POLL_SECONDS, Plan, Round
 from .timeutil import iso
+from .workload import serve
 
 
 def pending_trigger(r: Round) -> str | None:
@@ -36,23 +39,27 @@ def idle(r: Round) -> Plan:
         r.status["nextRun"] = None
         pinned = r.checkpoint(r.spec.pin) or {}
         if not serve(r, pinned["spec"]["uri"], r.spec.pin):
-            r.event("Pinned", f"{r.spec.target.deployment} set to {r.spec.pin}")
+            r.event(Reason.PINNED, f"{r.spec.target.deployment} set to {r.spec.pin}")
             r.out.soon(READY_POLL_SECONDS)
-        r.conditions.set("Progressing", False, "Pinned", f"pinned to {r.spec.pin}")
-        return r.finish("Pinned", f"pinned to {r.spec.pin}; no cycles start")
+        r.conditions.set(ConditionType.PROGRESSING, False, Reason.PINNED, f"pinned to {r.spec.pin}")
+        return r.finish(RLCyclePhase.PINNED, f"pinned to {r.spec.pin}; no cycles start")
     token = r.pending_annotation(names.ANNOTATION_ROLLBACK, "lastRollback")
     if token is not None:
         return manual_rollback(r, token)
     if r.spec.suspend:
-        r.conditions.set("Progressing", False, "Suspended", "spec.suspend is true")
-        return r.finish("Suspended", "suspended: no cycle starts until spec.suspend is false")
+        r.conditions.set(ConditionType.PROGRESSING, False, Reason.SUSPENDED, "spec.suspend is true")
+        return r.finish(
+            RLCyclePhase.SUSPENDED, "suspended: no cycle starts until spec.suspend is false"
+        )
     trigger = pending_trigger(r)
     if trigger is None and (due is None or due > r.now):
-        r.conditions.set("Progressing", False, "Idle", "waiting for the next cycle")
+        r.conditions.set(
+            ConditionType.PROGRESSING, False, Reason.IDLE, "waiting for the next cycle"
+        )
         if due is not None:
             r.out.soon((due - r.now).total_seconds())
         when = f"next cycle at {iso(due)}" if due else "the cron schedule never fires"
-        return r.finish("Idle", f"{serving} serving; {when}")
+        return r.finish(RLCyclePhase.IDLE, f"{serving} serving; {when}")
     return start(r, trigger)
 
 
@@ -68,14 +75,14 @@ def manual_rollback(r: Round, token: str) -> Plan:
     r.patch_rlcycle({"lastRollback": token})
     if parent is None:
         message = f"{names.ANNOTATION_ROLLBACK}={token}: {name} has no parent to roll back to"
-        r.event("RollbackImpossible", message, warning=True)
-        return r.finish("Idle", message)
+        r.event(Reason.ROLLBACK_IMPOSSIBLE, message, warning=True)
+        return r.finish(RLCyclePhase.IDLE, message)
     serve(r, parent["spec"]["uri"], str(parent_name))
     r.carry(serving, names.ANNOTATION_ROLLBACK, token)
     r.patch_checkpoint(
         serving,
-        phase="RolledBack",
-        reason="ManualRollback",
+        phase=CheckpointPhase.ROLLED_BACK,
+        reason=Reason.MANUAL_ROLLBACK,
         message=f"{names.ANNOTATION_ROLLBACK}={token}: serving {parent_name} again",
         completedAt=iso(r.now),
     )
@@ -83,16 +90,16 @@ def manual_rollback(r: Round, token: str) -> Plan:
     # the serving checkpoint Superseded and the rolled-back one as last decided "promote")
     r.patch_checkpoint(
         parent,
-        phase="Promoted",
-        reason="ServingAgain",
+        phase=CheckpointPhase.PROMOTED,
+        reason=Reason.SERVING_AGAIN,
         message=f"serving again: {name} was rolled back ({names.ANNOTATION_ROLLBACK}={token})",
     )
     r.event(
-        "RolledBack",
+        Reason.ROLLED_BACK,
         f"{name} rolled back to {parent_name} ({names.ANNOTATION_ROLLBACK}={token})",
         warning=True,
-        notify=("RolledBack",),
+        notify=(NotificationEvent.ROLLED_BACK,),
     )
     r.status["serving"] = parent_name
     r.out.soon(READY_POLL_SECONDS)
-    return r.finish("RollingBack", f"rolling back {name} to {parent_name}")
+    return r.finish(RLCyclePhase.ROLLING_BACK, f"rolling back {name} to {parent_name}")

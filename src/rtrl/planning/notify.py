@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from rtrl.core.api.rlcycle import MAX_OUTBOX
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import MAX_OUTBOX, NotificationEvent, RLCyclePhase
 
 from .actions import Emit
 from .round import Plan, Round
@@ -26,7 +27,7 @@ from .timeutil import iso
 MAX_MESSAGE = 1024
 
 
-def event_id(uid: str, event: str, emit: Emit) -> str:
+def event_id(uid: str, event: NotificationEvent, emit: Emit) -> str:
     """The stable id of notification ``event`` of ``emit``."""
     text = "\x00".join((uid, event, emit.kind, emit.name, emit.message))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -67,7 +68,7 @@ def collect(r: Round, plan: Plan) -> None:
         dropped = outbox[:-MAX_OUTBOX]
         outbox = outbox[-MAX_OUTBOX:]
         r.event(
-            "NotificationDropped",
+            Reason.NOTIFICATION_DROPPED,
             f"{len(dropped)} notifications not delivered in time were dropped "
             f"(the outbox holds {MAX_OUTBOX}): "
             + ", ".join(f"{e['event']} {e['id']}" for e in dropped)[:MAX_MESSAGE],
@@ -77,7 +78,9 @@ def collect(r: Round, plan: Plan) -> None:
         r.status["outbox"] = outbox or None
 
 
-def new_entry(r: Round, key: str, event: str, emit: Emit, targets: list[str]) -> dict[str, Any]:
+def new_entry(
+    r: Round, key: str, event: NotificationEvent, emit: Emit, targets: list[str]
+) -> dict[str, Any]:
     checkpoint = emit.name if emit.kind == "Checkpoint" else r.status.get("candidate")
     return {
         "id": key,
@@ -97,24 +100,28 @@ def failed(r: Round) -> None:
     never puts a webhook's URL in them."""
     for key, target, why in r.obs.undeliverable:
         r.event(
-            "NotificationFailed",
+            Reason.NOTIFICATION_FAILED,
             f"notification {target}: {key} not delivered: {why}"[:MAX_MESSAGE],
             warning=True,
         )
     if r.obs.undeliverable:
         key, target, why = r.obs.undeliverable[-1]
         r.conditions.set(
-            "NotificationsDelivered", False, "DeliveryFailed", f"{target}: {key}: {why}"
+            ConditionType.NOTIFICATIONS_DELIVERED,
+            False,
+            Reason.DELIVERY_FAILED,
+            f"{target}: {key}: {why}",
         )
         return
     succeeded = {key.split("/", 1)[1] for key in r.obs.delivered}
     if not succeeded:
         return
-    if r.conditions.previous_status("NotificationsDelivered") == "False":
-        target = r.conditions.previous_message("NotificationsDelivered").split(": ", 1)[0]
+    if r.conditions.previous_status(ConditionType.NOTIFICATIONS_DELIVERED) == "False":
+        target = r.conditions.previous_message(ConditionType.NOTIFICATIONS_DELIVERED)
+        target = target.split(": ", 1)[0]
         if target not in succeeded:
             return
-    r.conditions.set("NotificationsDelivered", True, "Delivered", "")
+    r.conditions.set(ConditionType.NOTIFICATIONS_DELIVERED, True, Reason.DELIVERED, "")
 
 
 def finish_round(r: Round, plan: Plan) -> Plan:
@@ -122,8 +129,8 @@ def finish_round(r: Round, plan: Plan) -> Plan:
     gate holds the canary."""
     collect(r, plan)
     status = plan.status
-    if status.get("awaitingApproval") and status.get("phase") == "Canary":
-        status["phase"] = "AwaitingApproval"
+    if status.get("awaitingApproval") and status.get("phase") == RLCyclePhase.CANARY:
+        status["phase"] = RLCyclePhase.AWAITING_APPROVAL
     if "conditions" in status:
         status["conditions"] = r.conditions.to_list()
     return plan

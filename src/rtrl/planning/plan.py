@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from rtrl.core.api import names
 from rtrl.core.api.errors import error_message, format_loc
-from rtrl.core.api.rlcycle import RLCycleMeta, RLCycleSpec
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import RLCycleMeta, RLCyclePhase, RLCycleSpec
 
 from .capture import keep_capture
 from .cycle import cancel, cancel_reason, drive_step
@@ -33,6 +34,7 @@ from .idle import idle
 from .manifests.names import result_uri
 from .notify import finish_round
 from .observed import Observed
+from .reading import CANARY_PHASES
 from .reading import active as _active
 from .reading import current_step as _current_step
 from .reading import fresh as _fresh
@@ -102,10 +104,10 @@ def run(r: Round) -> Plan:
     with none running, the idle decisions."""
     problem = validate_name(r.name)
     if problem:
-        return r.invalid("NameInvalid", problem)
+        return r.invalid(Reason.NAME_INVALID, problem)
     spec, problem = validate_spec(r.rlc.get("spec"))
     if spec is None:
-        return r.invalid("SpecInvalid", problem)
+        return r.invalid(Reason.SPEC_INVALID, problem)
     r.spec = spec
     problem_reason, problem = policy_problem(spec, r.obs.policy, r.obs.secret)
     if problem_reason:
@@ -113,15 +115,17 @@ def run(r: Round) -> Plan:
     problem_reason, problem = check_environment(r)
     if problem_reason:
         return r.invalid(problem_reason, problem)
-    if r.conditions.previous_status("InvalidSpec") == "True":
-        r.event("SpecValid", "the spec is valid again; resuming")
-    r.conditions.set("InvalidSpec", False, "SpecValid", "")
+    if r.conditions.previous_status(ConditionType.INVALID_SPEC) == "True":
+        r.event(Reason.SPEC_VALID, "the spec is valid again; resuming")
+    r.conditions.set(ConditionType.INVALID_SPEC, False, Reason.SPEC_VALID, "")
     mark_serving_base(r)
-    if r.conditions.previous_status("InsufficientData") is None:
-        r.conditions.set("InsufficientData", False, "NotStaged", "no cycle staged yet")
+    if r.conditions.previous_status(ConditionType.INSUFFICIENT_DATA) is None:
+        r.conditions.set(
+            ConditionType.INSUFFICIENT_DATA, False, Reason.NOT_STAGED, "no cycle staged yet"
+        )
     prune_history(r)
     active = _active(r.owned)
-    if active is not None and _phase(active) not in ("Evaluated", "Canary"):
+    if active is not None and _phase(active) not in CANARY_PHASES:
         why = cancel_reason(r)
         if why:
             cancel(r, active, why)
@@ -144,8 +148,8 @@ def drive(r: Round, ck: dict[str, Any]) -> Plan:
     r.set_degraded()
     if not meta.get("uid"):
         r.out.soon(1)
-        return r.finish("Staging", f"waiting for {name} to be created")
-    if _phase(ck) in ("Evaluated", "Canary"):
+        return r.finish(RLCyclePhase.STAGING, f"waiting for {name} to be created")
+    if _phase(ck) in CANARY_PHASES:
         return drive_canary(r, ck)
     step = _current_step(ck)
     if step is None:  # every step recorded, yet a running phase: not a status rtrl writes
@@ -162,7 +166,7 @@ def inconsistent(r: Round, ck: dict[str, Any]) -> Plan:
     status = ck.get("status") or {}
     verdict = (status.get("eval") or {}).get("verdict")
     return r.invalid(
-        "CheckpointInconsistent",
+        Reason.CHECKPOINT_INCONSISTENT,
         f"Checkpoint {name}: status.phase {_phase(ck)} says a step runs, but its status "
         f"records every step (eval: {verdict}); set status.phase to what is true, e.g. "
         f"kubectl patch checkpoint {name} --subresource=status --type=merge "
@@ -188,4 +192,4 @@ def plan_rejected(observed: Observed, now: datetime, message: str) -> Plan:
     ``InvalidSpec`` with the server's words. The next round plans afresh (and meets the
     same refusal until the spec or the cluster changes)."""
     r = Round(observed, now)
-    return finish_round(r, r.invalid("RejectedByAPIServer", message))
+    return finish_round(r, r.invalid(Reason.REJECTED_BY_API_SERVER, message))

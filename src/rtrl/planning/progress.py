@@ -16,7 +16,7 @@ from rtrl.core.api.progress import PROGRESS_FILE, ProgressDocument, duration
 
 from .manifests.names import step_out
 from .observed import Observed
-from .reading import active, current_step, fresh, meta, owned, step_jobs
+from .reading import STEP_RUNNING, active, current_step, fresh, meta, owned, step_jobs
 from .round import Round
 
 REPORTING_STEPS = ("train",)
@@ -71,5 +71,5 @@ def record_progress(r: Round, ck: dict[str, Any], step: str) -> str:
     dumped = progress.model_dump(mode="json", by_alias=True, exclude_none=True)
     if (ck.get("status") or {}).get("progress") != dumped:
         message = f"{step} step running: {text}"
-        r.patch_summary(ck, "progress", progress, reason=f"{step.title()}Running", message=message)
+        r.patch_summary(ck, "progress", progress, reason=STEP_RUNNING[step], message=message)
     return text

@@ -5,13 +5,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.names import ANNOTATION_STARTED
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
+from rtrl.core.api.reasons import Reason
 
 from .manifests.names import STEPS
 from .observed import JobState, Observed
 
 STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
+# A step's reasons whose verb is also a pod phase, as members: Reason.of(step, "Running")
+# would spell PodPhase.RUNNING a second time.
+STEP_RUNNING = {
+    "stage": Reason.STAGE_RUNNING,
+    "train": Reason.TRAIN_RUNNING,
+    "eval": Reason.EVAL_RUNNING,
+}
+STEP_FAILED = {
+    "stage": Reason.STAGE_FAILED,
+    "train": Reason.TRAIN_FAILED,
+    "eval": Reason.EVAL_FAILED,
+}
+# The Checkpoint phases in which its canary runs (eval passed).
+CANARY_PHASES = (CheckpointPhase.EVALUATED, CheckpointPhase.CANARY)
 
 
 def step_index(records: list[dict[str, Any]]) -> int:
@@ -70,7 +86,7 @@ def current_step(checkpoint: dict[str, Any]) -> str | None:
     for step in STEPS:
         if STEP_SUMMARY[step] not in status:
             return step
-    if status.get("phase") in ("Evaluated", "Canary"):
+    if status.get("phase") in CANARY_PHASES:
         judged = sum(int(r.get("analyses") or 0) for r in status.get("rollout") or [])
         return f"analyze-{judged}"
     return None

@@ -22,23 +22,23 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
-from rtrl.core.api.rlcycle import Router
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
 from rtrl.core.results import AnalysisResult, Decision
 
 from . import gates
-from .actions import Create, Delete, Patch
 from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, record_fields
-from .capture import canary_service, canary_template, sidecar_env_ops
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
-from .manifests.names import canary_service_name, result_uri
+from .manifests.names import result_uri
 from .reading import fresh, meta, step_index, step_jobs
 from .round import READY_POLL_SECONDS, Plan, Round
 from .steps import keep_share, new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, parse_time
-from .traffic import route_patch
+from .workload import StableServiceMissingError, ensure_canary, remove_canary, serve
 
 PROMOTE, ROLLBACK = Decision.PROMOTE, Decision.ROLLBACK
 
@@ -63,17 +63,17 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
         records = [new_record(r, 0)]
         r.patch_checkpoint(
             ck,
-            phase="Canary",
-            reason="CanaryStarted",
+            phase=CheckpointPhase.CANARY,
+            reason=Reason.CANARY_STARTED,
             message=f"canary at {first.weight}%",
             rollout=records,
         )
         r.event(
-            "CanaryStarted",
+            Reason.CANARY_STARTED,
             f"{name}: canary at {first.weight}%",
             kind="Checkpoint",
             name=name,
-            notify=("CanaryStarted",),
+            notify=(NotificationEvent.CANARY_STARTED,),
         )
     elif steps_changed(r, records):
         full = restart_steps(r, ck, records)  # or why it cannot: the records are full
@@ -108,53 +108,13 @@ def decide(
     if not records:
         records = [{"weight": 0, "startedAt": iso(r.now), "analyses": 0}]
     records[-1].update(decision=decision.value, reason=reason[:32768], endedAt=iso(r.now))
-    r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
     r.out.soon(0)
-    phase = "Promoting" if decision == PROMOTE else "RollingBack"
+    phase = RLCyclePhase.PROMOTING if decision == PROMOTE else RLCyclePhase.ROLLING_BACK
     return r.finish(phase, f"{meta(ck)['name']}: {decision}: {reason}")
 
 
 # --- one step ----------------------------------------------------------------------
-def ensure_canary(r: Round, ck: dict[str, Any], weight: int) -> float:
-    """Create or resize the canary workload and route ``weight``; the share reached."""
-    spec, target = r.spec, dict(r.obs.target or {})
-    service = spec.rollout.service if spec.rollout.router == Router.GATEWAY_API else None
-    if service and canary_service_name(service) not in r.obs.services:
-        if r.obs.stable_service is None:
-            raise StableServiceMissingError(service)
-        manifest = cn.canary_service(spec, r.rlc, ck, dict(r.obs.stable_service))
-        r.act(Create(canary_service(r, manifest)))
-    replicas, share = cn.canary_weight(r.spec, r.obs.target, weight)
-    canary = r.obs.canary
-    if canary is None:
-        manifest = cn.canary_deployment(spec, target, r.rlc, ck, replicas)
-        r.act(Create(canary_template(r, ck, manifest)))
-    elif int((canary.get("spec") or {}).get("replicas", 0)) != replicas:
-        r.act(
-            Patch("apps/v1", "Deployment", meta(canary)["name"], {"spec": {"replicas": replicas}})
-        )
-    parent = (ck.get("spec") or {}).get("parent")
-    container = spec.target.container
-    if parent and cn.env_value(target, container, cn.CHECKPOINT_ID_ENV) != parent:
-        ops = cn.set_env_patch(target, container, {cn.CHECKPOINT_ID_ENV: parent})
-        r.act(Patch("apps/v1", "Deployment", spec.target.deployment, ops))
-    if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
-        route_to(r, weight)
-    return share
-
-
-def route_to(r: Round, weight: int) -> None:
-    """With the gatewayapi router: the HTTPRoute's weights, when they differ."""
-    route = r.obs.http_route
-    rules = cn.route_rules(r.spec, dict(route), weight) if route is not None else None
-    if rules is not None:
-        r.act(route_patch(r.spec.rollout.http_route or "", rules))
-
-
-class StableServiceMissingError(Exception):
-    """The gatewayapi router's ``rollout.service`` does not exist: no canary can be routed."""
-
-
 def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
     """The current step: the canary at its weight and ready, then its analyses in turn."""
     name = meta(ck)["name"]
@@ -173,9 +133,9 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
     keep_share(r, ck, records, share)
     if record.get("restarted"):
         text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
-        r.conditions.set("Progressing", True, "RolloutRestarted", text)
+        r.conditions.set(ConditionType.PROGRESSING, True, Reason.ROLLOUT_RESTARTED, text)
     else:
-        r.conditions.set("Progressing", True, "Canary", f"{name} at {share:.0f}%")
+        r.conditions.set(ConditionType.PROGRESSING, True, Reason.CANARY, f"{name} at {share:.0f}%")
     canary_start = parse_time(records[0].get("startedAt")) or r.now
     counted_from = parse_time(records[0].get("readyAt")) or canary_start
     if not cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None):
@@ -189,7 +149,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
                 f"canary not ready within {r.spec.rollout.ready_timeout}",
             )
         r.out.soon(READY_POLL_SECONDS)
-        return r.finish("Canary", f"{name}: waiting for the canary to be ready")
+        return r.finish(RLCyclePhase.CANARY, f"{name}: waiting for the canary to be ready")
     scaled = int(((r.obs.canary or {}).get("spec") or {}).get("replicas", -1))
     if (
         not record.get("readyAt")
@@ -198,18 +158,18 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         # Until now the canary served nothing (or less than its weight): the analysis, and
         # its sample-ratio test, count this step from here.
         record["readyAt"] = iso(r.now)
-        r.patch_checkpoint(ck, phase="Canary", rollout=records)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
         r.out.soon(0)
-        return r.finish("Canary", f"{name} at {share:.0f}%: ready")
+        return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: ready")
     if record.get("awaitingApproval") and not record.get("approved"):
         gate = gates.passed(r, ck, records)  # None: still held, the analyses go on
         if gate == "promotion":
             return decide(r, ck, records, PROMOTE, gates.promotion_reason(record))
         if gate == "step":
             next_step(r, ck, records)
-            r.patch_checkpoint(ck, phase="Canary", rollout=records)
+            r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
             r.out.soon(0)
-            return r.finish("Canary", f"{name}: approved ({record['approved']})")
+            return r.finish(RLCyclePhase.CANARY, f"{name}: approved ({record['approved']})")
     judged = sum(int(e.get("analyses") or 0) for e in records)
     forget_analyses(r, ck, judged)
     analysis = f"analyze-{judged}"
@@ -218,7 +178,9 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         due = analysis_due(r, ck, record, step.min_duration, judged)
         if due > r.now:
             r.out.soon((due - r.now).total_seconds())
-            return r.finish("Canary", f"{name} at {share:.0f}%: next analysis {iso(due)}")
+            return r.finish(
+                RLCyclePhase.CANARY, f"{name} at {share:.0f}%: next analysis {iso(due)}"
+            )
         max_reached = r.now - canary_start >= timedelta(
             seconds=parse_duration(r.spec.rollout.analysis.max_duration)
         )
@@ -229,15 +191,15 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
             0,
             analyze_args(r, ck, analysis, share=share, since=counted_from, max_reached=max_reached),
         )
-        return r.finish("Canary", f"{name} at {share:.0f}%: analysing")
+        return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: analysing")
     job = jobs[-1]
     if not job.finished:
-        return r.finish("Canary", f"{name} at {share:.0f}%: analysing ({job.name})")
+        return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: analysing ({job.name})")
     if job.failed:
         if job.attempt < r.spec.jobs.backoff_limit:
             args = analyze_args(r, ck, analysis, share=share, since=counted_from, max_reached=False)
             create_step(r, ck, analysis, job.attempt + 1, args)
-            return r.finish("Canary", f"{name}: retrying the analysis")
+            return r.finish(RLCyclePhase.CANARY, f"{name}: retrying the analysis")
         return decide(
             r, ck, records, ROLLBACK, f"analysis failed: {job.name}: {job.message or job.reason}"
         )
@@ -248,7 +210,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
                 r, ck, records, ROLLBACK, f"analysis {job.name} committed no analysis.json"
             )
         r.out.soon(10)
-        return r.finish("Canary", f"cannot read the analysis: {doc}")
+        return r.finish(RLCyclePhase.CANARY, f"cannot read the analysis: {doc}")
     try:
         verdict = read_verdict(dict(doc))
     except (KeyError, TypeError, ValueError) as exc:
@@ -269,19 +231,19 @@ def judge(
     verdict, held = gates.as_recorded(r, record, record_fields(result))
     record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
     r.event(
-        f"Analysis{decision.title()}",
+        Reason.of("analysis", decision.title()),
         f"{name}: {gates.reason_text(record)}",
         warning=decision == ROLLBACK,
         kind="Checkpoint",
         name=name,
-        notify=("GuardrailTripped",) if result.guardrail_tripped else (),
+        notify=(NotificationEvent.GUARDRAIL_TRIPPED,) if result.guardrail_tripped else (),
     )
     if record["decision"] in (PROMOTE, ROLLBACK):
         record["endedAt"] = iso(r.now)
-        r.patch_checkpoint(ck, phase="Canary", rollout=records)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
         r.out.soon(0)
         return r.finish(
-            "Promoting" if decision == PROMOTE else "RollingBack",
+            RLCyclePhase.PROMOTING if decision == PROMOTE else RLCyclePhase.ROLLING_BACK,
             f"{name}: {decision}: {gates.reason_text(record)}",
         )
     steps = r.spec.rollout.steps
@@ -295,9 +257,9 @@ def judge(
             gates.wait(r, ck, records, "step")
         else:
             next_step(r, ck, records)
-    r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
     r.out.soon(0)
-    return r.finish("Canary", f"{name}: {gates.reason_text(record)}")
+    return r.finish(RLCyclePhase.CANARY, f"{name}: {gates.reason_text(record)}")
 
 
 def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:
@@ -308,76 +270,54 @@ def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> No
     following = r.spec.rollout.steps[index]
     records.append(new_record(r, index))
     r.event(
-        "CanaryStep",
+        Reason.CANARY_STEP,
         f"{name}: canary to {following.weight}%",
         kind="Checkpoint",
         name=name,
-        notify=("CanaryStep",),
+        notify=(NotificationEvent.CANARY_STEP,),
     )
 
 
 # --- outcomes ------------------------------------------------------------------------
-def remove_canary(r: Round, ck: dict[str, Any]) -> None:
-    """The canary workload, its Service and route weight, and any analysis still running."""
-    spec = r.spec
-    for job in r.obs.jobs:
-        running = job.checkpoint == meta(ck)["name"] and not job.finished and not job.deleting
-        if running and (job.step or "").startswith("analyze"):
-            r.act(Delete("batch/v1", "Job", job.name))
-    if r.obs.canary is not None:
-        r.act(Delete("apps/v1", "Deployment", meta(r.obs.canary)["name"]))
-    if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
-        route_to(r, 0)
-        if canary_service_name(spec.rollout.service) in r.obs.services:
-            r.act(Delete("v1", "Service", canary_service_name(spec.rollout.service)))
-
-
-def serve(r: Round, uri: str, checkpoint: str) -> bool:
-    """Point the target at ``uri``; True when it already serves it."""
-    spec, target = r.spec, dict(r.obs.target or {})
-    if cn.env_value(target, spec.target.container, spec.target.checkpoint_env) == uri:
-        return True
-    ops = cn.set_env_patch(
-        target,
-        spec.target.container,
-        {spec.target.checkpoint_env: uri, cn.CHECKPOINT_ID_ENV: checkpoint},
-    )
-    ops += sidecar_env_ops(r, uri, checkpoint)  # one patch: engine and sidecar roll together
-    r.act(Patch("apps/v1", "Deployment", spec.target.deployment, ops))
-    return False
-
-
 def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
     """Serve the candidate, wait for the target's rollout, then remove the canary."""
     name = meta(ck)["name"]
     if not serve(r, ck["spec"]["uri"], name) or not cn.deployment_ready(dict(r.obs.target or {})):
         r.status["canaryWeight"] = r.status.get("canaryWeight") or 0
         r.out.soon(READY_POLL_SECONDS)
-        return r.finish("Promoting", f"{name}: rolling out to {r.spec.target.deployment}")
+        return r.finish(
+            RLCyclePhase.PROMOTING, f"{name}: rolling out to {r.spec.target.deployment}"
+        )
     remove_canary(r, ck)
     # The parent Superseded before the candidate Promoted: once the candidate is Promoted no
     # cycle runs, so an operator killed between the two writes would never supersede the
     # parent (tests/e2e/test_crash_paths.py).
     parent = (ck.get("spec") or {}).get("parent")
     previous = r.checkpoint(parent) if parent else None
-    if previous is not None and (previous.get("status") or {}).get("phase") != "Superseded":
+    if (
+        previous is not None
+        and (previous.get("status") or {}).get("phase") != CheckpointPhase.SUPERSEDED
+    ):
         r.patch_checkpoint(
-            previous, phase="Superseded", reason="Superseded", message=f"superseded by {name}"
+            previous,
+            phase=CheckpointPhase.SUPERSEDED,
+            reason=Reason.SUPERSEDED,
+            message=f"superseded by {name}",
         )
     r.patch_checkpoint(
         ck,
-        phase="Promoted",
-        reason="Promoted",
+        phase=CheckpointPhase.PROMOTED,
+        reason=Reason.PROMOTED,
         completedAt=iso(r.now),
         message=str(records[-1].get("reason") or "promoted"),
     )
     r.status.update(lastPromoted=name, serving=name, canaryWeight=0)
     r.event(
-        "Promoted",
+        Reason.PROMOTED,
         f"{name} now serves {r.spec.target.deployment}",
-        notify=("Promoted", "CycleCompleted"),
+        notify=(NotificationEvent.PROMOTED, NotificationEvent.CYCLE_COMPLETED),
     )
-    r.conditions.set("Progressing", False, "Promoted", f"{name} promoted")
+    r.conditions.set(ConditionType.PROGRESSING, False, Reason.PROMOTED, f"{name} promoted")
     return end_cycle(r, f"cycle {r.status['cycle']}: {name} promoted")
 
 
@@ -390,11 +330,18 @@ def roll_back(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], reaso
         serve(r, previous["spec"]["uri"], parent or "")  # undo a half-done promotion
     remove_canary(r, ck)
     r.patch_checkpoint(
-        ck, phase="RolledBack", reason="RolledBack", message=reason, completedAt=iso(r.now)
+        ck,
+        phase=CheckpointPhase.ROLLED_BACK,
+        reason=Reason.ROLLED_BACK,
+        message=reason,
+        completedAt=iso(r.now),
     )
     r.status["canaryWeight"] = 0
     r.event(
-        "RolledBack", f"{name}: {reason}", warning=True, notify=("RolledBack", "CycleCompleted")
+        Reason.ROLLED_BACK,
+        f"{name}: {reason}",
+        warning=True,
+        notify=(NotificationEvent.ROLLED_BACK, NotificationEvent.CYCLE_COMPLETED),
     )
-    r.conditions.set("Progressing", False, "RolledBack", f"{name}: {reason}")
+    r.conditions.set(ConditionType.PROGRESSING, False, Reason.ROLLED_BACK, f"{name}: {reason}")
     return end_cycle(r, f"cycle {r.status['cycle']}: {name} rolled back: {reason}")

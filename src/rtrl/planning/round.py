@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.names import (
     ANNOTATION_APPROVE,
     ANNOTATION_PROMOTE,
@@ -23,7 +24,8 @@ from rtrl.core.api.names import (
     API_VERSION,
 )
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
-from rtrl.core.api.rlcycle import RLCycleSpec
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase, RLCycleSpec
 
 from .actions import Action, Emit, PatchStatus
 from .conditions import Conditions, bounded
@@ -91,7 +93,11 @@ class Round:
         # requests carried out in this round, by the Checkpoint whose write takes them
         self.carried: dict[str, list[dict[str, str]]] = {}
         self.owned = owned(observed, self.name)
-        promoted = [c for c in self.owned if phase(c) in ("Promoted", "Superseded")]
+        promoted = [
+            c
+            for c in self.owned
+            if phase(c) in (CheckpointPhase.PROMOTED, CheckpointPhase.SUPERSEDED)
+        ]
         if promoted:  # read back from the Checkpoints, not only from the status
             self.status["lastPromoted"] = meta(promoted[-1])["name"]
         self._take_recorded_requests()
@@ -112,11 +118,11 @@ class Round:
         warning: bool = False,
         kind: str = "RLCycle",
         name: str | None = None,
-        notify: tuple[str, ...] = (),
+        notify: tuple[NotificationEvent, ...] = (),
     ) -> None:
         self.act(Emit(kind, name or self.name, reason, message, warning, notify))
 
-    def finish(self, phase: str, message: str) -> Plan:
+    def finish(self, phase: RLCyclePhase, message: str) -> Plan:
         self.status["phase"] = phase
         serving = self.checkpoint(str(self.status.get("serving") or ""))
         self.status["dataWatermark"] = (
@@ -128,14 +134,16 @@ class Round:
         return self.out
 
     def invalid(self, reason: str, message: str) -> Plan:
-        if self.conditions.previous_status("InvalidSpec") != "True" or (
+        if self.conditions.previous_status(ConditionType.INVALID_SPEC) != "True" or (
             self.old.get("message") != message
         ):
             self.event(reason, message, warning=True)
-        self.conditions.set("InvalidSpec", True, reason, message)
-        self.conditions.set("Ready", False, reason, message)
-        self.conditions.set("Progressing", False, "InvalidSpec", "no Jobs start until it is fixed")
-        return self.finish("Invalid", message)
+        self.conditions.set(ConditionType.INVALID_SPEC, True, reason, message)
+        self.conditions.set(ConditionType.READY, False, reason, message)
+        self.conditions.set(
+            ConditionType.PROGRESSING, False, Reason.INVALID_SPEC, "no Jobs start until it is fixed"
+        )
+        return self.finish(RLCyclePhase.INVALID, message)
 
     def patch_summary(self, ck: dict[str, Any], key: str, summary: Any, **fields: Any) -> None:
         dumped = summary.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -154,9 +162,12 @@ class Round:
             {"annotation": annotation, "value": token}
         )
 
-    def patch_checkpoint(self, ck: dict[str, Any], **fields: Any) -> None:
+    def patch_checkpoint(
+        self, ck: dict[str, Any], phase: CheckpointPhase | None = None, **fields: Any
+    ) -> None:
+        """Write ``fields`` (those not None) and ``phase`` into ``ck``'s status."""
         name = meta(ck)["name"]
-        status = {k: v for k, v in fields.items() if v is not None}
+        status = {k: v for k, v in {"phase": phase, **fields}.items() if v is not None}
         if name in self.carried:  # the requests this write carries out, with the earlier ones
             earlier = list((ck.get("status") or {}).get("requests") or [])
             status["requests"] = [*earlier, *self.carried[name]][-MAX_REQUESTS:]
@@ -181,7 +192,11 @@ class Round:
 
     def rolled_back(self) -> list[str]:
         """Checkpoints rolled back: their interactions are never staged again."""
-        return [meta(c)["name"] for c in self.obs.checkpoints if phase(dict(c)) == "RolledBack"]
+        return [
+            meta(c)["name"]
+            for c in self.obs.checkpoints
+            if phase(dict(c)) == CheckpointPhase.ROLLED_BACK
+        ]
 
     def pending_annotation(self, key: str, status_key: str) -> str | None:
         """The RLCycle's annotation ``key`` when its value is a request not yet taken: not
@@ -240,21 +255,26 @@ class Round:
 
     def set_ready(self, serving: str) -> None:
         self.conditions.set(
-            "Ready", True, "Serving", f"{serving} serves {self.spec.target.deployment}"
+            ConditionType.READY,
+            True,
+            Reason.SERVING,
+            f"{serving} serves {self.spec.target.deployment}",
         )
 
     def set_degraded(self) -> None:
         finished = [c for c in self.owned if phase(c) not in RUNNING]
         last = finished[-1] if finished else None
-        cancelled = last is not None and (last.get("status") or {}).get("reason") == "Cancelled"
-        if last is not None and phase(last) == "Failed" and not cancelled:
+        cancelled = (
+            last is not None and (last.get("status") or {}).get("reason") == Reason.CANCELLED
+        )
+        if last is not None and phase(last) == CheckpointPhase.FAILED and not cancelled:
             status = last.get("status") or {}
             self.conditions.set(
-                "Degraded",
+                ConditionType.DEGRADED,
                 True,
-                "CycleFailed",
+                Reason.CYCLE_FAILED,
                 f"{meta(last)['name']}: "
                 f"{status.get('message') or status.get('reason') or 'failed'}",
             )
         else:
-            self.conditions.set("Degraded", False, "AsExpected", "")
+            self.conditions.set(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")

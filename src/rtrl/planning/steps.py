@@ -9,6 +9,9 @@ import hashlib
 import json
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
+from rtrl.core.api.reasons import Reason
+
 from .manifests import canary as cn
 from .reading import meta, step_index
 from .round import Round
@@ -43,7 +46,7 @@ def keep_share(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], shar
     target's replicas changed since (or the record is an older rtrl's, without one)."""
     if records[-1].get("share") != round(share, 2):
         records[-1]["share"] = round(share, 2)
-        r.patch_checkpoint(ck, phase="Canary", rollout=records)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
 
 
 def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
@@ -67,9 +70,9 @@ def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -
     what = f"spec.rollout.steps changed at {where}"
     ended.update(endedAt=iso(r.now), reason=what[:32768])
     records.append(new_record(r, 0, restarted=what))
-    r.patch_checkpoint(ck, phase="Canary", rollout=records)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
     r.event(
-        "RolloutRestarted",
+        Reason.ROLLOUT_RESTARTED,
         f"{name}: {what}: the canary restarts at step 1 ({first.weight}%)",
         kind="Checkpoint",
         name=name,

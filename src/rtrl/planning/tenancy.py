@@ -13,6 +13,7 @@ S3 key, from any endpoint the spec named.
 from __future__ import annotations
 
 from rtrl.core.api.policy import TenancyPolicy
+from rtrl.core.api.reasons import Reason
 from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.core.redaction import redact
 
@@ -31,14 +32,14 @@ def policy_problem(
         if not policy.allows_image(image):
             allowed = ", ".join(policy.images) or "none"
             return (
-                "ImageNotAllowed",
+                Reason.IMAGE_NOT_ALLOWED,
                 f"{field}: image {image} is not one the operator's policy allows "
                 f"(policy.images: {allowed}); {ADMIN}",
             )
     account = spec.storage.service_account_name
     if account and not policy.allows_service_account(account):
         return (
-            "ServiceAccountNotAllowed",
+            Reason.SERVICE_ACCOUNT_NOT_ALLOWED,
             f"spec.storage.serviceAccountName: ServiceAccount {account} is not one the "
             f"operator's policy lets an RLCycle's Jobs run as (policy.serviceAccounts: "
             f"{', '.join(policy.service_accounts) or 'none'}); {ADMIN}",
@@ -48,24 +49,24 @@ def policy_problem(
         if not policy.allows_toleration(toleration):
             shown = toleration.to_k8s()
             return (
-                "TolerationNotAllowed",
+                Reason.TOLERATION_NOT_ALLOWED,
                 f"spec.training.tolerations[{i}]: {shown} is not a toleration the operator's "
                 f"policy allows (policy.tolerations); {ADMIN}",
             )
     for key, value in sorted((training.node_selector or {}).items()):
         if not policy.allows_node_label(key, value):
             return (
-                "NodeSelectorNotAllowed",
+                Reason.NODE_SELECTOR_NOT_ALLOWED,
                 f"spec.training.nodeSelector.{key}: {key}={value} is not a node label the "
                 f"operator's policy lets an RLCycle select (policy.nodeSelectors); {ADMIN}",
             )
     problem = _resources(spec, policy)
     if problem:
-        return "ResourcesNotAllowed", f"{problem}; {ADMIN}"
+        return Reason.RESOURCES_NOT_ALLOWED, f"{problem}; {ADMIN}"
     endpoint = spec.storage.endpoint
     if endpoint and not policy.allows_endpoint(endpoint):
         return (
-            "EndpointNotAllowed",
+            Reason.ENDPOINT_NOT_ALLOWED,
             f"spec.storage.endpoint: {redact(endpoint)} is not an object-store endpoint the "
             f"operator's policy allows (policy.endpoints: {', '.join(policy.endpoints) or 'none'}"
             f"); the operator reads step results there; {ADMIN}",
@@ -75,7 +76,7 @@ def policy_problem(
     found = secret is not None and secret.found
     if name and label and secret is not None and found and secret.labels.get(label[0]) != label[1]:
         return (
-            "SecretNotAllowed",
+            Reason.SECRET_NOT_ALLOWED,
             f"spec.storage.credentialsSecret: Secret {name} does not carry the label "
             f"{label[0]}={label[1]} that marks a Secret for RLCycles (set by whoever may "
             "read it: the operator mounts it into the steps' pods)",

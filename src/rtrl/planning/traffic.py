@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rtrl.core.api.names import API_VERSION, FINALIZER_RESTORE_TRAFFIC
+from rtrl.core.api.reasons import Reason
 from rtrl.core.api.rlcycle import Router
 
 from .actions import Patch
@@ -122,7 +123,7 @@ def finalize(r: Round) -> Plan:
         if rules is not None:
             r.act(route_patch(name, rules))
             r.event(
-                "TrafficRestored",
+                Reason.TRAFFIC_RESTORED,
                 f"HTTPRoute {name} sends all its traffic to Service {stable} again: the "
                 "RLCycle is being deleted, its canary goes with it",
             )

@@ -103,6 +103,7 @@ class Reason(StrEnum):
     SEAL_UPDATED = "SealUpdated"
     SEAL_REMOVED = "SealRemoved"
     # the spec (InvalidSpec and its way out)
+    INVALID_SPEC = "InvalidSpec"
     SPEC_VALID = "SpecValid"
     SPEC_INVALID = "SpecInvalid"
     NAME_INVALID = "NameInvalid"

@@ -34,6 +34,7 @@ from typing import Any
 
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_CAPTURE, ANNOTATION_CAPTURE_HASH
+from rtrl.core.api.reasons import Reason
 from rtrl.core.api.rlcycle import CaptureSpec, RLCycleSpec
 
 from .canary import CHECKPOINT_ID_ENV, set_env_patch
@@ -121,7 +122,7 @@ def conflict(spec: RLCycleSpec, template: Mapping[str, Any], rlcycle: str) -> tu
     if container(template, SIDECAR) is not None and owner != rlcycle:
         who = f"RLCycle {owner}" if owner else "someone other than rtrl"
         return (
-            "CaptureContainerConflict",
+            Reason.CAPTURE_CONTAINER_CONFLICT,
             f"spec.capture: Deployment {spec.target.deployment} already has a container "
             f"{SIDECAR}, put there by {who} (its pod template has no annotation "
             f"{ANNOTATION_CAPTURE}={rlcycle}); rtrl does not overwrite it: rename or remove it, "
@@ -133,7 +134,7 @@ def conflict(spec: RLCycleSpec, template: Mapping[str, Any], rlcycle: str) -> tu
         ports = [int(p.get("containerPort") or 0) for p in other.get("ports") or []]
         if capture.port in ports:
             return (
-                "CapturePortConflict",
+                Reason.CAPTURE_PORT_CONFLICT,
                 f"spec.capture.port: container {other.get('name')} of Deployment "
                 f"{spec.target.deployment} already uses port {capture.port}; set capture.port "
                 "to a free one",
@@ -142,7 +143,7 @@ def conflict(spec: RLCycleSpec, template: Mapping[str, Any], rlcycle: str) -> tu
     declared = [int(p.get("containerPort") or 0) for p in engine.get("ports") or []]
     if declared and capture.engine_port not in declared:
         return (
-            "CapturePortConflict",
+            Reason.CAPTURE_PORT_CONFLICT,
             f"spec.capture.enginePort: container {spec.target.container} of Deployment "
             f"{spec.target.deployment} declares port(s) {', '.join(map(str, declared))}, not "
             f"{capture.engine_port}: set capture.enginePort to the port the engine serves on",
@@ -298,7 +299,7 @@ class CapturePatch:
     ``CaptureInjected``, ``CaptureUpdated``, ``CaptureRemoved``)."""
 
     ops: list[dict[str, Any]]
-    reason: str
+    reason: Reason
 
 
 def capture_patch(
@@ -313,18 +314,18 @@ def capture_patch(
     if want is None:
         if not ours:
             return None
-        return CapturePatch(_swap(template, None, rlcycle), "CaptureRemoved")
+        return CapturePatch(_swap(template, None, rlcycle), Reason.CAPTURE_REMOVED)
     if present is not None and not ours:
         return None
     hashed = template_annotations(template).get(ANNOTATION_CAPTURE_HASH)
     if present is None or hashed != want.hash:
-        reason = "CaptureInjected" if present is None else "CaptureUpdated"
+        reason = Reason.CAPTURE_INJECTED if present is None else Reason.CAPTURE_UPDATED
         return CapturePatch(_swap(template, want, rlcycle), reason)
     wanted = env_values(want.container, PER_CHECKPOINT)
     if env_values(present, PER_CHECKPOINT) == wanted:
         return None
     ops = set_env_patch(dict(deployment), SIDECAR, {k: str(v) for k, v in wanted.items()})
-    return CapturePatch(ops, "CaptureUpdated")
+    return CapturePatch(ops, Reason.CAPTURE_UPDATED)
 
 
 def _swap(template: Mapping[str, Any], want: Sidecar | None, rlcycle: str) -> list[dict[str, Any]]:
