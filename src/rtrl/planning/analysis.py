@@ -5,9 +5,10 @@ decides when to run them and what their verdicts mean."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rtrl.core.api.checkpoint import RolloutRecord
 from rtrl.core.api.common import parse_duration
 from rtrl.core.results import AnalysisResult
 
@@ -16,8 +17,9 @@ from .manifests import canary as cn
 from .manifests.jobs import CONFIG_FILE, CONFIG_MOUNT
 from .manifests.names import step_out
 from .reading import meta, step_jobs
+from .records import Record, read_records
 from .round import Round
-from .timeutil import iso, parse_time
+from .timeutil import iso
 
 
 def forget_analyses(r: Round, ck: dict[str, Any], judged: int) -> None:
@@ -34,11 +36,10 @@ def forget_analyses(r: Round, ck: dict[str, Any], judged: int) -> None:
 
 
 def analysis_due(
-    r: Round, ck: dict[str, Any], record: dict[str, Any], min_duration: str, judged: int
+    r: Round, ck: dict[str, Any], record: Record, min_duration: str, judged: int
 ) -> datetime:
-    started = parse_time(record.get("startedAt")) or r.now
-    due = started + timedelta(seconds=parse_duration(min_duration))
-    if int(record.get("analyses") or 0) > 0 and judged > 0:
+    due = record.started_at + timedelta(seconds=parse_duration(min_duration))
+    if record.analyses > 0 and judged > 0:
         previous = [j for j in step_jobs(r.obs, ck, f"analyze-{judged - 1}") if j.finished]
         last = max((j.finished_at for j in previous if j.finished_at), default=None)
         if last is not None:
@@ -51,7 +52,7 @@ def step_args(r: Round, ck: dict[str, Any], share: float) -> list[str]:
     """``--step START=SHARE`` for every step so far: the analysis stratifies by step and its
     sample-ratio test spans them all. Earlier steps' shares are what their weights give
     with today's stable replicas (the current step's is the share just reached)."""
-    records = (ck.get("status") or {}).get("rollout") or []
+    records = read_records(ck)
     if not records:
         return [f"--weight-since={iso(r.now)}"]
     args = []
@@ -59,9 +60,9 @@ def step_args(r: Round, ck: dict[str, Any], share: float) -> list[str]:
         reached = (
             share
             if i == len(records) - 1
-            else cn.canary_weight(r.spec, r.obs.target, int(record["weight"]))[1]
+            else cn.canary_weight(r.spec, r.obs.target, record.weight)[1]
         )
-        start = record.get("readyAt") or record["startedAt"]
+        start = iso(record.ready_at or record.started_at)
         args.append(f"--step={start}={reached:.2f}")
     return args
 
@@ -119,17 +120,21 @@ def read_verdict(doc: Any) -> AnalysisResult:
     return AnalysisResult.read(doc)
 
 
-def record_fields(result: AnalysisResult) -> dict[str, Any]:
+def record_verdict(record: RolloutRecord, result: AnalysisResult) -> None:
     """What a canary step's record keeps of an analysis: the decision, its reasons in one
     line, the samples and the metrics (bounded as the CRD bounds them)."""
-    return {
-        "decision": str(result.decision),
-        "reason": result.reason,
-        "baselineSamples": result.baseline_samples,
-        "canarySamples": result.canary_samples,
-        "metrics": [
-            m.to_status().model_dump(mode="json", by_alias=True, exclude_none=True)
-            for m in result.metrics
-        ][:64]
-        or None,
-    }
+    record.decision = result.decision
+    record.reason = result.reason
+    record.baseline_samples = result.baseline_samples
+    record.canary_samples = result.canary_samples
+    record.metrics = [m.to_status() for m in result.metrics][:64] or None
+
+
+VERDICT_FIELDS = {"decision", "reason", "baseline_samples", "canary_samples", "metrics"}
+
+
+def record_fields(result: AnalysisResult) -> dict[str, Any]:
+    """:func:`record_verdict`'s fields as a record writes them (camelCase)."""
+    record = RolloutRecord(weight=0, started_at=datetime.fromtimestamp(0, UTC))
+    record_verdict(record, result)
+    return record.model_dump(mode="json", by_alias=True, include=VERDICT_FIELDS, exclude_none=True)

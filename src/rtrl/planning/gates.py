@@ -15,17 +15,20 @@ waits at the same gate: ``awaitingApproval`` (since when) and, once released, ``
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from rtrl.core.api.checkpoint import Decision
+from rtrl.core.api.checkpoint import Decision, RolloutRecord
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import ANNOTATION_APPROVE
 from rtrl.core.api.reasons import ConditionType, Reason
 from rtrl.core.api.rlcycle import NotificationEvent
 
-from .reading import step_index
+from .records import Record, step_index
 from .round import Round
-from .timeutil import iso
+from .timeutil import iso, whole
+
+Gate = Literal["step", "promotion"]
 
 WEBHOOK_RELEASE = "confirm webhook answered 200"
 
@@ -35,31 +38,34 @@ WEBHOOK_RELEASE = "confirm webhook answered 200"
 HELD = "promotion awaits approval: "
 
 
-def as_recorded(
-    r: Round, record: dict[str, Any], verdict: dict[str, Any]
-) -> tuple[dict[str, Any], bool]:
-    """An analysis's verdict as the step's ``record`` keeps it, and whether it is a
-    promotion held by ``rollout.approval``: recorded as what happens (the canary stays:
-    continue) with ``held: promote``. An earlier analysis's hold on the record ends."""
-    record.pop("held", None)
-    if verdict["decision"] != Decision.PROMOTE or promotion_gate(r) is None:
-        return verdict, False
-    return {**verdict, "decision": Decision.CONTINUE.value, "held": Decision.PROMOTE.value}, True
+def as_recorded(r: Round, record: Record) -> bool:
+    """The analysis's verdict just put in the step's ``record`` as the record keeps it, and
+    whether it is a promotion held by ``rollout.approval``: recorded as what happens (the
+    canary stays: continue) with ``held: promote``. An earlier analysis's hold ends."""
+    record.held = None
+    if record.decision != Decision.PROMOTE or promotion_gate(r) is None:
+        return False
+    record.decision, record.held = Decision.CONTINUE, Decision.PROMOTE
+    return True
 
 
-def reason_text(record: dict[str, Any]) -> str:
-    """A record's reason as the Events, the status message and kubectl rtrl word it."""
-    reason = str(record.get("reason") or "")
-    return f"{HELD}{reason}"[:32768] if record.get("held") == Decision.PROMOTE else reason
+def reason_text(record: RolloutRecord | Mapping[str, Any]) -> str:
+    """A record's reason as the Events, the status message and kubectl rtrl word it (a
+    record as read from the API, for kubectl rtrl, or typed)."""
+    if isinstance(record, RolloutRecord):
+        reason, held = record.reason or "", record.held
+    else:
+        reason, held = str(record.get("reason") or ""), record.get("held")
+    return f"{HELD}{reason}"[:32768] if held == Decision.PROMOTE else reason
 
 
-def promotion_reason(record: dict[str, Any]) -> str:
+def promotion_reason(record: Record) -> str:
     """The reason of a promotion released by its gate (the hold ends with it)."""
-    record.pop("held", None)
-    return f"{record.get('reason') or ''} (approved: {record.get('approved')})"
+    record.held = None
+    return f"{record.reason or ''} (approved: {record.approved})"
 
 
-def gate_mode(r: Round, gate: str, next_index: int) -> tuple[str | None, int | None]:
+def gate_mode(r: Round, gate: Gate, next_index: int) -> tuple[str | None, int | None]:
     """The mode of ``gate`` at the current step, and the next step's weight (gate step)."""
     if gate == "promotion":
         return promotion_gate(r), None
@@ -68,17 +74,17 @@ def gate_mode(r: Round, gate: str, next_index: int) -> tuple[str | None, int | N
     return step_gate(r, next_index), weight
 
 
-def wait(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], gate: str) -> None:
+def wait(r: Round, ck: dict[str, Any], records: list[Record], gate: Gate) -> None:
     """The current step waits at ``gate`` (step or promotion)."""
     mode, weight = gate_mode(r, gate, step_index(records) + 1)
     hold(r, ck, records, gate=gate, mode=str(mode), weight=weight)
 
 
-def passed(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+def passed(r: Round, ck: dict[str, Any], records: list[Record]) -> Gate | None:
     """The current step waits at a gate: the gate (step or promotion) when it is released
     now, its record saying by what; None while it holds (held again)."""
     record = records[-1]
-    gate = str(record.get("gate") or "step")
+    gate = record.gate or "step"
     mode, weight = gate_mode(r, gate, step_index(records) + 1)
     by = release(r, ck, mode) if mode else "the gate was removed from the spec"
     if by is None:
@@ -116,9 +122,9 @@ def release(r: Round, ck: dict[str, Any], mode: str) -> str | None:
 def hold(
     r: Round,
     ck: dict[str, Any],
-    records: list[dict[str, Any]],
+    records: list[Record],
     *,
-    gate: str,
+    gate: Gate,
     mode: str,
     weight: int | None,
 ) -> bool:
@@ -126,9 +132,10 @@ def hold(
     whether the wait starts now (the record must then be written)."""
     name = str((ck.get("metadata") or {}).get("name"))
     record = records[-1]
-    starts = not record.get("awaitingApproval") or record.get("gate") != gate
+    starts = not record.awaiting_approval or record.gate != gate
     if starts:
-        record.update(awaitingApproval=record.get("awaitingApproval") or iso(r.now), gate=gate)
+        record.awaiting_approval = record.awaiting_approval or whole(r.now)
+        record.gate = gate
         what = f"step {weight}%" if gate == "step" else "promotion"
         how = "kubectl rtrl approve" if mode == "manual" else "the confirm webhook"
         r.event(
@@ -143,7 +150,7 @@ def hold(
         "gate": gate,
         **({"weight": weight} if weight is not None else {}),
         "mode": mode,
-        "since": record["awaitingApproval"],
+        "since": iso(record.awaiting_approval or r.now),
     }
     r.conditions.set(
         ConditionType.AWAITING_APPROVAL, True, Reason.AWAITING_APPROVAL, awaiting_text(r, mode)
@@ -164,10 +171,10 @@ def awaiting_text(r: Round, mode: str) -> str:
     return f"the confirm webhook holds the gate ({why})"
 
 
-def released(r: Round, ck: dict[str, Any], record: dict[str, Any], by: str) -> None:
+def released(r: Round, ck: dict[str, Any], record: Record, by: str) -> None:
     """The gate the current step waited at is released by ``by``."""
     name = str((ck.get("metadata") or {}).get("name"))
-    record["approved"] = by
+    record.approved = by
     r.event(
         Reason.APPROVED,
         f"{name}: approved ({by})",

@@ -12,6 +12,7 @@ from rtrl.core.api.reasons import Reason
 
 from .manifests.names import STEPS
 from .observed import JobState, Observed
+from .records import RecordError, read_records
 
 STEP_SUMMARY = {"stage": "data", "train": "training", "eval": "eval"}
 # A step's reasons whose verb is also a pod phase, as members: Reason.of(step, "Running")
@@ -28,13 +29,6 @@ STEP_FAILED = {
 }
 # The Checkpoint phases in which its canary runs (eval passed).
 CANARY_PHASES = (CheckpointPhase.EVALUATED, CheckpointPhase.CANARY)
-
-
-def step_index(records: list[dict[str, Any]]) -> int:
-    """The index in ``spec.rollout.steps`` the current canary record runs: its ``step``, or
-    for a record written before rtrl kept it, the number of records before it."""
-    step = records[-1].get("step")
-    return int(step) if step is not None else len(records) - 1
 
 
 def meta(obj: Any) -> dict[str, Any]:
@@ -87,7 +81,10 @@ def current_step(checkpoint: dict[str, Any]) -> str | None:
         if STEP_SUMMARY[step] not in status:
             return step
     if status.get("phase") in CANARY_PHASES:
-        judged = sum(int(r.get("analyses") or 0) for r in status.get("rollout") or [])
+        try:
+            judged = sum(r.analyses for r in read_records(checkpoint))
+        except RecordError:  # no analysis is judged: the canary is rolled back (rollout)
+            judged = 0
         return f"analyze-{judged}"
     return None
 

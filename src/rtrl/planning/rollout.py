@@ -11,7 +11,8 @@ decision is recorded in the step's entry of ``status.rollout``:
   the previous serving one ``Superseded``;
 - ``rollback``: traffic back to stable, the canary removed, Checkpoint ``RolledBack`` with
   the A/B numbers and the reason. Also on a canary not ready in time, a failed analysis,
-  ``spec.pin``, or the annotation ``rtrl.io/rollback``; ``rtrl.io/promote`` promotes by hand.
+  ``spec.pin``, the annotation ``rtrl.io/rollback``, or a record of ``status.rollout`` this
+  rtrl cannot read (:mod:`.records`); ``rtrl.io/promote`` promotes by hand.
 
 A decision is written into the Checkpoint's status before it is carried out, so a restarted
 operator finishes what was decided instead of deciding again.
@@ -30,14 +31,15 @@ from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
 from rtrl.core.results import AnalysisResult, Decision
 
 from . import gates
-from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, record_fields
+from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, record_verdict
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import result_uri
-from .reading import fresh, meta, step_index, step_jobs
+from .reading import fresh, meta, step_jobs
+from .records import Record, RecordError, read_records, step_index, written
 from .round import READY_POLL_SECONDS, Plan, Round
 from .steps import keep_share, new_record, restart_steps, steps_changed, steps_hash
-from .timeutil import iso, parse_time
+from .timeutil import iso, whole
 from .workload import StableServiceMissingError, ensure_canary, remove_canary, serve
 
 PROMOTE, ROLLBACK = Decision.PROMOTE, Decision.ROLLBACK
@@ -47,9 +49,12 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     """The canary of a Checkpoint that passed eval: a decision already recorded is carried
     out; else a manual one (pin, annotations) is recorded; else the current step runs."""
     name = meta(ck)["name"]
-    records = [dict(e) for e in (ck.get("status") or {}).get("rollout") or []]
-    decided = records[-1].get("decision") if records else None
     gates.clear(r)
+    try:
+        records = read_records(ck)
+    except RecordError as exc:  # a record this rtrl cannot read: no step can be judged
+        return roll_back(r, ck, f"{exc}: this rtrl cannot read the canary's record")
+    decided = records[-1].decision if records else None
     if decided not in (PROMOTE, ROLLBACK):
         reason, decision = manual_decision(r, ck)
         if decision is not None:
@@ -57,7 +62,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
     if records and decided == PROMOTE:
         return promote(r, ck, records)
     if records and decided == ROLLBACK:
-        return roll_back(r, ck, records, str(records[-1].get("reason") or ROLLBACK))
+        return roll_back(r, ck, str(records[-1].reason or ROLLBACK))
     if not records:
         first = r.spec.rollout.steps[0]
         records = [new_record(r, 0)]
@@ -66,7 +71,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             phase=CheckpointPhase.CANARY,
             reason=Reason.CANARY_STARTED,
             message=f"canary at {first.weight}%",
-            rollout=records,
+            rollout=written(records),
         )
         r.event(
             Reason.CANARY_STARTED,
@@ -102,27 +107,28 @@ def manual_decision(r: Round, ck: dict[str, Any]) -> tuple[str, Decision | None]
 
 
 def decide(
-    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], decision: Decision, reason: str
+    r: Round, ck: dict[str, Any], records: list[Record], decision: Decision, reason: str
 ) -> Plan:
     """Record ``decision`` in the current step's entry, then carry it out next round."""
     if not records:
-        records = [{"weight": 0, "startedAt": iso(r.now), "analyses": 0}]
-    records[-1].update(decision=decision.value, reason=reason[:32768], endedAt=iso(r.now))
-    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+        records = [Record(weight=0, started_at=whole(r.now), analyses=0)]
+    record = records[-1]
+    record.decision, record.reason, record.ended_at = decision, reason[:32768], whole(r.now)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
     r.out.soon(0)
     phase = RLCyclePhase.PROMOTING if decision == PROMOTE else RLCyclePhase.ROLLING_BACK
     return r.finish(phase, f"{meta(ck)['name']}: {decision}: {reason}")
 
 
 # --- one step ----------------------------------------------------------------------
-def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
+def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
     """The current step: the canary at its weight and ready, then its analyses in turn."""
     name = meta(ck)["name"]
     index = step_index(records)
     steps = r.spec.rollout.steps
     step = steps[min(index, len(steps) - 1)]
     record = records[-1]
-    record.setdefault("stepsHash", steps_hash(r))  # a record of an older rtrl adopts them
+    record.steps_hash = record.steps_hash or steps_hash(r)  # an older rtrl's record adopts them
     try:
         share = ensure_canary(r, ck, step.weight)
     except StableServiceMissingError as missing:
@@ -131,13 +137,13 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         return decide(r, ck, records, ROLLBACK, reason)
     r.status["canaryWeight"] = round(share)
     keep_share(r, ck, records, share)
-    if record.get("restarted"):
-        text = f"{name} at {share:.0f}%: restarted at step 1: {record['restarted']}"
+    if record.restarted:
+        text = f"{name} at {share:.0f}%: restarted at step 1: {record.restarted}"
         r.conditions.set(ConditionType.PROGRESSING, True, Reason.ROLLOUT_RESTARTED, text)
     else:
         r.conditions.set(ConditionType.PROGRESSING, True, Reason.CANARY, f"{name} at {share:.0f}%")
-    canary_start = parse_time(records[0].get("startedAt")) or r.now
-    counted_from = parse_time(records[0].get("readyAt")) or canary_start
+    canary_start = records[0].started_at
+    counted_from = records[0].ready_at or canary_start
     if not cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None):
         timeout = parse_duration(r.spec.rollout.ready_timeout)
         if r.now - canary_start > timedelta(seconds=timeout) and index == 0:
@@ -151,26 +157,23 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
         r.out.soon(READY_POLL_SECONDS)
         return r.finish(RLCyclePhase.CANARY, f"{name}: waiting for the canary to be ready")
     scaled = int(((r.obs.canary or {}).get("spec") or {}).get("replicas", -1))
-    if (
-        not record.get("readyAt")
-        and scaled == cn.canary_weight(r.spec, r.obs.target, step.weight)[0]
-    ):
+    if not record.ready_at and scaled == cn.canary_weight(r.spec, r.obs.target, step.weight)[0]:
         # Until now the canary served nothing (or less than its weight): the analysis, and
         # its sample-ratio test, count this step from here.
-        record["readyAt"] = iso(r.now)
-        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+        record.ready_at = whole(r.now)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
         r.out.soon(0)
         return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: ready")
-    if record.get("awaitingApproval") and not record.get("approved"):
+    if record.awaiting_approval and not record.approved:
         gate = gates.passed(r, ck, records)  # None: still held, the analyses go on
         if gate == "promotion":
             return decide(r, ck, records, PROMOTE, gates.promotion_reason(record))
         if gate == "step":
             next_step(r, ck, records)
-            r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+            r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
             r.out.soon(0)
-            return r.finish(RLCyclePhase.CANARY, f"{name}: approved ({record['approved']})")
-    judged = sum(int(e.get("analyses") or 0) for e in records)
+            return r.finish(RLCyclePhase.CANARY, f"{name}: approved ({record.approved})")
+    judged = sum(e.analyses for e in records)
     forget_analyses(r, ck, judged)
     analysis = f"analyze-{judged}"
     jobs = [j for j in step_jobs(r.obs, ck, analysis) if fresh(j, ck)]
@@ -222,14 +225,13 @@ def run_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Pla
     return judge(r, ck, records, verdict)
 
 
-def judge(
-    r: Round, ck: dict[str, Any], records: list[dict[str, Any]], result: AnalysisResult
-) -> Plan:
+def judge(r: Round, ck: dict[str, Any], records: list[Record], result: AnalysisResult) -> Plan:
     """An analysis's verdict (:func:`read_verdict`) into the step's record: promote, roll
     back, the next step (once both arms have ``minSamples``), or stay."""
     name, record, decision = meta(ck)["name"], records[-1], result.decision
-    verdict, held = gates.as_recorded(r, record, record_fields(result))
-    record.update(analyses=int(record.get("analyses") or 0) + 1, **verdict)
+    record_verdict(record, result)
+    held = gates.as_recorded(r, record)
+    record.analyses += 1
     r.event(
         Reason.of("analysis", decision.title()),
         f"{name}: {gates.reason_text(record)}",
@@ -238,9 +240,9 @@ def judge(
         name=name,
         notify=(NotificationEvent.GUARDRAIL_TRIPPED,) if result.guardrail_tripped else (),
     )
-    if record["decision"] in (PROMOTE, ROLLBACK):
-        record["endedAt"] = iso(r.now)
-        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+    if record.decision in (PROMOTE, ROLLBACK):
+        record.ended_at = whole(r.now)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
         r.out.soon(0)
         return r.finish(
             RLCyclePhase.PROMOTING if decision == PROMOTE else RLCyclePhase.ROLLING_BACK,
@@ -249,7 +251,8 @@ def judge(
     steps = r.spec.rollout.steps
     index = step_index(records)
     step = steps[min(index, len(steps) - 1)]
-    enough = min(record["baselineSamples"], record["canarySamples"]) >= step.min_samples
+    samples = min(record.baseline_samples or 0, record.canary_samples or 0)
+    enough = samples >= step.min_samples
     if held:
         gates.wait(r, ck, records, "promotion")
     elif index + 1 < len(steps) and enough:
@@ -257,15 +260,15 @@ def judge(
             gates.wait(r, ck, records, "step")
         else:
             next_step(r, ck, records)
-    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
     r.out.soon(0)
     return r.finish(RLCyclePhase.CANARY, f"{name}: {gates.reason_text(record)}")
 
 
-def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> None:
+def next_step(r: Round, ck: dict[str, Any], records: list[Record]) -> None:
     """The current step ends; the next one starts (its record appended)."""
     name = meta(ck)["name"]
-    records[-1]["endedAt"] = iso(r.now)
+    records[-1].ended_at = whole(r.now)
     index = step_index(records) + 1
     following = r.spec.rollout.steps[index]
     records.append(new_record(r, index))
@@ -279,7 +282,7 @@ def next_step(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> No
 
 
 # --- outcomes ------------------------------------------------------------------------
-def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan:
+def promote(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
     """Serve the candidate, wait for the target's rollout, then remove the canary."""
     name = meta(ck)["name"]
     if not serve(r, ck["spec"]["uri"], name) or not cn.deployment_ready(dict(r.obs.target or {})):
@@ -309,7 +312,7 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
         phase=CheckpointPhase.PROMOTED,
         reason=Reason.PROMOTED,
         completedAt=iso(r.now),
-        message=str(records[-1].get("reason") or "promoted"),
+        message=str(records[-1].reason or "promoted"),
     )
     r.status.update(lastPromoted=name, serving=name, canaryWeight=0)
     r.event(
@@ -321,7 +324,7 @@ def promote(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> Plan
     return end_cycle(r, f"cycle {r.status['cycle']}: {name} promoted")
 
 
-def roll_back(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], reason: str) -> Plan:
+def roll_back(r: Round, ck: dict[str, Any], reason: str) -> Plan:
     """Traffic back to the parent (undoing a half-done promotion), the canary removed."""
     name = meta(ck)["name"]
     parent = (ck.get("spec") or {}).get("parent")

@@ -13,9 +13,10 @@ from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.reasons import Reason
 
 from .manifests import canary as cn
-from .reading import meta, step_index
+from .reading import meta
+from .records import Record, step_index, written
 from .round import Round
-from .timeutil import iso
+from .timeutil import whole
 
 # Checkpoint.status.rollout holds at most 64 records (the CRD): a restart needs one more.
 MAX_RECORDS = 63
@@ -27,11 +28,11 @@ def steps_hash(r: Round) -> str:
     return hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def new_record(r: Round, index: int, **extra: Any) -> dict[str, Any]:
+def new_record(r: Round, index: int, restarted: str | None = None) -> Record:
     """The record of step ``index`` of the current ``spec.rollout.steps``, starting now."""
     weight = r.spec.rollout.steps[index].weight
-    return {"weight": weight, "share": share(r, weight), "startedAt": iso(r.now),
-            "analyses": 0, "step": index, "stepsHash": steps_hash(r), **extra}  # fmt: skip
+    return Record(weight=weight, share=share(r, weight), started_at=whole(r.now), analyses=0,
+                  step=index, steps_hash=steps_hash(r), restarted=restarted)  # fmt: skip
 
 
 def share(r: Round, weight: int) -> float:
@@ -41,22 +42,22 @@ def share(r: Round, weight: int) -> float:
     return round(cn.canary_weight(r.spec, r.obs.target, weight)[1], 2)
 
 
-def keep_share(r: Round, ck: dict[str, Any], records: list[dict[str, Any]], share: float) -> None:
+def keep_share(r: Round, ck: dict[str, Any], records: list[Record], share: float) -> None:
     """The current step's record says the share the canary has now: written when the
     target's replicas changed since (or the record is an older rtrl's, without one)."""
-    if records[-1].get("share") != round(share, 2):
-        records[-1]["share"] = round(share, 2)
-        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+    if records[-1].share != round(share, 2):
+        records[-1].share = round(share, 2)
+        r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
 
 
-def steps_changed(r: Round, records: list[dict[str, Any]]) -> bool:
+def steps_changed(r: Round, records: list[Record]) -> bool:
     """The steps were edited since the current step started (a record of an older rtrl,
     without a hash, is taken as unchanged)."""
-    recorded = records[-1].get("stepsHash")
+    recorded = records[-1].steps_hash
     return recorded is not None and recorded != steps_hash(r)
 
 
-def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -> str:
+def restart_steps(r: Round, ck: dict[str, Any], records: list[Record]) -> str:
     """As Argo Rollouts does on a new step hash: the steps start again at the first one.
     The candidate is the same, so what the analysis has counted stays valid; only the
     canary's share goes back to the new first step's. Returns "" once restarted, or why
@@ -65,12 +66,12 @@ def restart_steps(r: Round, ck: dict[str, Any], records: list[dict[str, Any]]) -
         return (f"spec.rollout.steps changed again with {len(records)} canary steps "
                 "recorded, the most a Checkpoint holds")  # fmt: skip
     name, ended = meta(ck)["name"], records[-1]
-    where = f"{ended['weight']}% (step {step_index(records) + 1})"
+    where = f"{ended.weight}% (step {step_index(records) + 1})"
     first = r.spec.rollout.steps[0]
     what = f"spec.rollout.steps changed at {where}"
-    ended.update(endedAt=iso(r.now), reason=what[:32768])
+    ended.ended_at, ended.reason = whole(r.now), what[:32768]
     records.append(new_record(r, 0, restarted=what))
-    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=records)
+    r.patch_checkpoint(ck, phase=CheckpointPhase.CANARY, rollout=written(records))
     r.event(
         Reason.ROLLOUT_RESTARTED,
         f"{name}: {what}: the canary restarts at step 1 ({first.weight}%)",

@@ -6,7 +6,12 @@ from datetime import UTC, datetime
 
 
 def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return whole(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def whole(moment: datetime) -> datetime:
+    """``moment`` as the API keeps it: UTC, whole seconds (what :func:`iso` writes)."""
+    return moment.astimezone(UTC).replace(microsecond=0)
 
 
 def parse_time(text: object) -> datetime | None:
