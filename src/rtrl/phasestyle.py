@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rtrl.core.api.checkpoint import Decision
+from rtrl.core.api.checkpoint import CheckpointPhase, Decision
+from rtrl.core.api.rlcycle import RLCyclePhase
 
 
 @dataclass(frozen=True)
@@ -31,24 +32,24 @@ NEUTRAL = Style("#555555", "0")
 # Checkpoint phases (rtrl.core.api.checkpoint.CheckpointPhase), RLCycle phases
 # (rtrl.core.api.rlcycle.RLCyclePhase) and canary decisions, by their wire value.
 STYLES: dict[str, Style] = {
-    "Pending": IN_PROGRESS,
-    "Staging": IN_PROGRESS,
-    "Training": IN_PROGRESS,
-    "Evaluating": IN_PROGRESS,
-    "Evaluated": IN_PROGRESS,
-    "Canary": CANARY,
-    "AwaitingApproval": CANARY,
-    "Promoting": PROMOTED,
-    "Promoted": PROMOTED,
-    "RollingBack": ROLLED_BACK,
-    "RolledBack": ROLLED_BACK,
-    "Rejected": REJECTED,
-    "Failed": FAILED,
-    "Invalid": FAILED,
-    "Superseded": SUPERSEDED,
-    "Idle": NEUTRAL,
-    "Suspended": SUPERSEDED,
-    "Pinned": NEUTRAL,
+    CheckpointPhase.PENDING: IN_PROGRESS,
+    CheckpointPhase.STAGING: IN_PROGRESS,
+    CheckpointPhase.TRAINING: IN_PROGRESS,
+    CheckpointPhase.EVALUATING: IN_PROGRESS,
+    CheckpointPhase.EVALUATED: IN_PROGRESS,
+    CheckpointPhase.CANARY: CANARY,
+    RLCyclePhase.AWAITING_APPROVAL: CANARY,
+    RLCyclePhase.PROMOTING: PROMOTED,
+    CheckpointPhase.PROMOTED: PROMOTED,
+    RLCyclePhase.ROLLING_BACK: ROLLED_BACK,
+    CheckpointPhase.ROLLED_BACK: ROLLED_BACK,
+    CheckpointPhase.REJECTED: REJECTED,
+    CheckpointPhase.FAILED: FAILED,
+    RLCyclePhase.INVALID: FAILED,
+    CheckpointPhase.SUPERSEDED: SUPERSEDED,
+    RLCyclePhase.IDLE: NEUTRAL,
+    RLCyclePhase.SUSPENDED: SUPERSEDED,
+    RLCyclePhase.PINNED: NEUTRAL,
     Decision.PROMOTE: PROMOTED,
     Decision.ROLLBACK: ROLLED_BACK,
     Decision.CONTINUE: CANARY,
@@ -67,16 +68,22 @@ def ansi(text: str, value: str | None) -> str:
 
 
 # What a canary decision made of a checkpoint, as a phase.
-DECIDED: dict[str, str] = {Decision.PROMOTE: "Promoted", Decision.ROLLBACK: "RolledBack"}
+DECIDED: dict[str, str] = {
+    Decision.PROMOTE: CheckpointPhase.PROMOTED,
+    Decision.ROLLBACK: CheckpointPhase.ROLLED_BACK,
+}
 
 
 def outcome(phase: str | None, decision: str | None = None) -> tuple[str, ...]:
     """What was decided, then what became of it, as phases: a checkpoint promoted and later
     replaced by another promotion is ``("Promoted", "Superseded")`` (its phase alone,
     Superseded, would hide that it was promoted); any other is its phase alone."""
-    if phase == "Superseded":
-        return (DECIDED.get(decision or "", "Promoted"), "Superseded")
-    return (phase or "Pending",)
+    if phase == CheckpointPhase.SUPERSEDED:
+        return (
+            DECIDED.get(decision or "", CheckpointPhase.PROMOTED),
+            CheckpointPhase.SUPERSEDED,
+        )
+    return (phase or CheckpointPhase.PENDING,)
 
 
 def outcome_text(phase: str | None, decision: str | None = None) -> str:

@@ -10,16 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtrl.abtable import NA, Cells, band, cells, field, finite, number, percent
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.phasestyle import outcome, outcome_text
 
 from .report_svg import colour, figure, hours_axis, percent_axis, svg, when
 
 BAND = "#2ca02c"  # a guardrail's tolerated change, shaded
 VERDICTS = {
-    "better": "Promoted",
-    "worse": "RolledBack",
-    "tripped": "RolledBack",
-    "beyond": "Canary",
+    "better": CheckpointPhase.PROMOTED,
+    "worse": CheckpointPhase.ROLLED_BACK,
+    "tripped": CheckpointPhase.ROLLED_BACK,
+    "beyond": CheckpointPhase.CANARY,
 }
 
 
@@ -239,7 +240,7 @@ def gates(cycles: list[dict[str, Any]], spec: list[dict[str, Any]]) -> str | Non
         ax.axvline(0, color="#555", ls="--", lw=0.8)
         for y, (_, g) in enumerate(rows):
             metric = str(g.get("metric"))
-            col = colour("Promoted" if g.get("passed") else "Rejected")
+            col = colour(CheckpointPhase.PROMOTED if g.get("passed") else CheckpointPhase.REJECTED)
             diff = float(g["candidate"]) - float(g["parent"])
             lo, hi = (
                 finite(g.get("ciLow", g.get("ci_low"))),

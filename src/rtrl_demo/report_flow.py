@@ -7,6 +7,8 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
+from rtrl.core.api.reasons import Reason
 from rtrl.phasestyle import outcome, outcome_text
 
 from .report_svg import colour, figure, hours_axis, svg, when
@@ -24,7 +26,7 @@ def lineage(cycles: list[dict[str, Any]], serving: str | None) -> str | None:
     promoted = {
         c.get("checkpoint")
         for c in cycles
-        if outcome(c.get("phase"), c.get("decision"))[0] == "Promoted"
+        if outcome(c.get("phase"), c.get("decision"))[0] == CheckpointPhase.PROMOTED
     }
     with figure(8.6, 2.3) as (fig, ax):
         for i, c in enumerate(cycles, start=1):
@@ -85,18 +87,17 @@ def lineage(cycles: list[dict[str, Any]], serving: str | None) -> str | None:
 
 
 # An Event's reason in the colour of the phase or decision it reports.
-REASON_PHASES = {
-    "CanaryStarted": "Canary",
-    "CanaryStep": "Canary",
-    "AnalysisContinue": "Canary",
-    "AnalysisPromote": "Promoted",
-    "Promoted": "Promoted",
-    "AnalysisRollback": "RolledBack",
-    "RolledBack": "RolledBack",
-    "Rejected": "Rejected",
-    "EvalFailed": "Rejected",
-    "CycleFailed": "Failed",
-    "RollbackImpossible": "Failed",
+REASON_PHASES: dict[str, CheckpointPhase] = {
+    Reason.CANARY_STARTED: CheckpointPhase.CANARY,
+    Reason.CANARY_STEP: CheckpointPhase.CANARY,
+    Reason.ANALYSIS_CONTINUE: CheckpointPhase.CANARY,
+    Reason.ANALYSIS_PROMOTE: CheckpointPhase.PROMOTED,
+    Reason.PROMOTED: CheckpointPhase.PROMOTED,
+    Reason.ANALYSIS_ROLLBACK: CheckpointPhase.ROLLED_BACK,
+    Reason.ROLLED_BACK: CheckpointPhase.ROLLED_BACK,
+    Reason.EVAL_FAILED: CheckpointPhase.REJECTED,
+    Reason.CYCLE_FAILED: CheckpointPhase.FAILED,
+    Reason.ROLLBACK_IMPOSSIBLE: CheckpointPhase.FAILED,
 }
 MARKERS = "osD^v<>ph*X"
 
@@ -129,7 +130,7 @@ def events(items: list[dict[str, Any]]) -> str | None:
                 [t for _, t, _ in pts],
                 [objects.index(str(e.get("object"))) + offset[i] for i, _, e in pts],
                 marker=MARKERS[k % len(MARKERS)],
-                color=colour(REASON_PHASES.get(reason, "Training")),
+                color=colour(REASON_PHASES.get(reason, CheckpointPhase.TRAINING)),
                 edgecolors=["black" if e.get("warning") else "none" for _, _, e in pts],
                 s=36,
                 label=reason,

@@ -9,6 +9,7 @@ from typing import Any
 from matplotlib.ticker import MaxNLocator
 
 from rtrl.abtable import number
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.phasestyle import outcome, outcome_text
 
 from .report_svg import colour, figure, hours_axis, percent_axis, plain_scalar, svg, when
@@ -118,10 +119,10 @@ def weights(points: list[dict[str, Any]], cycles: list[dict[str, Any]]) -> str |
             last = i + 1 == len(ts) or ts[i + 1][1].get("canary") != name
             if name and last and start is not None:
                 end = ts[i + 1][0] if i + 1 < len(ts) else (when(p.get("until")) or t)
-                col = colour(phase_of.get(name, "Canary"))
+                col = colour(phase_of.get(name, CheckpointPhase.CANARY))
                 ax.fill_between([ts[start][0], end], 0, ys[i], step="post", color=col, alpha=0.3)
                 ax.annotate(
-                    f"{name}: {phase_of.get(name, 'Canary')}",
+                    f"{name}: {phase_of.get(name, CheckpointPhase.CANARY)}",
                     (ts[start][0], ys[i]),
                     xytext=(2, 3),
                     textcoords="offset points",

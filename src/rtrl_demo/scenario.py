@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
+from rtrl.core.api.rlcycle import InconclusivePolicy
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV
 
 NAME = "demo"
@@ -29,7 +31,13 @@ HISTORY = timedelta(hours=3)
 # The final head-to-head: the base model against the last promoted checkpoint, 50/50.
 HEAD_TO_HEAD = timedelta(hours=2)
 # Superseded: promoted, then replaced by a later promotion
-FINAL = {"Promoted", "Superseded", "RolledBack", "Rejected", "Failed"}
+FINAL = {
+    CheckpointPhase.PROMOTED,
+    CheckpointPhase.SUPERSEDED,
+    CheckpointPhase.ROLLED_BACK,
+    CheckpointPhase.REJECTED,
+    CheckpointPhase.FAILED,
+}
 SCENARIOS = {
     "default": "the correct reward: invalid tool calls are penalised, questions cost a little",
     "drop-invalid-tool-calls": "the blog's first reward: interactions with an invalid tool call "
@@ -101,7 +109,7 @@ def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
                     "alpha": 0.05,
                     "maxDuration": "4h",
                     "interval": "20m",
-                    "inconclusive": "rollback",
+                    "inconclusive": InconclusivePolicy.ROLLBACK.value,
                 },
                 "guardrails": {
                     "clarificationRate": {"maxRelativeRise": 0.10},

@@ -16,6 +16,8 @@ import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from rtrl.core.api.reasons import JobCondition
+
 T = TypeVar("T")
 
 
@@ -157,7 +159,10 @@ class KubeAPI:
         def finished() -> dict[str, Any] | None:
             job = self.get("batch/v1", "Job", name) or {}
             for cond in (job.get("status") or {}).get("conditions") or []:
-                if cond["type"] in ("Complete", "Failed") and cond["status"] == "True":
+                if (
+                    cond["type"] in (JobCondition.COMPLETE, JobCondition.FAILED)
+                    and cond["status"] == "True"
+                ):
                     return dict(cond)
             return None
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from rtrl.core.api import names
 from rtrl.core.api.policy import UNRESTRICTED
+from rtrl.core.api.reasons import JobCondition
 from rtrl.core.store import read_committed_json
 from rtrl.planning import (
     Create,
@@ -188,7 +189,7 @@ class LocalCluster:
         """The Job controller's final status (Complete or Failed)."""
         job = self.objects[("Job", name)]
         cond = {
-            "type": "Complete" if succeeded else "Failed",
+            "type": JobCondition.COMPLETE if succeeded else JobCondition.FAILED,
             "status": "True",
             "lastTransitionTime": iso(self.now),
             "reason": reason or ("CompletionsReached" if succeeded else "BackoffLimitExceeded"),
@@ -211,15 +212,15 @@ class LocalCluster:
         meta = job["metadata"]
         labels = meta.get("labels") or {}
         conds = {c["type"]: c for c in (job.get("status") or {}).get("conditions") or []}
-        done = conds.get("Complete") or conds.get("Failed") or {}
-        failed = "Failed" in conds
+        done = conds.get(JobCondition.COMPLETE) or conds.get(JobCondition.FAILED) or {}
+        failed = JobCondition.FAILED in conds
         return JobState(
             name=meta["name"],
             checkpoint=labels.get(names.LABEL_CHECKPOINT),
             checkpoint_uid=labels.get(names.LABEL_CHECKPOINT_UID),
             step=labels.get(names.LABEL_STEP),
             attempt=int(labels.get(names.LABEL_ATTEMPT, "0") or 0),
-            succeeded="Complete" in conds,
+            succeeded=JobCondition.COMPLETE in conds,
             failed=failed,
             finished_at=parse_time(done.get("lastTransitionTime")),
             reason=str(done.get("reason") or "") if failed else "",

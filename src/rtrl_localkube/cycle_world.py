@@ -88,7 +88,7 @@ ANALYSIS_CONTINUE = AnalysisResult.written(
         **ANALYSIS_PROMOTE,
         "decision": Decision.CONTINUE,
         "cause": AnalysisCause(kind=CauseKind.INCONCLUSIVE, metrics=[]),
-        "reasons": ["inconclusive"],
+        "reasons": [str(CauseKind.INCONCLUSIVE)],
     }
 ).document()
 ANALYSIS_ROLLBACK = AnalysisResult.written(

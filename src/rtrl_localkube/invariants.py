@@ -45,8 +45,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase, Verdict
 from rtrl.core.api.names import LABEL_ARM, LABEL_CHECKPOINT_UID, LABEL_RLCYCLE, LABEL_STEP
 from rtrl.core.api.names import RUNNING_PHASES as RUNNING
+from rtrl.core.api.reasons import JobCondition
+from rtrl.core.api.rlcycle import RLCyclePhase
 from rtrl.planning.manifests.canary import env_value
 from rtrl.planning.manifests.names import canary_name, same_uri
 from rtrl_localkube.watchfeed import Server, watch_kinds
@@ -59,17 +62,26 @@ WATCHED = {
 }
 
 # The RLCycle phases of a running cycle, and the Checkpoint phases each may show.
-CYCLE_PHASES: dict[str, tuple[str | None, ...]] = {
-    "Staging": (None, "Pending", "Staging"),
-    "Training": ("Training",),
-    "Evaluating": ("Evaluating",),
-    "Canary": ("Evaluated", "Canary"),
-    "Promoting": ("Canary",),
-    "RollingBack": ("Canary",),
+CYCLE_PHASES: dict[str, tuple[CheckpointPhase | None, ...]] = {
+    RLCyclePhase.STAGING: (None, CheckpointPhase.PENDING, CheckpointPhase.STAGING),
+    RLCyclePhase.TRAINING: (CheckpointPhase.TRAINING,),
+    RLCyclePhase.EVALUATING: (CheckpointPhase.EVALUATING,),
+    RLCyclePhase.CANARY: (CheckpointPhase.EVALUATED, CheckpointPhase.CANARY),
+    RLCyclePhase.PROMOTING: (CheckpointPhase.CANARY,),
+    RLCyclePhase.ROLLING_BACK: (CheckpointPhase.CANARY,),
 }
-STEP_OF_PHASE = {"Staging": "stage", "Training": "train", "Evaluating": "eval"}
-QUIET_PHASES = ("Idle", "Suspended", "Pinned")
-FINISHED_JOB = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+STEP_OF_PHASE: dict[str, str] = {
+    RLCyclePhase.STAGING: "stage",
+    RLCyclePhase.TRAINING: "train",
+    RLCyclePhase.EVALUATING: "eval",
+}
+QUIET_PHASES = (RLCyclePhase.IDLE, RLCyclePhase.SUSPENDED, RLCyclePhase.PINNED)
+FINISHED_JOB = (
+    JobCondition.COMPLETE,
+    JobCondition.FAILED,
+    JobCondition.SUCCESS_CRITERIA_MET,
+    JobCondition.FAILURE_TARGET,
+)
 
 
 @dataclass(frozen=True)
@@ -242,7 +254,7 @@ class Ledger:
         if (ck.get("spec") or {}).get("rlCycle"):
             self.owned_uris.add(uri)
         verdict = (((ck.get("status") or {}).get("eval")) or {}).get("verdict")
-        if verdict == "Passed" and uri not in self.passed_at:
+        if verdict == Verdict.PASSED and uri not in self.passed_at:
             self.passed_at[uri] = _rv(ck)
 
     def _checkpoint_deleted(self, ck: dict[str, Any]) -> None:
@@ -252,7 +264,10 @@ class Ledger:
         if not rlc_name:
             return  # registered by hand: not the operator's to keep
         phase = status.get("phase")
-        if phase in (None, "Pending", "Staging") and "data" not in status:
+        if (
+            phase in (None, CheckpointPhase.PENDING, CheckpointPhase.STAGING)
+            and "data" not in status
+        ):
             return  # insufficient data: the attempt leaves no Checkpoint
         remaining = [
             c for c in self._live("Checkpoint") if (c.get("spec") or {}).get("rlCycle") == rlc_name
@@ -324,14 +339,17 @@ def status_problems(
         if (_meta(j).get("labels") or {}).get(LABEL_RLCYCLE) == name
         and not _meta(j).get("deletionTimestamp")
     ]
-    if dep is not None and phase != "Invalid":
+    if dep is not None and phase != RLCyclePhase.INVALID:
         uri = env_value(dict(dep), str(target.get("container")), str(target.get("checkpointEnv")))
         serving = sorted(
             (c for c in checkpoints if same_uri((c.get("spec") or {}).get("uri"), uri)),
             key=lambda c: (int((c.get("spec") or {}).get("cycle") or 0), _meta(c)["name"]),
         )
         want = _meta(serving[-1])["name"] if serving else None
-        if st.get("serving") != want and phase not in ("RollingBack", "Promoting"):
+        if st.get("serving") != want and phase not in (
+            RLCyclePhase.ROLLING_BACK,
+            RLCyclePhase.PROMOTING,
+        ):
             out.append(f"status.serving is {st.get('serving')}, the target serves {want}")
     if phase in QUIET_PHASES:
         busy = [_meta(j)["name"] for j in mine if not job_finished(j)]
@@ -359,13 +377,13 @@ def status_problems(
             has_step = any((_meta(j).get("labels") or {}).get(LABEL_STEP) == step for j in ck_jobs)
             if step and ck_phase == phase and not has_step:
                 out.append(f"phase {phase}, but {st['candidate']} has no {step} Job")
-    if phase == "Canary" and canary is None:
+    if phase == RLCyclePhase.CANARY and canary is None:
         out.append("phase Canary with no canary Deployment")
     if canary is not None:
         arm = ((canary.get("spec") or {}).get("template") or {}).get("metadata") or {}
         if (arm.get("labels") or {}).get(LABEL_ARM) != "canary":
             out.append("the canary Deployment's pods are not labelled as the canary arm")
-        if phase == "Canary" and int(st.get("canaryWeight") or 0) <= 0:
+        if phase == RLCyclePhase.CANARY and int(st.get("canaryWeight") or 0) <= 0:
             out.append("phase Canary with canaryWeight 0")
     if owned:
         top = max(int((c.get("spec") or {}).get("cycle") or 0) for c in owned)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from rtrl.core.api.reasons import JobCondition, PodPhase
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.kinds import now_rfc3339
 from rtrl_localkube.outcomes import Fail, Hang, Outcome, Succeed
@@ -114,7 +115,11 @@ class JobController:
         if final is not None:
             kind, reason, message = final
             now = now_rfc3339()
-            first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
+            first = (
+                JobCondition.SUCCESS_CRITERIA_MET
+                if kind == JobCondition.COMPLETE
+                else JobCondition.FAILURE_TARGET
+            )
             status["conditions"] = [
                 {
                     "type": cond,
@@ -126,7 +131,7 @@ class JobController:
                 }
                 for cond in (first, kind)
             ]
-            if kind == "Complete":
+            if kind == JobCondition.COMPLETE:
                 status["completionTime"] = now
         patch = {key: None for key in self.status if key not in status} | status
         self.status = status
@@ -188,7 +193,7 @@ class JobController:
         cstatus: dict[str, Any] = {"name": container, "ready": end is None, "restartCount": 0}
         if end is None:
             cstatus["state"] = {"running": {"startedAt": started}}
-            phase = "Running"
+            phase = PodPhase.RUNNING
         else:
             terminated = {
                 "exitCode": end.exit_code,
@@ -199,7 +204,7 @@ class JobController:
             if end.message:
                 terminated["message"] = end.message
             cstatus["state"] = {"terminated": terminated}
-            phase = "Succeeded" if end.exit_code == 0 else "Failed"
+            phase = PodPhase.SUCCEEDED if end.exit_code == 0 else PodPhase.FAILED
         status = {
             "phase": phase,
             "podIP": "127.0.0.1",
@@ -241,7 +246,7 @@ class JobController:
                     if end.reason == "DeadlineExceeded":
                         self.failed += 1
                         self.finish(
-                            "Failed",
+                            JobCondition.FAILED,
                             "DeadlineExceeded",
                             "Job was active longer than specified deadline",
                         )
@@ -249,7 +254,7 @@ class JobController:
                         self.succeeded.add(index)
                         if len(self.succeeded) == self.completions:
                             self.finish(
-                                "Complete",
+                                JobCondition.COMPLETE,
                                 "CompletionsReached",
                                 "Reached expected number of succeeded pods",
                             )
@@ -260,7 +265,7 @@ class JobController:
                         self.failed += 1
                         if self.failed > self.backoff_limit:
                             self.finish(
-                                "Failed",
+                                JobCondition.FAILED,
                                 "BackoffLimitExceeded",
                                 "Job has reached the specified backoff limit",
                             )

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.reasons import PodPhase
 from rtrl_localkube.controlplane import ControlPlane, ControlPlaneError
 from rtrl_localkube.pods import PodRunner, job_of
 
@@ -315,7 +316,7 @@ class Kubelet:
         if problem is not None:
             self._patch_status(
                 pod,
-                {"phase": "Pending", "conditions": [
+                {"phase": PodPhase.PENDING, "conditions": [
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                      "message": f"0/1 nodes are available: {problem}.",
                      "lastTransitionTime": now_rfc3339()}
@@ -341,7 +342,10 @@ class Kubelet:
             job = job_of(pod)
             if job and job not in self.jobs_seen:
                 self.jobs_seen.append(job)
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or not started:
+        if (pod.get("status") or {}).get("phase") in (
+            PodPhase.SUCCEEDED,
+            PodPhase.FAILED,
+        ) or not started:
             worker.cancel.set()
         worker.thread = threading.Thread(
             target=self._guard(lambda: self._run_pod(worker)),
@@ -382,9 +386,12 @@ class Kubelet:
                 return
             if not current["metadata"].get("deletionTimestamp"):
                 return  # cancelled because the kubelet stops, not because it was deleted
-            if (current.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if (current.get("status") or {}).get("phase") not in (
+                PodPhase.SUCCEEDED,
+                PodPhase.FAILED,
+            ):
                 # as a kubelet does since 1.27: a pod killed on deletion ends in a final phase
-                self._patch_status(current, {"phase": "Failed"})
+                self._patch_status(current, {"phase": PodPhase.FAILED})
             self.cp.request(
                 "DELETE",
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",

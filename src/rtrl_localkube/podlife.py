@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rtrl.core.api.reasons import PodPhase
 from rtrl_localkube.controlplane import ControlPlane
 from rtrl_localkube.pods import CancelledError, PodRunner, Termination, job_of
 
@@ -104,7 +105,7 @@ class PodLife:
                 for c in self.containers
                 if runs_probe(c) and not self.scripted
             )
-            ready = running and probed and not self.never_ready and phase == "Running"
+            ready = running and probed and not self.never_ready and phase == PodPhase.RUNNING
             statuses = [
                 {
                     "name": c["name"],
@@ -153,10 +154,10 @@ class PodLife:
                     "reason": "ErrImagePull",
                     "message": f'failed to pull image "{c.get("image")}": not available here',
                 }}  # fmt: skip
-            self.report("Pending")
+            self.report(PodPhase.PENDING)
             self.worker.cancel.wait()
             return
-        self.report("Pending")
+        self.report(PodPhase.PENDING)
         threads = [
             threading.Thread(target=self.container_loop, args=(c,), daemon=True)
             for c in self.containers
@@ -168,7 +169,7 @@ class PodLife:
         if self.worker.cancel.is_set():
             return
         codes = [s["terminated"]["exitCode"] for s in self.states.values()]
-        self.report("Succeeded" if all(code == 0 for code in codes) else "Failed")
+        self.report(PodPhase.SUCCEEDED if all(code == 0 for code in codes) else PodPhase.FAILED)
 
     def container_loop(self, container: dict[str, Any]) -> None:
         policy = self.pod["spec"].get("restartPolicy", "Always")
@@ -188,7 +189,7 @@ class PodLife:
             restart = policy == "Always" or (policy == "OnFailure" and end.exit_code != 0)
             if not restart:
                 return
-            self.report("Running")
+            self.report(PodPhase.RUNNING)
             delay = RESTART_BACKOFF[min(attempt, len(RESTART_BACKOFF) - 1)]
             attempt += 1
             if self.worker.cancel.wait(delay):
@@ -206,10 +207,12 @@ class PodLife:
                 if proc is not None:
                     self.worker.processes.append(proc)
                     if runs_probe(container):
-                        prober = ReadinessProber(container, lambda: self.report("Running"), probing)
+                        prober = ReadinessProber(
+                            container, lambda: self.report(PodPhase.RUNNING), probing
+                        )
                         self.probers[container["name"]] = prober.start()
                 self.states[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
-            self.report("Running")
+            self.report(PodPhase.RUNNING)
 
         try:
             return self._run_outcome(container, outcome, running)

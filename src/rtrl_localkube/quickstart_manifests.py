@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from rtrl.core.api.rlcycle import InconclusivePolicy
 from rtrl.core.api.yamlfile import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +133,9 @@ def rlcycle(endpoint: str) -> dict[str, Any]:
     rollout = spec["rollout"]
     rollout["steps"] = [{"weight": 50, "minDuration": "2m"}]
     rollout["readyTimeout"] = READY_TIMEOUT
-    rollout["analysis"].update(interval="30s", maxDuration="4m", inconclusive="rollback")
+    rollout["analysis"].update(
+        interval="30s", maxDuration="4m", inconclusive=InconclusivePolicy.ROLLBACK.value
+    )
     spec["storage"]["endpoint"] = endpoint
     spec["jobs"] = {"backoffLimit": 1, "backoff": "10s", "activeDeadline": "30m"}
     spec["capture"] = {

@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rtrl.core.api import names
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.policy import TenancyPolicy
+from rtrl.core.api.reasons import JobCondition
 from rtrl.core.store import FileCredentials, read_committed_json
 from rtrl.planning import (
     DeploymentState,
@@ -77,15 +79,15 @@ def job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
 def _job_state(client: KubeClient, job: dict[str, Any]) -> JobState:
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
-    complete = _condition(job, "Complete")
-    failed = _condition(job, "Failed")
+    complete = _condition(job, JobCondition.COMPLETE)
+    failed = _condition(job, JobCondition.FAILED)
     status = job.get("status") or {}
     finished = parse_time(status.get("completionTime")) or parse_time(
         (complete or failed or {}).get("lastTransitionTime")
     )
     reason = message = ""
     if failed is not None:
-        reason = str(failed.get("reason") or "Failed")
+        reason = str(failed.get("reason") or JobCondition.FAILED)
         pod = _pod_failure(client, meta["namespace"], meta["name"])
         message = pod or f"{reason}: {failed.get('message') or ''}".strip(": ")
     try:
@@ -196,7 +198,8 @@ def _needs_stable_service(
         return False
     return any(
         (c.get("spec") or {}).get("rlCycle") == rlcycle
-        and (c.get("status") or {}).get("phase") in ("Evaluated", "Canary")
+        and (c.get("status") or {}).get("phase")
+        in (CheckpointPhase.EVALUATED, CheckpointPhase.CANARY)
         for c in checkpoints
     )
 
@@ -229,7 +232,9 @@ def relevant_checkpoints(
     }
     named |= set((rlcycle["metadata"].get("annotations") or {}).values())
     kept: dict[str, dict[str, Any]] = {}
-    for ck in checkpoints.find("rlCycle", name) + checkpoints.find("phase", "RolledBack"):
+    for ck in checkpoints.find("rlCycle", name) + checkpoints.find(
+        "phase", CheckpointPhase.ROLLED_BACK
+    ):
         kept[ck["metadata"]["name"]] = ck
     for uri in {uri_key(uri) for uri in uris} - {None}:
         for ck in checkpoints.find("uri", str(uri)):

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from ..core.api.rlcycle import RLCyclePhase
 from ..metrics import observe_plan, reconcile_failed, set_object_source
 from ..planning import plan, plan_rejected
 from ..planning.traffic import deleting, holds
@@ -341,7 +342,7 @@ async def run(namespace: str, name: str, stopped: object) -> None:
                     context.run, reconcile_once, namespace, name, live=live, woken=woken,
                     live_kinds=NEW_RLCYCLE_LIVE if new else frozenset(),
                 ))  # fmt: skip
-                if new and _phase(namespace, name) == "Invalid":
+                if new and _phase(namespace, name) == RLCyclePhase.INVALID:
                     # perhaps only a race with the events of what was created with it (the
                     # base Checkpoint): once more in a second, live
                     read_live, delay = True, NEW_RLCYCLE_RETRY_SECONDS

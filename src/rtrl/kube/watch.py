@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.api import names
+from ..core.api.reasons import JobCondition
 from ..metrics import forget
 from ..planning.traffic import deleting, holds
 from .cache import CHILD_KINDS, CHILD_LABEL, copy_json
@@ -91,7 +92,7 @@ async def job_indexed(body: Mapping[str, Any]) -> None:
 
 def _finished(status: Mapping[str, Any]) -> bool:
     return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        c.get("type") in (JobCondition.COMPLETE, JobCondition.FAILED) and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
 

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from rtrl.core.api.common import parse_duration
 from rtrl.core.api.names import API_VERSION
 from rtrl.core.api.policy import TenancyPolicy
+from rtrl.core.api.rlcycle import RLCyclePhase
 
 from .client import KubeClient, KubeError
 
@@ -379,7 +380,7 @@ def _ask(
     question = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
-        "phase": "AwaitingApproval",
+        "phase": RLCyclePhase.AWAITING_APPROVAL,
         "gate": waiting.get("gate"),
         "checkpoint": waiting.get("checkpoint"),
         "weight": waiting.get("weight"),

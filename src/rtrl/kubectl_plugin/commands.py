@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from ..core.api.checkpoint import CheckpointPhase
 from ..core.api.names import (
     ANNOTATION_APPROVE,
     ANNOTATION_PROMOTE,
@@ -22,12 +23,13 @@ from ..core.api.names import (
     ANNOTATION_TRIGGER,
     PRE_CANARY_PHASES,
 )
+from ..core.api.rlcycle import RLCyclePhase
 from . import live, render, view
 from .session import RESOURCE, PluginError, Session, annotate
 
 DOCS = "docs/kubectl.md"
 # RLCycle phases while a canary runs (AwaitingApproval: held at an approval gate)
-CANARY_PHASES = ("Canary", "AwaitingApproval")
+CANARY_PHASES = (RLCyclePhase.CANARY, RLCyclePhase.AWAITING_APPROVAL)
 # How a GitOps controller shows on an object it applies: (where, key or manager, tool).
 GITOPS_MARKS = (
     ("annotation", "argocd.argoproj.io/tracking-id", "Argo CD"),
@@ -136,7 +138,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         )
     annotate(session, args.name, rlc, ANNOTATION_TRIGGER, "lastTrigger")
     phase = st.get("phase")
-    if phase not in (None, "Idle", "Pending"):
+    if phase not in (None, RLCyclePhase.IDLE, RLCyclePhase.PENDING):
         note(f"a cycle is in progress (phase {phase}): the new one starts when it ends")
     else:
         note("the operator starts a cycle on its next reconcile")
@@ -150,10 +152,11 @@ def cmd_promote(args: argparse.Namespace) -> int:
     st = render.status(rlc)
     phase = st.get("phase")
     if phase not in CANARY_PHASES:
-        why = {
-            "Promoting": "a promotion is already in progress",
-            "RollingBack": "a rollback is in progress",
-        }.get(str(phase), "promote acts only on a running canary")
+        busy: dict[str, str] = {
+            RLCyclePhase.PROMOTING: "a promotion is already in progress",
+            RLCyclePhase.ROLLING_BACK: "a rollback is in progress",
+        }
+        why = busy.get(str(phase), "promote acts only on a running canary")
         raise PluginError(
             f"RLCycle {args.name} has no canary running (phase {phase or 'unknown'}): {why}"
         )
@@ -178,16 +181,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             f"serves: pin another checkpoint (kubectl rtrl rollback {args.name} --to "
             f"CHECKPOINT) or unpin it (kubectl rtrl resume --unpin {args.name})"
         )
-    if phase == "RollingBack":
+    if phase == RLCyclePhase.ROLLING_BACK:
         raise PluginError(f"RLCycle {args.name} is already rolling back: {st.get('message')}")
-    if phase == "Invalid":
+    if phase == RLCyclePhase.INVALID:
         raise PluginError(
             f"RLCycle {args.name} is Invalid, and the operator acts on nothing until that is "
             f"fixed: {st.get('message')}"
         )
     if phase in CANARY_PHASES:
         effect = f"the canary of {candidate} is aborted: all traffic back to {serving}"
-    elif phase == "Promoting":
+    elif phase == RLCyclePhase.PROMOTING:
         effect = f"once {candidate} is promoted, it is rolled back to {serving}"
     elif phase in PRE_CANARY_PHASES:
         effect = (
@@ -224,13 +227,17 @@ def pin(args: argparse.Namespace, session: Session, rlc: dict[str, Any], target:
     trained = not render.spec(ck).get("rlCycle") or "training" in render.status(ck)
     if not trained:
         raise PluginError(
-            f"Checkpoint {target} has no trained model (phase {phase or 'Pending'}); "
+            f"Checkpoint {target} has no trained model (phase {phase or CheckpointPhase.PENDING}); "
             "pin one that has"
         )
     owner = render.spec(ck).get("rlCycle")
     if owner and owner != args.name:
         note(f"{target} was produced by RLCycle {owner}, not {args.name}")
-    if phase in ("RolledBack", "Rejected", "Failed"):
+    if phase in (
+        CheckpointPhase.ROLLED_BACK,
+        CheckpointPhase.REJECTED,
+        CheckpointPhase.FAILED,
+    ):
         note(f"{target} is {phase}: {render.one_line(render.status(ck).get('message'))}")
     session.patch_rlcycle(args.name, {"spec": {"pin": target}})
     print(f"{RESOURCE}/{args.name} pinned to {target} (spec.pin: {target})")
@@ -255,7 +262,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
     session.patch_rlcycle(args.name, {"spec": {"suspend": True}})
     print(f"{RESOURCE}/{args.name} {'already ' if was else ''}paused (spec.suspend: true)")
     phase = render.status(rlc).get("phase")
-    if phase not in (None, "Idle", "Pending", "Suspended", "Pinned", "Invalid"):
+    if phase not in (
+        None,
+        RLCyclePhase.IDLE,
+        RLCyclePhase.PENDING,
+        RLCyclePhase.SUSPENDED,
+        RLCyclePhase.PINNED,
+        RLCyclePhase.INVALID,
+    ):
         note(f"the running cycle (phase {phase}) finishes, canary included; no new one starts")
     spec_edit_note(rlc, "spec.suspend")
     return 0

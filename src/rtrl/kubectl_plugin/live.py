@@ -41,12 +41,32 @@ REACHED, TIMED_OUT, OTHER_OUTCOME = 0, 1, 3
 
 CHECKPOINT_PHASES = {str(p) for p in CheckpointPhase}
 RLCYCLE_PHASES = {str(p) for p in RLCyclePhase}
-OUTCOMES = {"Promoted", "RolledBack", "Rejected", "Failed", "Superseded"}
+OUTCOMES = {
+    CheckpointPhase.PROMOTED,
+    CheckpointPhase.ROLLED_BACK,
+    CheckpointPhase.REJECTED,
+    CheckpointPhase.FAILED,
+    CheckpointPhase.SUPERSEDED,
+}
 # A cycle's way through: a phase before the one seen was passed even if no look caught it.
-PIPELINE = ("Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary")
-PASSED = {"Promoted": "Canary", "RolledBack": "Canary", "Rejected": "Evaluated"}
+PIPELINE = (
+    CheckpointPhase.PENDING,
+    CheckpointPhase.STAGING,
+    CheckpointPhase.TRAINING,
+    CheckpointPhase.EVALUATING,
+    CheckpointPhase.EVALUATED,
+    CheckpointPhase.CANARY,
+)
+PASSED: dict[str, CheckpointPhase] = {
+    CheckpointPhase.PROMOTED: CheckpointPhase.CANARY,
+    CheckpointPhase.ROLLED_BACK: CheckpointPhase.CANARY,
+    CheckpointPhase.REJECTED: CheckpointPhase.EVALUATED,
+}
 # RLCycle phases that belong to the cycle's outcome: (the Checkpoint phase they lead to)
-LEADS_TO = {"Promoting": "Promoted", "RollingBack": "RolledBack"}
+LEADS_TO: dict[str, CheckpointPhase] = {
+    RLCyclePhase.PROMOTING: CheckpointPhase.PROMOTED,
+    RLCyclePhase.ROLLING_BACK: CheckpointPhase.ROLLED_BACK,
+}
 
 
 def painter(stream: TextIO) -> Paint:
@@ -266,7 +286,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     where = f"rlcycle.rtrl.io/{name}"
     try:
         while True:
-            rlc_phase = str(status(session.rlcycle(name)).get("phase") or "Pending")
+            rlc_phase = str(status(session.rlcycle(name)).get("phase") or RLCyclePhase.PENDING)
             if not on_cycle:
                 if rlc_phase == target:
                     print(f"{where}: phase {target} reached", file=sys.stderr)
@@ -280,7 +300,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
                 if ck is None:
                     now_is = f"no new cycle of {where} started"
                 else:
-                    phase = str(status(ck).get("phase") or "Pending")
+                    phase = str(status(ck).get("phase") or CheckpointPhase.PENDING)
                     verdict = reached(target, phase, seen, rlc_phase)
                     seen |= {phase, rlc_phase}
                     ck_name = view.name_of(ck)

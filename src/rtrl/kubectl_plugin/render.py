@@ -14,8 +14,10 @@ from typing import Any
 
 from rtrl.abtable import KUBECTL_HEADERS, ab_table
 from rtrl.abtable import number as metric_number
-from rtrl.core.api.checkpoint import Decision
+from rtrl.core.api.checkpoint import CheckpointPhase, Decision
 from rtrl.core.api.names import GROUP
+from rtrl.core.api.reasons import ConditionType, Reason
+from rtrl.core.api.rlcycle import RLCyclePhase
 from rtrl.phasestyle import outcome
 from rtrl.planning.gates import reason_text
 from rtrl.planning.timeutil import parse_time
@@ -23,11 +25,11 @@ from rtrl.planning.timeutil import parse_time
 from .running import progress_line, weight_text
 
 # A condition's healthy state: these are listed as one line; anything else stands out.
-HEALTHY = {
-    "Ready": "True",
-    "Degraded": "False",
-    "InsufficientData": "False",
-    "InvalidSpec": "False",
+HEALTHY: dict[str, str] = {
+    ConditionType.READY: "True",
+    ConditionType.DEGRADED: "False",
+    ConditionType.INSUFFICIENT_DATA: "False",
+    ConditionType.INVALID_SPEC: "False",
 }
 REASON_WIDTH = 60
 # How a phase or decision is coloured: ``(text, value) -> text``; :func:`plain` leaves it be,
@@ -188,14 +190,15 @@ def gate_lines(ck: dict[str, Any], paint: Paint = plain) -> list[str]:
     headers = ["METRIC", "CANDIDATE", "PARENT", "DIFFERENCE", "CI (difference)", "PASSED"]
 
     def failed_red(cell: str, value: str | None) -> str:
-        return paint(cell, "Failed" if value == "no" else None)
+        return paint(cell, CheckpointPhase.FAILED if value == "no" else None)
 
     return ["  Eval gates:", *table(headers, rows, "    ", paint=failed_red, styled=[5])]
 
 
 def last_decision(ck: dict[str, Any]) -> tuple[str, str]:
     st = status(ck)
-    if st.get("phase") == "RolledBack" and st.get("reason") == "ManualRollback":
+    manual = st.get("reason") == Reason.MANUAL_ROLLBACK
+    if st.get("phase") == CheckpointPhase.ROLLED_BACK and manual:
         # promoted by its canary, then rolled back by hand: the last decision is the person's
         return Decision.ROLLBACK.value, one_line(st.get("message"))
     records = st.get("rollout") or []
@@ -254,7 +257,7 @@ def checkpoint_lines(
     st = status(ck)
     # as the report and the demo's console word it: "Promoted, later Superseded"
     decision = last_decision(ck)[0]
-    raw = str(st.get("phase") or "Pending")
+    raw = str(st.get("phase") or CheckpointPhase.PENDING)
     decided = outcome(raw, decision) if decision != "-" else (raw,)
     phase = ", later ".join(paint(p, p) for p in decided)
     if st.get("reason") or st.get("message"):
@@ -299,7 +302,7 @@ def checkpoint_lines(
 def rlcycle_lines(rlc: dict[str, Any], now: datetime, paint: Paint = plain) -> list[str]:
     """The RLCycle's block: phase, cycle, what serves, the canary, requests, conditions."""
     st, sp, md = status(rlc), spec(rlc), meta(rlc)
-    raw = str(st.get("phase") or "Pending")
+    raw = str(st.get("phase") or RLCyclePhase.PENDING)
     phase = paint(raw, raw)
     if st.get("message"):
         phase = f"{phase} ({one_line(st.get('message'))})"

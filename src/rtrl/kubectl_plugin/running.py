@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rtrl.core.api.checkpoint import StepProgress
+from rtrl.core.api.checkpoint import CheckpointPhase, StepProgress
 from rtrl.core.api.progress import duration
 from rtrl.planning.progress import progress_text
 
@@ -17,7 +17,7 @@ from rtrl.planning.progress import progress_text
 def progress_line(st: dict[str, Any], now: datetime) -> str:
     """While it trains: how far, as the train step last reported (done/total, rate, ETA,
     and how long ago it said so); "" otherwise."""
-    if st.get("phase") != "Training" or not st.get("progress"):
+    if st.get("phase") != CheckpointPhase.TRAINING or not st.get("progress"):
         return ""
     try:
         progress = StepProgress.model_validate(st["progress"])

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.names import LABEL_ATTEMPT, LABEL_STEP
+from rtrl.core.api.reasons import JobCondition, PodPhase
 from rtrl.planning.timeutil import parse_time
 
 from .render import (
@@ -64,11 +66,14 @@ class Snapshot:
 def job_state(job: dict[str, Any]) -> str:
     st = status(job)
     for c in st.get("conditions") or []:
-        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
-            return "Succeeded" if c["type"] == "Complete" else "Failed"
+        if c.get("status") == "True" and c.get("type") in (
+            JobCondition.COMPLETE,
+            JobCondition.FAILED,
+        ):
+            return PodPhase.SUCCEEDED if c["type"] == JobCondition.COMPLETE else PodPhase.FAILED
     if spec(job).get("suspend"):
         return "Suspended"
-    return "Running" if st.get("active") else "Pending"
+    return PodPhase.RUNNING if st.get("active") else PodPhase.PENDING
 
 
 def canary_row(deployment: dict[str, Any], weight: int, now: datetime) -> list[str]:
@@ -147,7 +152,7 @@ def event_lines(events: Sequence[dict[str, Any]], now: datetime, paint: Paint = 
         )
 
     def warnings_red(cell: str, value: str | None) -> str:
-        return paint(cell, "Failed" if value == "Warning" else None)
+        return paint(cell, CheckpointPhase.FAILED if value == "Warning" else None)
 
     headers = ["AGE", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     shown = f" (last {EVENTS_SHOWN})" if len(events) > EVENTS_SHOWN else ""
@@ -198,7 +203,7 @@ def name_of(obj: dict[str, Any]) -> str:
 
 
 def phase_of(obj: dict[str, Any]) -> str:
-    return str(status(obj).get("phase") or "Pending")
+    return str(status(obj).get("phase") or CheckpointPhase.PENDING)  # an RLCycle's too
 
 
 def created(obj: dict[str, Any]) -> tuple[str, str]:

@@ -38,6 +38,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
+from ..core.api.checkpoint import CheckpointPhase
+from ..core.api.reasons import Reason
+from ..core.api.rlcycle import NotificationEvent
 from ..planning.actions import Action, Create, Delete, Emit, Patch, PatchStatus
 from .status import SERIES, StatusCollector, set_object_source
 
@@ -69,16 +72,16 @@ LAST_PROMOTION_AGE = Gauge(
 )
 
 # Event reason -> cycle result.
-RESULTS = {
-    "Promoted": "promoted",
-    "RolledBack": "rolled_back",
-    "EvalGatesFailed": "rejected",
-    "CycleFailed": "failed",
-    "InsufficientData": "insufficient_data",
+RESULTS: dict[str, str] = {
+    Reason.PROMOTED: "promoted",
+    Reason.ROLLED_BACK: "rolled_back",
+    Reason.EVAL_GATES_FAILED: "rejected",
+    Reason.CYCLE_FAILED: "failed",
+    Reason.INSUFFICIENT_DATA: "insufficient_data",
 }
 # A Checkpoint that becomes Promoted without being promoted: the base model's first status
 # (it serves), the parent that serves again after a manual rollback.
-SERVING_WITHOUT_PROMOTION = frozenset({"Serving", "ServingAgain"})
+SERVING_WITHOUT_PROMOTION = frozenset({Reason.SERVING, Reason.SERVING_AGAIN})
 _JOB_FAILURE = re.compile(r"^(Stage|Train|Eval|Analyze)(Retrying|Failed)$")
 _ACTION_NAMES: dict[type, str] = {
     Create: "create",
@@ -120,7 +123,9 @@ def observe_plan(
             result = RESULTS.get(action.reason)
             # a serving checkpoint rolled back by hand is no cycle ending: its cycle was
             # counted when it was promoted (only a canary's rollback completes a cycle)
-            if action.reason == "RolledBack" and "CycleCompleted" not in action.notify:
+            if action.reason == Reason.ROLLED_BACK and (
+                NotificationEvent.CYCLE_COMPLETED not in action.notify
+            ):
                 result = None
             if result:
                 CYCLES.labels(namespace, rlcycle_name, result).inc()
@@ -130,7 +135,7 @@ def observe_plan(
         elif (
             isinstance(action, PatchStatus)
             and action.kind == "Checkpoint"
-            and action.status.get("phase") == "Promoted"
+            and action.status.get("phase") == CheckpointPhase.PROMOTED
             and action.status.get("reason") not in SERVING_WITHOUT_PROMOTION
         ):
             LAST_PROMOTION_AGE.labels(namespace, rlcycle_name).set_function(_age_since(clock))

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.api.checkpoint import Verdict
 from ..core.api.names import LABEL_RLCYCLE
 from ..core.api.rlcycle import RLCyclePhase
 from ..planning.timeutil import parse_time
@@ -252,7 +253,7 @@ def _checkpoint(
 
 def _eval(out: _Families, summary: Mapping[str, Any], ident: list[str]) -> None:
     if summary.get("verdict"):
-        out.add("rtrl_eval_passed", ident, 1.0 if summary["verdict"] == "Passed" else 0.0)
+        out.add("rtrl_eval_passed", ident, 1.0 if summary["verdict"] == Verdict.PASSED else 0.0)
     # The CRD requires every number of a GateResult (and of a MetricComparison, below):
     # indexing them reports what the status says, and a malformed one fails the scrape
     # loudly rather than reading as a 0.

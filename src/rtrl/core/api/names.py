@@ -4,7 +4,9 @@ is still running. The operator, the kubectl plugin and the demo all read them fr
 
 from __future__ import annotations
 
+from .checkpoint import CheckpointPhase
 from .common import API_VERSION, GROUP, VERSION
+from .rlcycle import RLCyclePhase
 
 __all__ = [
     "ANNOTATION_APPROVE",
@@ -74,10 +76,27 @@ ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 LABEL_SEAL = f"{GROUP}/seal"
 
 # The Checkpoint phase while each Job step runs.
-STEP_PHASE = {"stage": "Staging", "train": "Training", "eval": "Evaluating"}
+STEP_PHASE = {
+    "stage": CheckpointPhase.STAGING,
+    "train": CheckpointPhase.TRAINING,
+    "eval": CheckpointPhase.EVALUATING,
+}
 # Checkpoint phases of a cycle still running (None: not yet written).
-RUNNING_PHASES = frozenset(
-    {None, "Pending", "Staging", "Training", "Evaluating", "Evaluated", "Canary"}
+RUNNING_PHASES: frozenset[CheckpointPhase | None] = frozenset(
+    {
+        None,
+        CheckpointPhase.PENDING,
+        CheckpointPhase.STAGING,
+        CheckpointPhase.TRAINING,
+        CheckpointPhase.EVALUATING,
+        CheckpointPhase.EVALUATED,
+        CheckpointPhase.CANARY,
+    }
 )
 # RLCycle phases before a canary: a rollback or a pin cancels the running cycle at once.
-PRE_CANARY_PHASES = ("Pending", "Staging", "Training", "Evaluating")
+PRE_CANARY_PHASES = (
+    RLCyclePhase.PENDING,
+    RLCyclePhase.STAGING,
+    RLCyclePhase.TRAINING,
+    RLCyclePhase.EVALUATING,
+)

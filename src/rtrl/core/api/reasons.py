@@ -139,6 +139,9 @@ class JobCondition(StrEnum):
 
     COMPLETE = "Complete"
     FAILED = "Failed"
+    # set before Complete / Failed while the Job's pods terminate (Kubernetes 1.31+)
+    SUCCESS_CRITERIA_MET = "SuccessCriteriaMet"
+    FAILURE_TARGET = "FailureTarget"
 
 
 class PodPhase(StrEnum):

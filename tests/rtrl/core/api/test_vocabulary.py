@@ -36,8 +36,32 @@ WORDS = {m.value: type(m).__name__ for v in VOCABULARIES for m in v}
 
 # (module relative to src/, word): the same letters meaning something else, and why.
 ALLOWED: dict[tuple[str, str], str] = {
+    # rtrl/planning
     ("rtrl/planning/conditions.py", "Unknown"): "a metav1.Condition's status (True, False, "
     "Unknown), not a pod's phase",
+    # outside rtrl/planning
+    ("rtrl/core/api/__init__.py", "Serving"): "a printer column's heading",
+    ("rtrl/core/api/__init__.py", "Canary"): "a printer column's heading (the canary weight)",
+    ("rtrl/core/store/s3errors.py", "Unknown"): "S3's error code when the error has none",
+    ("rtrl/kubectl_plugin/commands.py", "promote"): "the kubectl rtrl verb",
+    ("rtrl/kubectl_plugin/commands.py", "rollback"): "the kubectl rtrl verb",
+    ("rtrl/kubectl_plugin/parser.py", "rollback"): "the kubectl rtrl verb",
+    ("rtrl/kubectl_plugin/render.py", "Training"): "a heading: status.training's numbers",
+    ("rtrl/kubectl_plugin/render.py", "Serving"): "a heading: status.serving",
+    ("rtrl/kubectl_plugin/render.py", "Suspended"): "a heading: spec.suspend",
+    ("rtrl/kubectl_plugin/render.py", "Pinned"): "a heading: spec.pin",
+    ("rtrl/kubectl_plugin/render.py", "promote"): "the verb in the annotation rtrl.io/promote",
+    ("rtrl/kubectl_plugin/render.py", "rollback"): "the verb in the annotation rtrl.io/rollback",
+    ("rtrl/kubectl_plugin/view.py", "Suspended"): "a Job's state: its spec.suspend",
+    ("rtrl/kubectl_plugin/view.py", "Ready"): "a Deployment's state: its replicas ready",
+    ("rtrl/kubectl_plugin/view.py", "Progressing"): "a Deployment's state: rolling out",
+    ("rtrl_demo/report.py", "Training"): "a section's title",
+    ("rtrl_demo/scenario.py", "inconclusive"): "the field spec.rollout.analysis.inconclusive",
+    ("rtrl_localkube/emulator_state.py", "Invalid"): "a Kubernetes Status reason (HTTP 422)",
+    ("rtrl_localkube/node.py", "Ready"): "a Node's condition type",
+    ("rtrl_localkube/podlife.py", "Ready"): "a Pod's condition type",
+    ("rtrl_trainer/analyze/rule.py", "inconclusive"): "a metric's verdict, not the cause",
+    ("rtrl_trainer/analyze/rule.py", "guardrail"): "a metric's kind (goal or guardrail)",
 }
 
 
