@@ -151,4 +151,3 @@ class PodPhase(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
-    UNKNOWN = "Unknown"

@@ -36,13 +36,9 @@ WORDS = {m.value: type(m).__name__ for v in VOCABULARIES for m in v}
 
 # (module relative to src/, word): the same letters meaning something else, and why.
 ALLOWED: dict[tuple[str, str], str] = {
-    # rtrl/planning
-    ("rtrl/planning/conditions.py", "Unknown"): "a metav1.Condition's status (True, False, "
-    "Unknown), not a pod's phase",
     # outside rtrl/planning
     ("rtrl/core/api/__init__.py", "Serving"): "a printer column's heading",
     ("rtrl/core/api/__init__.py", "Canary"): "a printer column's heading (the canary weight)",
-    ("rtrl/core/store/s3errors.py", "Unknown"): "S3's error code when the error has none",
     ("rtrl/kubectl_plugin/commands.py", "promote"): "the kubectl rtrl verb",
     ("rtrl/kubectl_plugin/commands.py", "rollback"): "the kubectl rtrl verb",
     ("rtrl/kubectl_plugin/parser.py", "rollback"): "the kubectl rtrl verb",
