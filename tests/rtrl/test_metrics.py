@@ -10,7 +10,8 @@ from datetime import timedelta
 
 from prometheus_client import REGISTRY, generate_latest
 
-from rtrl.core.api.rlcycle import RLCyclePhase
+from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
+from rtrl.core.results.evaluation import EvalFailure
 from rtrl.logs import JsonFormatter
 from rtrl.metrics import SERIES, observe_plan, reconcile_failed, set_object_source
 from rtrl.planning import plan
@@ -71,11 +72,20 @@ def test_failures_and_rejections() -> None:
     assert value("rtrl_cycles_total", rlcycle=rlc, result="failed") == 1.0
     # The phase was already Training when first seen: its start is unknown, nothing observed.
     assert value("rtrl_phase_duration_seconds_count", rlcycle=rlc, phase="Training") == 0.0
+    # A rejection, as the planner emits it: the eval's reason, the EvalRejected notification.
+    rejected = (NotificationEvent.EVAL_REJECTED,)
     observe_plan(rlc, NS, {"phase": "Evaluating"}, {"phase": "Idle"}, [
-        Emit("Checkpoint", f"{rlc}-4", "EvalGatesFailed", "regressed", warning=True),
+        Emit("Checkpoint", f"{rlc}-4", EvalFailure.GATES_FAILED, "regressed", warning=True,
+             notify=rejected),
         Emit("RLCycle", rlc, "CycleCompleted", "rejected", warning=True),
     ])  # fmt: skip
     assert value("rtrl_cycles_total", rlcycle=rlc, result="rejected") == 1.0
+    # Every reason a rejection can have counts (SandboxUnsafe: the code suites not scored).
+    observe_plan(rlc, NS, {"phase": "Evaluating"}, {"phase": "Idle"}, [
+        Emit("Checkpoint", f"{rlc}-5", EvalFailure.SANDBOX_UNSAFE, "no sandbox", warning=True,
+             notify=rejected),
+    ])  # fmt: skip
+    assert value("rtrl_cycles_total", rlcycle=rlc, result="rejected") == 2.0
 
 
 def test_json_logs_carry_the_rlcycle_and_checkpoint() -> None:

@@ -31,7 +31,6 @@ numbers (``rtrl_ab_*``). :data:`SERIES` lists them; docs/monitoring.md is the us
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -71,18 +70,26 @@ LAST_PROMOTION_AGE = Gauge(
     ["namespace", "rlcycle"],
 )
 
-# Event reason -> cycle result.
+# Event reason -> cycle result. A rejection is told by its EvalRejected notification, not
+# its reason: the Checkpoint's reason is the eval's (EvalGatesFailed, SandboxUnsafe, ...).
 RESULTS: dict[str, str] = {
     Reason.PROMOTED: "promoted",
     Reason.ROLLED_BACK: "rolled_back",
-    Reason.EVAL_GATES_FAILED: "rejected",
     Reason.CYCLE_FAILED: "failed",
     Reason.INSUFFICIENT_DATA: "insufficient_data",
 }
 # A Checkpoint that becomes Promoted without being promoted: the base model's first status
 # (it serves), the parent that serves again after a manual rollback.
 SERVING_WITHOUT_PROMOTION = frozenset({Reason.SERVING, Reason.SERVING_AGAIN})
-_JOB_FAILURE = re.compile(r"^(Stage|Train|Eval|Analyze)(Retrying|Failed)$")
+# A step Job's failure (retried or final) -> the step label of rtrl_job_failures_total.
+JOB_FAILURE_STEP: dict[str, str] = {
+    Reason.STAGE_RETRYING: "stage",
+    Reason.STAGE_FAILED: "stage",
+    Reason.TRAIN_RETRYING: "train",
+    Reason.TRAIN_FAILED: "train",
+    Reason.EVAL_RETRYING: "eval",
+    Reason.EVAL_FAILED: "eval",
+}
 _ACTION_NAMES: dict[type, str] = {
     Create: "create",
     Delete: "delete",
@@ -121,6 +128,8 @@ def observe_plan(
         if isinstance(action, Emit):
             EVENTS.labels(namespace, action.reason, "Warning" if action.warning else "Normal").inc()
             result = RESULTS.get(action.reason)
+            if NotificationEvent.EVAL_REJECTED in action.notify:
+                result = "rejected"
             # a serving checkpoint rolled back by hand is no cycle ending: its cycle was
             # counted when it was promoted (only a canary's rollback completes a cycle)
             if action.reason == Reason.ROLLED_BACK and (
@@ -129,9 +138,9 @@ def observe_plan(
                 result = None
             if result:
                 CYCLES.labels(namespace, rlcycle_name, result).inc()
-            failure = _JOB_FAILURE.match(action.reason)
-            if failure:
-                JOB_FAILURES.labels(namespace, rlcycle_name, failure.group(1).lower()).inc()
+            step = JOB_FAILURE_STEP.get(action.reason)
+            if step:
+                JOB_FAILURES.labels(namespace, rlcycle_name, step).inc()
         elif (
             isinstance(action, PatchStatus)
             and action.kind == "Checkpoint"

@@ -31,7 +31,9 @@ class ConditionType(StrEnum):
 
 
 class Reason(StrEnum):
-    """Every reason of a condition, a Checkpoint's status or an Event that rtrl writes."""
+    """Every reason of a condition, a Checkpoint's status or an Event that rtrl writes, but
+    a rejected candidate's: that is the eval's ``EvalFailure`` (``EvalGatesFailed``,
+    ``SandboxUnsafe``; rtrl/core/results/evaluation.py), read from its eval.json."""
 
     # a cycle and its steps
     CYCLE_STARTED = "CycleStarted"
@@ -54,11 +56,7 @@ class Reason(StrEnum):
     EVAL_RETRYING = "EvalRetrying"
     EVAL_FAILED = "EvalFailed"
     EVAL_PASSED = "EvalPassed"
-    EVAL_GATES_FAILED = "EvalGatesFailed"
-    EVAL_REJECTED = "EvalRejected"
     ANALYSIS_STARTED = "AnalysisStarted"
-    ANALYSIS_RETRYING = "AnalysisRetrying"
-    ANALYSIS_FAILED = "AnalysisFailed"
     ANALYSIS_CONTINUE = "AnalysisContinue"
     ANALYSIS_PROMOTE = "AnalysisPromote"
     ANALYSIS_ROLLBACK = "AnalysisRollback"
@@ -77,7 +75,6 @@ class Reason(StrEnum):
     APPROVED = "Approved"
     APPROVAL_IGNORED = "ApprovalIgnored"
     RELEASED = "Released"
-    GUARDRAIL_TRIPPED = "GuardrailTripped"
     PROMOTED = "Promoted"
     ROLLED_BACK = "RolledBack"
     SUPERSEDED = "Superseded"
