@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import subprocess
 import threading
 import urllib.error
@@ -51,6 +52,8 @@ class Node(Protocol):
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None: ...
 
     def _outcome(self, pod: dict[str, Any]) -> Outcome: ...
+
+    def _guard(self, target: Callable[[], None]) -> Callable[[], None]: ...
 
 
 def workload_names(pod: dict[str, Any]) -> list[str]:
@@ -159,7 +162,9 @@ class PodLife:
             return
         self.report(PodPhase.PENDING)
         threads = [
-            threading.Thread(target=self.container_loop, args=(c,), daemon=True)
+            threading.Thread(
+                target=self.kubelet._guard(functools.partial(self.container_loop, c)), daemon=True
+            )
             for c in self.containers
         ]
         for thread in threads:
@@ -168,7 +173,8 @@ class PodLife:
             thread.join()
         if self.worker.cancel.is_set():
             return
-        codes = [s["terminated"]["exitCode"] for s in self.states.values()]
+        # a container whose loop failed (in the kubelet's errors) has no termination: failed
+        codes = [s.get("terminated", {}).get("exitCode", 1) for s in self.states.values()]
         self.report(PodPhase.SUCCEEDED if all(code == 0 for code in codes) else PodPhase.FAILED)
 
     def container_loop(self, container: dict[str, Any]) -> None:
@@ -231,7 +237,12 @@ class PodLife:
         if isinstance(outcome, Succeed):
             running()
             if outcome.before is not None:
-                outcome.before(self.owner_job() or self.pod)
+                try:
+                    outcome.before(self.owner_job() or self.pod)
+                except Exception as exc:
+                    # the script is the container's process: its failure is the pod's, as a
+                    # real kubelet reports a process that crashed
+                    return Termination(1, "Error", f"{type(exc).__name__}: {exc}")
             return Termination(0, "Completed")
         if isinstance(outcome, Fail):
             running()

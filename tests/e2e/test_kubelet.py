@@ -12,7 +12,7 @@ import pytest
 
 from rtrl_localkube.api import KubeAPI
 from rtrl_localkube.kubelet import Kubelet
-from rtrl_localkube.outcomes import Fail
+from rtrl_localkube.outcomes import Fail, Succeed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -186,6 +186,30 @@ def test_scripted_failure_and_deletion_stop_pods(kube: KubeAPI, node: Kubelet) -
     # the garbage collector deletes the pod; the kubelet stops it and confirms the deletion
     kube.wait_for(lambda: kube.get("batch/v1", "Job", "sleeper") is None, timeout=60)
     assert kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "sleeper"}) == []
+
+
+def test_a_script_that_raises_fails_its_container_not_the_kubelet(
+    kube: KubeAPI, node: Kubelet
+) -> None:
+    """A scripted step whose ``before`` raises (its test's store already gone, as when a pod of
+    an ended test runs late) is a container that failed, as a real kubelet reports a process
+    that crashed: the Job fails with the error, and the kubelet goes on; before, the
+    container's thread died, the pod never ended and the session's teardown failed."""
+
+    def broken(_: dict[str, Any]) -> None:
+        raise ConnectionRefusedError("the test's store is gone")
+
+    node.script("broken", Succeed(before=broken))
+    errors_before = len(node.errors)
+    kube.create(job("broken", "print('never runs')"))
+    failed = kube.wait_for(lambda: condition(kube.get("batch/v1", "Job", "broken"), "Failed"),
+                           timeout=60)  # fmt: skip
+    assert failed["reason"] == "BackoffLimitExceeded"
+    (pod,) = kube.list("v1", "Pod", labels={"batch.kubernetes.io/job-name": "broken"})
+    ended = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert ended["exitCode"] == 1 and ended["reason"] == "Error"
+    assert "ConnectionRefusedError: the test's store is gone" in ended["message"]
+    assert len(node.errors) == errors_before
 
 
 def test_a_deployment_becomes_available(kube: KubeAPI, node: Kubelet) -> None:
