@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from ..core.api.checkpoint import CheckpointPhase
-from ..core.api.names import RUNNING_PHASES
+from ..core.api.names import CYCLE_PHASES, RUNNING_PHASES
 from ..core.api.rlcycle import RLCyclePhase
 from ..kube.client import KubeError
 from ..phasestyle import ansi
@@ -49,14 +49,7 @@ OUTCOMES = {
     CheckpointPhase.SUPERSEDED,
 }
 # A cycle's way through: a phase before the one seen was passed even if no look caught it.
-PIPELINE = (
-    CheckpointPhase.PENDING,
-    CheckpointPhase.STAGING,
-    CheckpointPhase.TRAINING,
-    CheckpointPhase.EVALUATING,
-    CheckpointPhase.EVALUATED,
-    CheckpointPhase.CANARY,
-)
+PIPELINE = CYCLE_PHASES
 PASSED: dict[str, CheckpointPhase] = {
     CheckpointPhase.PROMOTED: CheckpointPhase.CANARY,
     CheckpointPhase.ROLLED_BACK: CheckpointPhase.CANARY,

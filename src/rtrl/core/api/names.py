@@ -19,6 +19,7 @@ __all__ = [
     "ANNOTATION_STARTED",
     "ANNOTATION_TRIGGER",
     "API_VERSION",
+    "CYCLE_PHASES",
     "FINALIZER",
     "FINALIZER_RESTORE_TRAFFIC",
     "GROUP",
@@ -81,18 +82,17 @@ STEP_PHASE = {
     "train": CheckpointPhase.TRAINING,
     "eval": CheckpointPhase.EVALUATING,
 }
-# Checkpoint phases of a cycle still running (None: not yet written).
-RUNNING_PHASES: frozenset[CheckpointPhase | None] = frozenset(
-    {
-        None,
-        CheckpointPhase.PENDING,
-        CheckpointPhase.STAGING,
-        CheckpointPhase.TRAINING,
-        CheckpointPhase.EVALUATING,
-        CheckpointPhase.EVALUATED,
-        CheckpointPhase.CANARY,
-    }
+# A cycle's Checkpoint phases in order, until its decision.
+CYCLE_PHASES = (
+    CheckpointPhase.PENDING,
+    CheckpointPhase.STAGING,
+    CheckpointPhase.TRAINING,
+    CheckpointPhase.EVALUATING,
+    CheckpointPhase.EVALUATED,
+    CheckpointPhase.CANARY,
 )
+# Checkpoint phases of a cycle still running (None: not yet written).
+RUNNING_PHASES: frozenset[CheckpointPhase | None] = frozenset({None, *CYCLE_PHASES})
 # RLCycle phases before a canary: a rollback or a pin cancels the running cycle at once.
 PRE_CANARY_PHASES = (
     RLCyclePhase.PENDING,
