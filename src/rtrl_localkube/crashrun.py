@@ -69,6 +69,9 @@ class CrashSweep:
     target: str = "composer-vllm"
     env: Mapping[str, str] = field(default_factory=dict)
     sweeping: bool = False  # kill after each run's first write
+    # Turns the sweep on at the first write it holds for, killing after that write: a sweep
+    # that starts at a write, not at a moment a poll saw (a poll races the writes after it).
+    sweep_from: Callable[[Write], bool] | None = None
     child: Child | None = None
     runs: int = 0
     kills: list[Write] = field(default_factory=list)
@@ -135,6 +138,10 @@ class CrashSweep:
         # saw this write's effect could disarm between them, find the operator alive and
         # then wait for rounds from a process killed just after.)
         with self._lock:
+            if self.sweep_from is not None and self.sweep_from(write):
+                self.sweep_from = None
+                self.sweeping = self._armed = True
+                again = False
             fire = self._armed and not again
             self._armed = self._armed and not fire
             if fire:

@@ -147,6 +147,12 @@ def test_deleted_mid_canary_with_the_gateway_api(
         kube_api.delete(RTRL, "RLCycle", "composer")
 
     routed = Step(canary_refs, delete)
+    # From the write that creates the canary Service (the canary's first object, in the round
+    # that then creates its Deployment, puts the finalizer on and weights the route): each of
+    # those writes is a kill point, whatever a poll would have seen when.
+    sweep.sweep_from = lambda w: (
+        w.method == "POST" and w.path.endswith("/services") and w.name == "composer-canary"
+    )
 
     def done() -> bool:
         # the Service first: once gone it never comes back, so a route read after it that
@@ -157,7 +163,7 @@ def test_deleted_mid_canary_with_the_gateway_api(
             return False
         return not exists(kube_api, "RLCycle", "composer") and service is None
 
-    sweep.run(done, steps=[sweep_from_the_canary(sweep), routed], timeout=180)
+    sweep.run(done, steps=[routed], timeout=180)
     sweep.settle(rounds=False)
     assert not canary_refs()
     assert not exists(kube_api, "Deployment", CANARY)
