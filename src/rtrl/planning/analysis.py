@@ -5,7 +5,7 @@ decides when to run them and what their verdicts mean."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from rtrl.core.api.checkpoint import RolloutRecord
@@ -17,7 +17,7 @@ from .manifests import canary as cn
 from .manifests.jobs import CONFIG_FILE, CONFIG_MOUNT
 from .manifests.names import step_out
 from .reading import meta, step_jobs
-from .records import Record, read_records
+from .records import Record
 from .round import Round
 from .timeutil import iso
 
@@ -48,11 +48,11 @@ def analysis_due(
     return due
 
 
-def step_args(r: Round, ck: dict[str, Any], share: float) -> list[str]:
-    """``--step START=SHARE`` for every step so far: the analysis stratifies by step and its
-    sample-ratio test spans them all. Earlier steps' shares are what their weights give
-    with today's stable replicas (the current step's is the share just reached)."""
-    records = read_records(ck)
+def share_args(r: Round, records: list[Record], share: float) -> list[str]:
+    """``--step START=SHARE`` for every step so far (``records``: the canary's, as the
+    round read them): the analysis stratifies by step and its sample-ratio test spans them
+    all. Earlier steps' shares are what their weights give with today's stable replicas
+    (the current step's is the share just reached)."""
     if not records:
         return [f"--weight-since={iso(r.now)}"]
     args = []
@@ -85,6 +85,7 @@ def lineage(r: Round, name: str, limit: int = 20) -> list[str]:
 def analyze_args(
     r: Round,
     ck: dict[str, Any],
+    records: list[Record],
     analysis: str,
     *,
     share: float,
@@ -101,7 +102,7 @@ def analyze_args(
         f"--out={step_out(ck['spec']['uri'], analysis)}",
         f"--canary-weight={share:.2f}",
         f"--since={iso(since)}",
-        *step_args(r, ck, share),
+        *share_args(r, records, share),
         *[f"--pre-exposure-from={a}" for a in lineage(r, str(baseline))],
         f"--config={CONFIG_MOUNT}/{CONFIG_FILE}",
         f"--now={iso(r.now)}",
@@ -128,13 +129,3 @@ def record_verdict(record: RolloutRecord, result: AnalysisResult) -> None:
     record.baseline_samples = result.baseline_samples
     record.canary_samples = result.canary_samples
     record.metrics = [m.to_status() for m in result.metrics][:64] or None
-
-
-VERDICT_FIELDS = {"decision", "reason", "baseline_samples", "canary_samples", "metrics"}
-
-
-def record_fields(result: AnalysisResult) -> dict[str, Any]:
-    """:func:`record_verdict`'s fields as a record writes them (camelCase)."""
-    record = RolloutRecord(weight=0, started_at=datetime.fromtimestamp(0, UTC))
-    record_verdict(record, result)
-    return record.model_dump(mode="json", by_alias=True, include=VERDICT_FIELDS, exclude_none=True)

@@ -192,7 +192,9 @@ def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
             ck,
             analysis,
             0,
-            analyze_args(r, ck, analysis, share=share, since=counted_from, max_reached=max_reached),
+            analyze_args(
+                r, ck, records, analysis, share=share, since=counted_from, max_reached=max_reached
+            ),
         )
         return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: analysing")
     job = jobs[-1]
@@ -200,7 +202,9 @@ def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
         return r.finish(RLCyclePhase.CANARY, f"{name} at {share:.0f}%: analysing ({job.name})")
     if job.failed:
         if job.attempt < r.spec.jobs.backoff_limit:
-            args = analyze_args(r, ck, analysis, share=share, since=counted_from, max_reached=False)
+            args = analyze_args(
+                r, ck, records, analysis, share=share, since=counted_from, max_reached=False
+            )
             create_step(r, ck, analysis, job.attempt + 1, args)
             return r.finish(RLCyclePhase.CANARY, f"{name}: retrying the analysis")
         return decide(

@@ -5,11 +5,13 @@ field named; a step cannot write a key the contract does not name."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rtrl.core.api.checkpoint import RolloutRecord
 from rtrl.core.results import (
     RESULTS,
     AnalysisResult,
@@ -20,7 +22,7 @@ from rtrl.core.results import (
     StageResult,
     TrainResult,
 )
-from rtrl.planning.analysis import read_verdict, record_fields
+from rtrl.planning.analysis import read_verdict, record_verdict
 from rtrl.planning.cycle import eval_summary
 from rtrl.planning.stage_result import data_summary
 
@@ -66,7 +68,11 @@ def test_an_analysis_json_of_main_reads_to_the_same_record_and_its_cause() -> No
     raw = _load("analysis.json")
     assert "version" not in raw and "cause" not in raw
     doc = read_verdict(raw)
-    assert record_fields(doc) == MAIN["analysis.json"]["verdict"]
+    record = RolloutRecord(weight=10, started_at=datetime(2026, 12, 1, tzinfo=UTC))
+    record_verdict(record, doc)
+    verdict = record.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
+    del verdict["weight"], verdict["startedAt"]  # the step's, set above
+    assert verdict == MAIN["analysis.json"]["verdict"]
     assert doc.guardrail_tripped == MAIN["analysis.json"]["tripped"] is True
     assert doc.cause is not None and doc.cause.kind == CauseKind.GUARDRAIL
     assert doc.cause.metrics == ["edit_rate", "clarification_rate"]
