@@ -89,3 +89,76 @@ WEATHER = {
         },
     },
 }
+
+
+# --- streams whose engine steps were merged ----------------------------------------------
+# When vLLM's API server falls behind its engine it sends the tokens of several steps as one
+# chunk (their texts joined, their token ids and log-probs lists joined), at random. Two runs
+# of one seeded request then differ only in where their chunks were cut: a proxy that changes
+# a byte differs in something else too, which these two helpers still see.
+
+_TEXT = re.compile(rb'"(content|text|arguments)":"(?:[^"\\]|\\.)*"')
+_LISTS = re.compile(rb'"(token_ids|logprobs)":(\[[^\]]*\]|\{.*?\]\}(?=,"finish_reason"))')
+# the last step's tokens may ride in the finishing chunk, whose delta is otherwise empty
+_LAST = re.compile(rb'"delta":\{"content":""\}(?=,"logprobs":(null|\[\]),"finish_reason":"\w+")')
+
+
+def chunk_shape(event: bytes) -> bytes:
+    """An event's bytes with its step's payload (the text, token ids, log-probs) blanked:
+    what a chunk of one step and a chunk of several merged steps share, byte for byte."""
+    blank = _LISTS.sub(rb'"\1":[]', _TEXT.sub(rb'"\1":""', normalise(event)))
+    return _LAST.sub(rb'"delta":{}', blank)
+
+
+def _step_delta(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """The part of a choice that merging joins, or None if the chunk is not one step's
+    output (a role, a new tool call, a usage chunk)."""
+    delta = choice.get("delta")
+    if delta is None:
+        return choice if "text" in choice else None  # /v1/completions
+    calls = delta.get("tool_calls")
+    if set(delta) <= {"content"}:
+        return delta
+    if set(delta) == {"tool_calls"} and len(calls) == 1 and set(calls[0]) == {"index", "function"}:
+        return delta if set(calls[0]["function"]) == {"arguments"} else None
+    return None
+
+
+def _join(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, str) and isinstance(b, str):
+        return a + b
+    if isinstance(a, list) and isinstance(b, list):
+        return a + b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _join(a.get(k), b.get(k)) if k in a and k in b else b.get(k, a.get(k))
+                for k in {**a, **b}}  # fmt: skip
+    return b
+
+
+def merged_steps(events: list[bytes]) -> list[Any]:
+    """One choice's events (as :func:`per_choice` gives them), parsed, with every run of
+    consecutive one-step chunks joined into one: texts and tool-call arguments concatenated,
+    token ids and log-probs lists concatenated, the rest (finish_reason, ...) the last's."""
+    out: list[Any] = []
+    joinable = False
+    for event in events:
+        if not event.startswith(b"data: {"):
+            out.append(event)
+            joinable = False
+            continue
+        doc = json.loads(normalise(event)[6:])
+        choice = doc["choices"][0] if len(doc.get("choices") or []) == 1 else None
+        step = choice is not None and _step_delta(choice) is not None
+        if step and joinable:
+            previous = out[-1]["choices"][0]
+            doc["choices"][0] = {
+                key: _join(previous.get(key), choice.get(key)) if key != "finish_reason"
+                else choice.get(key) for key in {**previous, **choice}
+            }  # fmt: skip
+            out[-1] = doc
+        else:
+            out.append(doc)
+        joinable = step and choice.get("finish_reason") is None
+    return out
