@@ -52,6 +52,7 @@ from .cache import ObjectCache
 from .cached_client import CachingClient
 from .client import KubeClient, KubeError
 from .deletion import give_back
+from .heap import keep_trimmed
 from .observe import observe
 from .webhooks import NOTIFIER, confirm
 
@@ -150,6 +151,7 @@ def start(settings: Settings) -> None:
     NOTIFIER.reset()
     NOTIFIER.policy = settings.policy
     set_object_source(lambda kind: Process.cache.list(kind, None))
+    keep_trimmed()  # what kopf's listings allocated and freed goes back to the OS
     # The reconcile rounds run in threads next to kopf's event loop; when the loop is busy
     # (kopf works through each watch event in Python), a round waiting for the GIL would
     # wait up to the default 5 ms switch interval.
