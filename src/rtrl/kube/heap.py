@@ -16,6 +16,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger("rtrl.operator")
@@ -51,7 +52,7 @@ def keep_trimmed(interval: float = TRIM_SECONDS) -> None:
 
     def loop() -> None:
         while True:
-            threading.Event().wait(interval)
+            time.sleep(interval)
             try:
                 trim()
             except Exception:  # never the operator's end: only memory not given back

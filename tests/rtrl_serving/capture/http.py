@@ -110,18 +110,17 @@ def chunk_shape(event: bytes) -> bytes:
     return _LAST.sub(rb'"delta":{}', blank)
 
 
-def _step_delta(choice: dict[str, Any]) -> dict[str, Any] | None:
-    """The part of a choice that merging joins, or None if the chunk is not one step's
-    output (a role, a new tool call, a usage chunk)."""
+def _one_step(choice: dict[str, Any]) -> bool:
+    """Whether a chunk is one step's output that merging may join (text, content or a tool
+    call's arguments), not a role, a new tool call or a usage chunk."""
     delta = choice.get("delta")
     if delta is None:
-        return choice if "text" in choice else None  # /v1/completions
-    calls = delta.get("tool_calls")
+        return "text" in choice  # /v1/completions
     if set(delta) <= {"content"}:
-        return delta
-    if set(delta) == {"tool_calls"} and len(calls) == 1 and set(calls[0]) == {"index", "function"}:
-        return delta if set(calls[0]["function"]) == {"arguments"} else None
-    return None
+        return True
+    calls = delta.get("tool_calls") or []
+    return set(delta) == {"tool_calls"} and len(calls) == 1 and set(calls[0]) == {
+        "index", "function"} and set(calls[0]["function"]) == {"arguments"}  # fmt: skip
 
 
 def _join(a: Any, b: Any) -> Any:
@@ -150,7 +149,7 @@ def merged_steps(events: list[bytes]) -> list[Any]:
             continue
         doc = json.loads(normalise(event)[6:])
         choice = doc["choices"][0] if len(doc.get("choices") or []) == 1 else None
-        step = choice is not None and _step_delta(choice) is not None
+        step = choice is not None and _one_step(choice)
         if step and joinable:
             previous = out[-1]["choices"][0]
             doc["choices"][0] = {

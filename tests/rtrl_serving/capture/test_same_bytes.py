@@ -104,10 +104,10 @@ def _compare_stream(engine: VllmEngine, capture: Capture, path: str, body: dict[
         assert proxied.status == direct.status == 200, proxied.body[:500]
         assert proxied.headers["content-type"] == direct.headers["content-type"]
         assert proxied.ids, "no X-Rtrl-Interaction-Id"
-        if per_choice(proxied.body) == per_choice(direct.body):
+        ours, theirs = per_choice(proxied.body), per_choice(direct.body)
+        if ours == theirs:
             return
-        shapes |= {chunk_shape(e) for events in per_choice(direct.body).values() for e in events}
-    ours, theirs = per_choice(proxied.body), per_choice(direct.body)
+        shapes |= {chunk_shape(e) for events in theirs.values() for e in events}
     assert {i: merged_steps(e) for i, e in ours.items()} == {
         i: merged_steps(e) for i, e in theirs.items()
     }
