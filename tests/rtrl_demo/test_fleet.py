@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from rtrl_demo.fleet import SERVE, ServingFleet
 
@@ -28,7 +29,24 @@ def events(root: Path, kind: str) -> list[dict[str, object]]:
     for path in files:
         for row in pq.read_table(path).to_pylist():
             out.append({k: v for k, v in row.items() if k not in varying})
-    return sorted(out, key=repr)
+    return sorted(out, key=lambda r: repr({k: v for k, v in r.items() if k not in FLOATS}))
+
+
+# Log-probs are compared to a few float32 ulps: the engine batches whatever requests arrive
+# while a batch runs, so a request's batch differs between runs, and a matmul over another
+# batch shape sums in another order (CI saw -5.580204010 against -5.580203533). The tokens,
+# sampled by each request's own seeded generator, must still be the same.
+FLOATS = {"completion_logprobs"}
+
+
+def assert_same_events(got: list[dict[str, object]], want: list[dict[str, object]]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert {k: v for k, v in a.items() if k not in FLOATS} == {
+            k: v for k, v in b.items() if k not in FLOATS
+        }
+        for k in FLOATS & a.keys():
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
 
 
 def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> None:
@@ -56,7 +74,7 @@ def test_ticks_served_by_the_fleet_equal_a_process_per_tick(tmp_path: Path) -> N
     )
     assert alone.returncode == 0, alone.stderr
     for kind in ("generations", "feedback"):
-        assert events(tmp_path / "a", kind) == events(tmp_path / "c", kind), kind
+        assert_same_events(events(tmp_path / "a", kind), events(tmp_path / "c", kind))
     served = events(tmp_path / "a", "generations")
     assert {r["checkpoint_id"] for r in served} == {"demo-0"}
     assert all(r["checkpoint_verified"] and r["completion_logprobs"] for r in served)
