@@ -34,7 +34,9 @@ def test_a_seeded_row_is_sampled_the_same_in_any_batch(model: Any) -> None:
     sample(model, alone)
     crowd = rows([3, 7, 11], [1, 120, 10, 21]) + rows([5], [1, 130, 131, 12, 22])
     sample(model, crowd)
-    assert (crowd[1].tokens, crowd[1].logprobs) == (alone[0].tokens, alone[0].logprobs)
+    assert crowd[1].tokens == alone[0].tokens
+    # another batch shape may sum in another order: the same log-probs to float32 ulps
+    assert crowd[1].logprobs == pytest.approx(alone[0].logprobs, rel=1e-5, abs=1e-6)
     assert crowd[0].tokens != crowd[2].tokens or crowd[0].logprobs != crowd[2].logprobs
     for row in crowd:
         assert 1 <= len(row.tokens) <= 6 and len(row.logprobs) == len(row.tokens)
