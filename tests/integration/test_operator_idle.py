@@ -82,8 +82,8 @@ def test_an_idle_operator_sends_no_request_at_start_or_resync(
     assert all_idle(), [status(kube_api, "RLCycle", n) for n in RLCYCLES]
     assert reconciler_reads(kube_api.emulator.request_log, kube_api.namespace)
     # ... by name: no round lists a kind, as applying many RLCycles at once would make each
-    # list every Checkpoint of the namespace. Only kopf lists (and watches) them, and
-    # Deployments, which no round lists.
+    # list every Checkpoint of the namespace. Only the watches list them (kopf's, and the
+    # Checkpoints' informer), as they list Deployments, which no round lists.
     gets = collection_gets(kube_api.emulator.request_log, kube_api.namespace)
     for plural in ("checkpoints", "jobs", "services", "configmaps"):
         assert gets[plural] == gets["deployments"], gets

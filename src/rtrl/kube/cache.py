@@ -4,8 +4,8 @@ event decides without a request to the API server, and reads only its own object
 :class:`ObjectCache` holds, per kind, the newest version known of each object. Three
 sources feed it:
 
-- the watch streams (kopf's, through ``rtrl.handlers`` and ``rtrl.kube.watch``): every
-  event's object, and DELETED;
+- the watch streams (kopf's, through ``rtrl.handlers`` and ``rtrl.kube.watch``, and the
+  Checkpoints' own, ``rtrl.kube.informer``): every event's object, and DELETED;
 - the operator's own writes: the object a create or patch answers, and a delete's result;
 - live reads (a round that reads the cluster): every object listed or got, and the objects
   a list no longer contains.
@@ -27,7 +27,8 @@ A re-list by kopf brings what exists, not what was deleted meanwhile: the next r
 kind lists it all live first (:meth:`ObjectCache.relist`); nothing is re-read on a timer.
 
 What the cache does not know makes a round read live instead (:meth:`ObjectCache.usable`):
-before kopf has listed every cached kind (``mark_synced``), and for a kind of a namespace
+before kopf has listed every cached kind (``mark_synced``), Checkpoints of a namespace
+before their informer's first listing (``informed``), and for a kind of a namespace
 after a write whose outcome it could not record (a create that met an existing object, a
 JSON patch whose test failed: ``invalidate``) until a live read of that kind has refreshed
 it. Objects the cache does not hold (Pods, Secrets, HTTPRoutes) are always read live.
@@ -71,8 +72,12 @@ class ObjectCache:
     """The newest known version of each object of :data:`CACHED_KINDS`; thread-safe (fed on
     kopf's event loop, read by the reconcile threads)."""
 
-    def __init__(self, kinds: Iterable[str] = CACHED_KINDS) -> None:
+    def __init__(self, kinds: Iterable[str] = CACHED_KINDS, informed: Iterable[str] = ()) -> None:
         self.kinds = frozenset(kinds)
+        # kinds listed a namespace at a time (rtrl.kube.informer): usable in a namespace
+        # once its listing is in (``informed``)
+        self.informed_kinds = frozenset(informed)
+        self._informed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         # kind -> namespace -> name -> entry
         self._objects: dict[str, dict[str, dict[str, Entry]]] = {k: {} for k in self.kinds}
@@ -90,11 +95,17 @@ class ObjectCache:
         """kopf has listed every cached kind (its indexes are populated)."""
         self.synced = True
 
+    def informed(self, kind: str, namespace: str) -> None:
+        """The first listing of ``kind`` (one of ``informed``) in ``namespace`` is in."""
+        with self._lock:
+            self._informed.add((kind, namespace))
+
     def usable(self, kind: str, namespace: str) -> bool:
         """Whether a round may read ``kind`` in ``namespace`` from here."""
         return (
             kind in self.kinds
             and self.synced
+            and (kind not in self.informed_kinds or (kind, namespace) in self._informed)
             and (kind, namespace) not in self._invalid
             and (kind, namespace) not in self._relisted
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,6 +18,7 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from ..core.api.names import GROUP, VERSION
 from .index import Finder, ListFinder
@@ -64,6 +66,8 @@ FIELD_MANAGER = "rtrl"
 # (connect, read) seconds: a stalled API server fails a round, which is retried, instead of
 # hanging the RLCycle's reconciler forever.
 REQUEST_TIMEOUT = (10.0, 60.0)
+# A watch's read timeout beyond the seconds the server was asked to keep it open.
+WATCH_SLACK_SECONDS = 30
 
 
 class KubeError(Exception):
@@ -157,6 +161,51 @@ class KubeClient:
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
+        response = self._send(
+            method, url_path, body, query=query, content_type=content_type, timeout=REQUEST_TIMEOUT
+        )
+        data = response.data
+        return json.loads(data) if data else None
+
+    def watch(
+        self, kind: str, namespace: str, resource_version: str, seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """The watch events of ``kind`` in ``namespace`` since ``resource_version``, with
+        bookmarks, until the server ends the stream (after ``seconds``); each event as the
+        API sends it (``type``, ``object``), an ERROR event's object a Status."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(seconds),
+        }
+        timeout = (REQUEST_TIMEOUT[0], seconds + WATCH_SLACK_SECONDS)
+        response = self._send(
+            "GET", path(kind, namespace), None, query=query, content_type="", timeout=timeout,
+            stream=True,
+        )  # fmt: skip
+        try:
+            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
+                if line:
+                    yield json.loads(line)
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise KubeError(f"watch {path(kind, namespace)}: {exc}") from None
+        finally:
+            response.response.release_conn()
+
+    def _send(
+        self,
+        method: str,
+        url_path: str,
+        body: Any,
+        *,
+        query: dict[str, str] | None,
+        content_type: str,
+        timeout: tuple[float, float],
+        stream: bool = False,
+    ) -> Any:
+        """The answer to one request, read unless ``stream``; a KubeError for an answer
+        >= 400 or none."""
         if query:
             url_path = f"{url_path}?{urlencode(query)}"
         headers = {"Accept": "application/json"}
@@ -172,8 +221,9 @@ class KubeClient:
         self.requests += 1
         where = f"{method} {url_path.split('?')[0]}"
         try:
-            response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
-            response.read()  # type: ignore[no-untyped-call]
+            response = self.api.call_api(*params, _request_timeout=timeout)
+            if not stream or response.status >= 400:
+                response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise KubeError(f"{where}: HTTP {exc.status} {exc.reason}", exc.status or 0) from None
         except (OSError, urllib3.exceptions.HTTPError) as exc:  # unreachable, reset, timeout
@@ -182,16 +232,15 @@ class KubeClient:
             # A Status object; its message names the object, never a Secret's contents.
             reason = message = ""
             with contextlib.suppress(ValueError, AttributeError):
-                body = json.loads(response.data or b"{}")
-                reason, message = str(body.get("reason") or ""), str(body.get("message") or "")
+                answer = json.loads(response.data or b"{}")
+                reason, message = str(answer.get("reason") or ""), str(answer.get("message") or "")
             raise KubeError(
                 f"{where}: HTTP {response.status} {reason}: {message[:300]}".rstrip(": "),
                 response.status,
                 reason,
                 message[:1000],
             )
-        data = response.data
-        return json.loads(data) if data else None
+        return response
 
     def reads_remotely(self, kind: str, namespace: str) -> bool:
         """Whether a get or list of ``kind`` sends a request (a cache may answer instead)."""

@@ -12,6 +12,10 @@ from .changelog import Key
 
 # The kinds the operator watches and a round reads (see rtrl.handlers for the watches).
 CACHED_KINDS = ("RLCycle", "Checkpoint", "Job", "Deployment", "Service", "ConfigMap", "CronJob")
+# Cached kinds that rtrl lists and watches itself, a namespace at a time (rtrl.kube.informer),
+# not kopf: a namespace's Checkpoints are ten times its RLCycles, and kopf's memory of each
+# object cost more than the cache's copy.
+INFORMED_KINDS = frozenset({"Checkpoint"})
 # Kinds of which only the operator's children are kept: objects with this label.
 CHILD_LABEL = LABEL_RLCYCLE
 CHILD_KINDS = frozenset({"Job", "Service", "ConfigMap", "CronJob"})
@@ -71,4 +75,12 @@ class Entry:
     rivals: tuple[str, ...] = ()  # uids of other incarnations seen, not known gone
 
 
-__all__ = ["CACHED_KINDS", "CHILD_KINDS", "CHILD_LABEL", "TOMBSTONE_SECONDS", "Entry", "copy_json"]
+__all__ = [
+    "CACHED_KINDS",
+    "CHILD_KINDS",
+    "CHILD_LABEL",
+    "INFORMED_KINDS",
+    "TOMBSTONE_SECONDS",
+    "Entry",
+    "copy_json",
+]

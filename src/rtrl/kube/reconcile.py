@@ -53,6 +53,8 @@ from .cached_client import CachingClient
 from .client import KubeClient, KubeError
 from .deletion import give_back
 from .heap import keep_trimmed
+from .informer import Informer
+from .kept import INFORMED_KINDS
 from .observe import observe
 from .webhooks import NOTIFIER, confirm
 
@@ -134,6 +136,10 @@ class Process:
     cache = ObjectCache()
     # RTRL_ROUND_TRACE: a file that gets one JSON line per round (bench/operator_latency.py).
     trace: Any = None
+    # The Checkpoints' list-and-watch of each namespace with an RLCycle (rtrl.kube.watch
+    # .checkpoints_listed).
+    informers: dict[str, Informer] = {}
+    informer_users: dict[str, int] = {}  # namespace -> its reconcilers running or starting
     # The reconcilers of deleted RLCycles held by rtrl's finalizer (kopf runs no daemon for
     # an object being deleted): rtrl.kube.watch.give_back_soon.
     giving_back: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -146,7 +152,10 @@ def start(settings: Settings) -> None:
     Process.wakeups.clear()
     Process.seen.clear()
     Process.listed.clear()
-    Process.cache = ObjectCache()
+    for informer in Process.informers.values():
+        informer.stop()  # none feeds the new cache
+    Process.informers, Process.informer_users = {}, {}
+    Process.cache = ObjectCache(informed=INFORMED_KINDS)
     Process.giving_back = {}
     NOTIFIER.reset()
     NOTIFIER.policy = settings.policy

@@ -3,7 +3,9 @@ of the RLCycle the event concerns when it may change a decision.
 
 kopf's index handlers (``rtrl.handlers``) feed the cache with every event before any other
 handler sees it (they block every other handler until their kind is listed); the event
-handlers feed it deletions, which indexes never see, and wake reconcilers. An event that
+handlers feed it deletions, which indexes never see, and wake reconcilers. Checkpoints are
+not kopf's: each namespace's are listed and watched by an informer of rtrl's own
+(:mod:`rtrl.kube.informer`), which a reconciler waits for before its first round. An event that
 changed only an object's status (most of them: the operator's own status writes) wakes
 nobody.
 """
@@ -15,12 +17,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client import ApiClient
+
 from ..core.api import names
 from ..core.api.reasons import JobCondition
 from ..metrics import forget
 from ..planning.traffic import deleting, holds
 from .cache import CHILD_KINDS, CHILD_LABEL, copy_json
-from .reconcile import Process, run, wake
+from .client import KubeClient
+from .informer import Event, Informer
+from .reconcile import Process, client, run, wake
 
 log = logging.getLogger("rtrl.operator")
 # How long the Job index handler waits for the round a finished Job started (see job_event).
@@ -128,6 +134,55 @@ def checkpoint_event(body: Mapping[str, Any], type_: str | None) -> None:
         wake(namespace, (body.get("spec") or {}).get("rlCycle"))
 
 
+def checkpoints_handed(batch: list[Event]) -> None:
+    """A page or event of a namespace's Checkpoints, from its informer."""
+    for type_, body in batch:
+        if type_ != "DELETED":
+            feed("Checkpoint", body)  # as an index handler would, first
+        checkpoint_event(body, type_)
+
+
+async def reconciler(namespace: str, name: str, stopped: object) -> None:
+    """The reconciler of RLCycle ``namespace/name`` (``rtrl.kube.reconcile.run``), once
+    the namespace's Checkpoints have been listed into the cache. The namespace's informer
+    runs while a reconciler of the namespace does."""
+    Process.informer_users[namespace] = Process.informer_users.get(namespace, 0) + 1
+    try:
+        await checkpoints_listed(namespace)
+        await run(namespace, name, stopped)
+    finally:
+        left = Process.informer_users.get(namespace, 0) - 1
+        if left > 0:
+            Process.informer_users[namespace] = left
+        else:
+            Process.informer_users.pop(namespace, None)
+            informer = Process.informers.pop(namespace, None)
+            if informer is not None:
+                informer.stop()
+                # what is deleted from now on goes unseen: read live until a list says
+                Process.cache.invalidate("Checkpoint", namespace)
+
+
+def stop_informers() -> None:
+    """The operator stops: no informer feeds the cache any more."""
+    for informer in Process.informers.values():
+        informer.stop()
+    Process.informers, Process.informer_users = {}, {}
+
+
+async def checkpoints_listed(namespace: str) -> None:
+    """Until the Checkpoints of ``namespace`` are in the cache, from an informer of the
+    namespace (started here when none runs)."""
+    informer = Process.informers.get(namespace)
+    if informer is None:
+        loop = asyncio.get_running_loop()
+        own = KubeClient(ApiClient(client().api.configuration))  # a watch holds a connection
+        informer = Informer(own, "Checkpoint", namespace, checkpoints_handed, loop)
+        Process.informers[namespace] = informer.start()
+    await informer.listed.wait()
+    Process.cache.informed("Checkpoint", namespace)
+
+
 async def rlcycle_event(body: Mapping[str, Any], type_: str | None) -> None:
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     listing("RLCycle", body, type_)
@@ -159,7 +214,7 @@ async def _give_back(namespace: str, name: str) -> None:
     try:
         while key in Process.wakeups:  # kopf's daemon of it, told to stop, ends its round
             await asyncio.sleep(DAEMON_EXIT_POLL_SECONDS)
-        await run(namespace, name, stopped=False)
+        await reconciler(namespace, name, stopped=False)
     finally:
         if Process.giving_back.get(key) is asyncio.current_task():
             del Process.giving_back[key]

@@ -48,6 +48,11 @@ def test_a_deleted_rlcycle_held_by_the_finalizer_gets_a_reconciler_after_kopfs(
         raise reconcile.RLCycleGoneError(name)  # what the round finds once it gave back
 
     monkeypatch.setattr(reconcile, "reconcile_once", one_round)
+
+    async def listed(namespace: str) -> None:  # no API server here to list Checkpoints from
+        return None
+
+    monkeypatch.setattr(watch, "checkpoints_listed", listed)
     meta = {"name": "composer", "namespace": "ns", "uid": "u", "resourceVersion": "5",
             "deletionTimestamp": "2026-11-29T12:00:00Z"}  # fmt: skip
     held = {"kind": "RLCycle", "metadata": {**meta, "finalizers": [FINALIZER_RESTORE_TRAFFIC]}}
@@ -65,5 +70,71 @@ def test_a_deleted_rlcycle_held_by_the_finalizer_gets_a_reconciler_after_kopfs(
         del Process.wakeups[key]  # kopf's daemon ends
         await asyncio.wait_for(Process.giving_back[key], 5)
         assert rounds == ["composer"] and not Process.giving_back
+
+    asyncio.run(scenario())
+
+
+class RecordedInformer:
+    """Stands in for rtrl.kube.informer.Informer (tested on the real API server in
+    tests/e2e/test_informer.py): its listing is in at once; records its life."""
+
+    made: list[RecordedInformer] = []
+
+    def __init__(self, client: Any, kind: str, namespace: str, handle: Any, loop: Any) -> None:
+        self.namespace, self.handle, self.running = namespace, handle, False
+        self.listed = asyncio.Event()
+        RecordedInformer.made.append(self)
+
+    def start(self) -> RecordedInformer:
+        self.running = True
+        listed = checkpoint("c0", f"u-{self.namespace}", 10)
+        listed["metadata"]["namespace"] = self.namespace
+        self.handle([(None, listed)])
+        self.listed.set()
+        return self
+
+    def stop(self) -> None:
+        self.running = False
+
+
+def test_a_namespaces_informer_runs_while_a_reconciler_of_it_does(monkeypatch: Any) -> None:
+    """The first reconciler of a namespace starts its Checkpoints' informer and waits for its
+    listing; the informer stops with the namespace's last reconciler, and what is deleted
+    after that goes unseen, so the namespace's Checkpoints are then read live."""
+    monkeypatch.setattr("rtrl.kube.reconcile.KubeClient.from_environment", reconcile.KubeClient)
+    monkeypatch.setattr(watch, "Informer", RecordedInformer)
+    RecordedInformer.made = []
+    reconcile.start(Settings())
+    ends: dict[tuple[str, str], asyncio.Event] = {}
+    began: list[tuple[str, str, bool]] = []
+
+    async def run(namespace: str, name: str, stopped: object) -> None:
+        # what the round would see: the listing is in the cache
+        began.append((namespace, name, Process.cache.usable("Checkpoint", namespace)))
+        await ends.setdefault((namespace, name), asyncio.Event()).wait()
+
+    monkeypatch.setattr(watch, "run", run)
+
+    async def scenario() -> None:
+        Process.cache.mark_synced()
+        tasks = [asyncio.create_task(watch.reconciler(ns, n, False))
+                 for ns, n in (("a", "x"), ("a", "y"), ("b", "z"))]  # fmt: skip
+        while len(began) < 3:
+            await asyncio.sleep(0.01)
+        assert sorted(began) == [("a", "x", True), ("a", "y", True), ("b", "z", True)]
+        assert sorted(i.namespace for i in RecordedInformer.made) == ["a", "b"]
+        assert Process.cache.get("Checkpoint", "a", "c0") is not None
+        informer_a = Process.informers["a"]
+        ends[("a", "x")].set()
+        await tasks[0]
+        assert informer_a.running and Process.cache.usable("Checkpoint", "a")
+        ends[("a", "y")].set()
+        await tasks[1]
+        assert not informer_a.running and "a" not in Process.informers
+        assert not Process.cache.usable("Checkpoint", "a")  # read live from now on
+        assert Process.informers["b"].running and Process.cache.usable("Checkpoint", "b")
+        ends[("b", "z")].set()
+        await tasks[2]
+        assert not Process.informers and not Process.informer_users
 
     asyncio.run(scenario())
