@@ -23,6 +23,7 @@ from . import kopf_fixes
 from .core.api.names import FINALIZER, GROUP, LABEL_RLCYCLE, VERSION
 from .kube import reconcile, watch
 from .kube.apply import EVENTS
+from .kube.informer import stop_all
 from .settings import Settings
 
 # rtrl's handlers live in their own registry, so that other kopf handlers imported into the
@@ -59,7 +60,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 async def flush_events(**_: Any) -> None:
     """On a graceful stop: no informer feeds the cache any more, and the Events still queued
     (rtrl.kube.apply.EVENTS) are posted."""
-    watch.stop_informers()
+    stop_all(reconcile.Process.informers)
     await asyncio.to_thread(EVENTS.flush, 5.0)
 
 

@@ -159,5 +159,12 @@ class Informer:
             call(*args)
 
 
+def stop_all(informers: dict[str, Informer]) -> None:
+    """Stop each of ``informers`` and forget them (the operator stops, or starts again)."""
+    for informer in informers.values():
+        informer.stop()
+    informers.clear()
+
+
 class _LoopGoneError(Exception):
     """The event loop the informer hands over to has stopped."""

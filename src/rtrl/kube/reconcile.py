@@ -53,7 +53,7 @@ from .cached_client import CachingClient
 from .client import KubeClient, KubeError
 from .deletion import give_back
 from .heap import keep_trimmed
-from .informer import Informer
+from .informer import Informer, stop_all
 from .kept import INFORMED_KINDS
 from .observe import observe
 from .webhooks import NOTIFIER, confirm
@@ -152,9 +152,8 @@ def start(settings: Settings) -> None:
     Process.wakeups.clear()
     Process.seen.clear()
     Process.listed.clear()
-    for informer in Process.informers.values():
-        informer.stop()  # none feeds the new cache
-    Process.informers, Process.informer_users = {}, {}
+    stop_all(Process.informers)  # none feeds the new cache
+    Process.informer_users.clear()
     Process.cache = ObjectCache(informed=INFORMED_KINDS)
     Process.giving_back = {}
     NOTIFIER.reset()

@@ -163,13 +163,6 @@ async def reconciler(namespace: str, name: str, stopped: object) -> None:
                 Process.cache.invalidate("Checkpoint", namespace)
 
 
-def stop_informers() -> None:
-    """The operator stops: no informer feeds the cache any more."""
-    for informer in Process.informers.values():
-        informer.stop()
-    Process.informers, Process.informer_users = {}, {}
-
-
 async def checkpoints_listed(namespace: str) -> None:
     """Until the Checkpoints of ``namespace`` are in the cache, from an informer of the
     namespace (started here when none runs)."""
