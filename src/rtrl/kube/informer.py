@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,7 @@ log = logging.getLogger("rtrl.kube")
 PAGE = 500  # objects per list request
 WATCH_SECONDS = 300  # how long the server is asked to keep a watch open
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # between failed attempts, then the last
+QUICK_WATCH_SECONDS = 1.0  # a watch that ended sooner, with no error, counts as a failure
 
 # (type, object): type None for a listed object, else the watch event's
 Event = tuple[str | None, dict[str, Any]]
@@ -77,23 +79,29 @@ class Informer:
                     version = self._list()
                     self.listings += 1
                     self._on_loop(self.listed.set)
+                opened = time.monotonic()
                 version = self._watch(version)
-                failures = 0
+                if not version or time.monotonic() - opened >= QUICK_WATCH_SECONDS:
+                    failures = 0
+                    continue
+                # a watch the server ended at once, again and again, is not re-opened hot
+                failures = self._pause(failures, "the watch ended at once")
             except KubeError as exc:
-                if exc.status == 410:  # an expired continue token: list again
+                if exc.status == 410:  # an expired continue token, a watch too old: list
                     version = ""
-                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
-                failures += 1
-                log.warning("watching %s in %s: %s; again in %ss", self.kind, self.namespace,
-                            exc, wait)  # fmt: skip
-                self.stopped.wait(wait)
+                failures = self._pause(failures, str(exc))
             except _LoopGoneError:
                 return
             except Exception:
-                wait = BACKOFF_SECONDS[-1]
-                log.exception("watching %s in %s failed; again in %ss", self.kind, self.namespace,
-                              wait)  # fmt: skip
-                self.stopped.wait(wait)
+                log.exception("watching %s in %s failed", self.kind, self.namespace)
+                failures = self._pause(len(BACKOFF_SECONDS), "an internal error")
+
+    def _pause(self, failures: int, why: str) -> int:
+        """Wait the back-off of the ``failures``-th failure in a row; the next count."""
+        wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+        log.warning("watching %s in %s: %s; again in %ss", self.kind, self.namespace, why, wait)
+        self.stopped.wait(wait)
+        return failures + 1
 
     def _list(self) -> str:
         """Every object, a page at a time; the list's resourceVersion."""
