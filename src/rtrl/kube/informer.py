@@ -2,14 +2,14 @@
 
 kopf keeps a memory of every object of every kind it has a handler for, and while it lists
 a kind it starts a worker task for each of its objects. At 1,000 RLCycles a namespace holds
-10,000 Checkpoints, and that cost the operator 150 MB of its 360 MB of RSS (``bench/scale.py``,
+10,000 Checkpoints, and that cost the operator 143 MB of its 359 MB of RSS (``bench/scale.py``,
 docs/benchmarks.md), though all it needs of them is the watch cache's copy and a wake-up of
 their RLCycle. An :class:`Informer` lists the kind in pages of :data:`PAGE` objects, then
 watches it from the list's resourceVersion (with bookmarks, re-opened when the server ends
 the stream), and hands each page or event to the operator's event loop, waiting until it is
 handled: a page at a time in memory, and the events of one object in their order.
 
-It runs in a thread of its own with the operator's :class:`KubeClient`. A watch the server
+It runs in a thread of its own, with a :class:`KubeClient` of its own. A watch the server
 can no longer resume (410 Gone: compacted history, an API server restart) is listed again
 from scratch, its objects handed over as a listing's are (type None), which tells the cache
 nothing of what was deleted meanwhile (:func:`rtrl.kube.watch.listing` deals with that);
