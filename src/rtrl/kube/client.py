@@ -191,6 +191,8 @@ class KubeClient:
         except (OSError, urllib3.exceptions.HTTPError) as exc:
             raise KubeError(f"watch {path(kind, namespace)}: {exc}") from None
         finally:
+            # closed, not drained: a watch left early must not go back to the pool unread
+            response.response.close()
             response.response.release_conn()
 
     def _send(
