@@ -39,6 +39,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # outside rtrl/planning
     ("rtrl/core/api/__init__.py", "Serving"): "a printer column's heading",
     ("rtrl/core/api/__init__.py", "Canary"): "a printer column's heading (the canary weight)",
+    ("rtrl/kube/informer.py", "continue"): "a list's continue token (Kubernetes' pages)",
     ("rtrl/kubectl_plugin/commands.py", "promote"): "the kubectl rtrl verb",
     ("rtrl/kubectl_plugin/commands.py", "rollback"): "the kubectl rtrl verb",
     ("rtrl/kubectl_plugin/parser.py", "rollback"): "the kubectl rtrl verb",
