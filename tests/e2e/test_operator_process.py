@@ -119,8 +119,12 @@ def test_two_replicas_one_active_and_failover(
         return "\n".join(f"--- {r.log.name}\n{r.output()[-4000:]}" for r in replicas)
 
     kube_api.wait_for(lambda: high.healthy() and low.healthy(), timeout=30, message=logs)
-    # kopf starts a peered operator paused until it has seen the peering; the lower-priority
-    # replica stays paused while the higher one is alive (asserted below: it never acts).
+    # kopf starts a peered operator paused until it has seen the peering, and resumes it if no
+    # peer of a higher priority is in it: a low replica that started first (the high one
+    # slower to import, on a loaded machine) acts until it sees the high one's keep-alive.
+    # From then on the lower-priority replica stays paused while the higher one is alive
+    # (asserted below: it never acts).
+    kube_api.wait_for(lambda: standing_by(kube_api, low), timeout=30, message=logs)
     script_all(job_runner, tmp_path)
     kube_api.create(deployment(tmp_path))
     kube_api.create(base_checkpoint(tmp_path))
@@ -151,6 +155,15 @@ def test_two_replicas_one_active_and_failover(
     assert job_runner.jobs_seen[4:] == [
         "composer-2-stage-0", "composer-2-train-0", "composer-2-eval-0", "composer-2-analyze-0-0"
     ]  # fmt: skip
+
+
+def standing_by(kube_api: KubeAPI, low: Replica) -> bool:
+    """The high replica is in the peering, and the low one is paused: it never resumed, or
+    paused again since (kopf logs both)."""
+    peers = (kube_api.get("kopf.dev/v1", "KopfPeering", "rtrl") or {}).get("status") or {}
+    high = any(isinstance(p, dict) and p.get("priority") == 200 for p in peers.values())
+    out = low.output()
+    return high and out.rfind("Resuming operations") <= out.rfind("Pausing operations")
 
 
 def stale_view(kube: KubeAPI, client: KubeClient, old: dict[str, Any]) -> CachingClient:
