@@ -17,9 +17,10 @@ completion sampled some other way than the request says (the log-probs would the
 Requests that arrive while a batch runs wait for the next one, which takes them all
 (dynamic batching): a tick's users are served in a few forward passes per batch, not one
 per request. Every request samples with a generator of its own, seeded by its ``seed``, so
-the tokens of a seeded request do not depend on what else was in its batch; its log-probs
-may differ in the last float32 bits (another batch shape sums in another order), as vLLM's
-do unless it runs batch-invariant kernels.
+a seeded request's log-probs differ with its batch only in their last float32 bits (another
+batch shape sums in another order), as vLLM's do unless it runs batch-invariant kernels, and
+its tokens only where such a bit moves a draw across a boundary: rarely, but enough that two
+runs of the demo need not train the same checkpoints.
 """
 
 from __future__ import annotations

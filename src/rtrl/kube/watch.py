@@ -138,7 +138,9 @@ def checkpoints_handed(batch: list[Event]) -> None:
     """A page or event of a namespace's Checkpoints, from its informer."""
     for type_, body in batch:
         if type_ != "DELETED":
-            feed("Checkpoint", body)  # as an index handler would, first
+            # as an index handler would, first; not copied (feed's copy_json): the informer
+            # parsed this dict for the cache alone and keeps nothing of it
+            Process.cache.feed("Checkpoint", type_, body)
         checkpoint_event(body, type_)
 
 
