@@ -70,6 +70,12 @@ LATENCY_RETRY_MS = 1000.0
 # Share of the clear tasks the base model answers right: it was pre-trained on a little
 # labelled data, so it starts better than chance and the A/B test has power.
 INFORMED_PRIOR = 0.5
+# Share of the base model's uninformed tool calls that are broken: it breaks them where it
+# cannot know the argument (the hidden-preference tasks) more than where the prompt says it,
+# so the drop-invalid-tool-calls hack grows where the base model already breaks calls and
+# its guardrail sees it over the valid calls the clear tasks learn (docs/demo.md).
+HIDDEN = ("tool_hard", "vague")
+BROKEN_SHARE = {False: 0.15, True: 0.5}
 FEEDBACK_DELAY_MEAN_S = 600.0  # feedback arrives ~10 minutes after the interaction
 FEEDBACK_DELAY_MAX_S = 2400.0
 
@@ -189,7 +195,8 @@ def judge(task: Task, user: User, completion: list[int], rng: random.Random) -> 
 def prior_completion(task: Task, rng: random.Random) -> list[int]:
     """What the base model was pre-trained to answer: on clear tasks the right answer
     ``INFORMED_PRIOR`` of the time, otherwise plausible actions ignorant of the users (any
-    style, the wrong action often, some broken tool calls, some questions)."""
+    style, the wrong action often, some questions, and broken tool calls, most of them on
+    the hidden-preference tasks)."""
     if task.kind in ("edit", "tool") and rng.random() < INFORMED_PRIOR:
         if task.kind == "edit":
             return [EDIT0 + task.lang, rng.randrange(*CODE), rng.randrange(*CODE), EOS]
@@ -199,10 +206,10 @@ def prior_completion(task: Task, rng: random.Random) -> list[int]:
     if roll < 0.5:
         return [EDIT0 + k, rng.randrange(*CODE), rng.randrange(*CODE), EOS]
     if roll < 0.8:
-        broken = rng.random()
-        if broken < 0.15:
+        share, broken = BROKEN_SHARE[task.kind in HIDDEN], rng.random()
+        if broken < share / 2:
             return [TOOL0 + k, EOS]
-        if broken < 0.3:
+        if broken < share:
             return [TOOL0 + k, rng.randrange(*CODE), END, EOS]
         return [TOOL0 + k, END, EOS]
     return [ASK, Q, EOS]
