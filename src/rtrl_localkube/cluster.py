@@ -37,6 +37,7 @@ from rtrl.planning import (
 )
 from rtrl.planning.actions import Action
 from rtrl.planning.manifests.canary import env_value
+from rtrl.planning.manifests.seal import seal_name
 from rtrl.planning.timeutil import iso, parse_time
 
 from .patch import PatchConflictError, json_patch, merge_patch
@@ -253,6 +254,7 @@ class LocalCluster:
             deployment=state,
             target=copy.deepcopy(dep),
             canary=copy.deepcopy(canary),
+            seal=copy.deepcopy(self.get("CronJob", seal_name(rlcycle_name))),
             secret=None,
             # One machine, one user: the RLCycles' author is the admin.
             policy=UNRESTRICTED,

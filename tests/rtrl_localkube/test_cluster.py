@@ -103,3 +103,30 @@ def test_a_status_write_applies_to_the_version_the_plan_saw() -> None:
     with pytest.raises(StaleWriteError, match="the plan saw"):
         cluster.apply([PatchStatus("rtrl.io/v1alpha1", "Checkpoint", "c", {"phase": "Staging"}, seen)])  # fmt: skip
     assert cluster.objects[("Checkpoint", "c")]["status"]["phase"] == "Evaluating"
+
+
+def test_the_seal_cronjob_is_observed_so_it_is_scheduled_once(tmp_path) -> None:
+    """The local cluster shows the plan the seal CronJob it created, as the operator's
+    observe does: otherwise every round plans its creation again, with a SealScheduled
+    Event each time (the demo's summary held one per round)."""
+    from rtrl.core.api.reasons import Reason
+    from rtrl.planning import plan
+    from rtrl_demo.scenario import NAME, T0, deployment_manifest, rlcycle_manifest
+
+    cluster = LocalCluster(T0)
+    base = (tmp_path / "models" / "demo-0").as_uri() + "/"
+    cluster.create(deployment_manifest(base, "demo-0"))
+    cluster.create({"apiVersion": "rtrl.io/v1alpha1", "kind": "Checkpoint",
+                    "metadata": {"name": "demo-0", "namespace": "default",
+                                 "labels": {"rtrl.io/rlcycle": NAME}},
+                    "spec": {"uri": base}})  # fmt: skip
+    cluster.create(rlcycle_manifest(tmp_path.as_uri() + "/", "default", 100))
+    cluster.settle()
+    for _ in range(3):
+        decided = plan(cluster.observe(NAME), cluster.now)
+        cluster.apply(decided.actions)
+        cluster.patch_status("RLCycle", NAME, decided.status)
+        cluster.settle()
+    scheduled = [e for e in cluster.events if e.reason == Reason.SEAL_SCHEDULED]
+    assert cluster.get("CronJob", f"{NAME}-seal") is not None
+    assert len(scheduled) == 1, scheduled
