@@ -21,10 +21,17 @@ the real ``rtrl-capture`` console script, spooling to local disk with its defaul
 window and shipping to a ``file://`` events store, as in a pod; its events are counted at
 the end against the requests it served.
 
+Loads: ``--levels`` are closed loop (so many streams, each sending its next request when
+its last one ended: the engine's capacity, where every millisecond a request spends outside
+the engine shrinks its batches); ``--rates`` are open loop (Poisson arrivals at a rate,
+whatever the responses do: what a deployment serving many users sees).
+
 Goal (issue 30): <= 2 ms added at p50, <= 5% throughput lost.
 
     .venv/bin/python bench/capture.py --start-engine [--levels 16,64] [--rounds 5]
         [--tokens 32] [--placements pinned,shared] [--engine-cpus 0] [--json]
+    .venv/bin/python bench/capture.py --start-engine --levels "" --rates 50,150
+        # open loop: Poisson arrivals at 50 and 150 requests/s, --rate-seconds 4 a round
     .venv/bin/python bench/capture.py --engine http://127.0.0.1:8000 --engine-pid PID ...
     .venv/bin/python bench/capture.py --start-engine --profile proxy.prof --paths proxy
         # the proxy under cProfile (slower: for where its time goes, not for figures)
@@ -37,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -240,11 +248,23 @@ async def _one(session: aiohttp.ClientSession, base: str, number: int, tokens: i
 
 
 async def _round(
-    base: str, concurrency: int, requests: int, tokens: int, *, first: int, extra: dict[str, Any]
+    base: str, load: Load, requests: int, tokens: int, *, first: int, extra: dict[str, Any]
 ) -> tuple[list[float], float]:
-    """``requests`` requests with ``concurrency`` in flight; latencies and wall seconds."""
+    """``requests`` requests, ``load.streams`` in flight or arriving at ``load.rate``;
+    latencies and wall seconds."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
+        if load.rate is not None:
+            # open loop: Poisson arrivals, the same schedule in every round of every path
+            gaps = random.Random(f"{load.rate}:{requests}")
+            started = due = time.perf_counter()
+            sent = []
+            for number in range(first, first + requests):
+                due += gaps.expovariate(load.rate)
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                sent.append(asyncio.create_task(_one(session, base, number, tokens, extra)))
+            done = await asyncio.gather(*sent)
+            return list(done), time.perf_counter() - started
         queue = iter(range(first, first + requests))
         latencies: list[float] = []
 
@@ -253,8 +273,28 @@ async def _round(
                 latencies.append(await _one(session, base, number, tokens, extra))
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(load.streams)))
         return latencies, time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class Load:
+    """Closed loop (``streams`` clients, each sending its next request when its last one
+    ended: the engine's capacity) or open loop (requests arriving at ``rate`` per second
+    whatever the responses do: what a deployment serving many users sees)."""
+
+    streams: int = 0
+    rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:g}/s" if self.rate is not None else str(self.streams)
+
+    def requests(self, per_stream: int, seconds: float) -> int:
+        """Requests in one round."""
+        if self.rate is not None:
+            return max(16, round(self.rate * seconds))
+        return self.streams * per_stream
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -294,24 +334,25 @@ def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict
 
 
 def measure(
-    engine: str, proxy: str, procs: Processes, levels: list[int], *,
+    engine: str, proxy: str, procs: Processes, levels: list[Load], *,
     where: list[Placement], paths: list[str], rounds: int, tokens: int, per_stream: int,
+    seconds: float,
 ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
     """Per level: ``rounds`` rounds of every placement and path in turn; the rows, and how
     many requests the proxy served."""
     results = []
     number = 0
     proxied = 0
-    for concurrency in levels:
-        requests = concurrency * per_stream
+    for load in levels:
+        requests = load.requests(per_stream, seconds)
+        warm = load.requests(1, 1.0)
         for placement in where:  # warm-up, and the placement's threads settled
             procs.place(placement)
             for name in paths:
                 via_proxy, extra = PATHS[name]
                 base = proxy if via_proxy else engine
-                asyncio.run(_round(base, concurrency, concurrency, tokens, first=10**6,
-                                   extra=extra))  # fmt: skip
-                proxied += concurrency if via_proxy else 0
+                asyncio.run(_round(base, load, warm, tokens, first=10**6, extra=extra))
+                proxied += warm if via_proxy else 0
         per_round = {(p.name, n): [] for p in where for n in paths}  # type: ignore[var-annotated]
         loads = []
         for _ in range(rounds):
@@ -322,7 +363,7 @@ def measure(
                     base = proxy if via_proxy else engine
                     before = procs.cpu()
                     lat, wall = asyncio.run(
-                        _round(base, concurrency, requests, tokens, first=number, extra=extra)
+                        _round(base, load, requests, tokens, first=number, extra=extra)
                     )
                     after = procs.cpu()
                     number += requests
@@ -338,7 +379,8 @@ def measure(
         for placement in where:
             row: dict[str, Any] = {
                 "placement": placement.name, "engine_cpus": sorted(placement.engine),
-                "sidecar_cpus": sorted(placement.sidecar), "concurrency": concurrency,
+                "sidecar_cpus": sorted(placement.sidecar), "concurrency": load.streams or None,
+                "rate": load.rate, "load": load.label,
                 "rounds": rounds, "requests_per_round": requests, "tokens": tokens,
                 "loadavg_1m": [min(loads), statistics.median(loads), max(loads)],
             }  # fmt: skip
@@ -355,7 +397,7 @@ def measure(
 
 
 def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
-    print(f"{'placement':>9} {'streams':>7} {'path':>16} {'p50':>9} {'p99':>9} {'tok/s':>6} "
+    print(f"{'placement':>9} {'load':>7} {'path':>16} {'p50':>9} {'p99':>9} {'tok/s':>6} "
           f"{'+p50':>8} {'+p99':>8} {'tok/s ratio':>17} {'engine':>7} {'(core)':>6} "
           f"{'proxy':>6} {'client':>6}  (CPU ms per request)")  # fmt: skip
     for r in rows:
@@ -365,7 +407,7 @@ def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
             extra = (f"{vs['added_p50_ms']:>+7.1f} {vs['added_p99_ms']:>+7.1f}  "
                      f"{vs['throughput_ratio']:.3f} ({vs['throughput_ratio_range'][0]:.2f}-"
                      f"{vs['throughput_ratio_range'][1]:.2f})") if vs else " " * 35  # fmt: skip
-            print(f"{r['placement']:>9} {r['concurrency']:>7} {name:>16} {m['p50']:>7.1f}ms "
+            print(f"{r['placement']:>9} {r['load']:>7} {name:>16} {m['p50']:>7.1f}ms "
                   f"{m['p99']:>7.1f}ms {m['tps']:>6.0f} {extra} {m['engine_cpu_ms']:>7.2f} "
                   f"{m['engine_core_cpu_ms']:>6.2f} {m['proxy_cpu_ms']:>6.2f} "
                   f"{m['client_cpu_ms']:>6.2f}")  # fmt: skip
@@ -383,7 +425,11 @@ def main() -> int:
     parser.add_argument("--engine-pid", type=int, help="its process (the tree is pinned)")
     parser.add_argument("--model-uri", default="", help="what that engine was started with")
     parser.add_argument("--start-engine", action="store_true")
-    parser.add_argument("--levels", default="16,64")
+    parser.add_argument("--levels", default="16,64", help="closed loop: streams in flight")
+    parser.add_argument("--rates", default="",
+                        help="open loop: requests per second (Poisson arrivals)")  # fmt: skip
+    parser.add_argument("--rate-seconds", type=float, default=4.0,
+                        help="open loop: seconds of arrivals per round")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--requests-per-stream", type=int, default=3,
@@ -416,10 +462,12 @@ def main() -> int:
         )
         load_before = os.getloadavg()
         try:
-            levels = [int(x) for x in args.levels.split(",")]
+            levels = [Load(streams=int(x)) for x in args.levels.split(",") if x]
+            levels += [Load(rate=float(x)) for x in args.rates.split(",") if x]
             rows, proxied = measure(engine, proxy, procs, levels, where=where, paths=paths,
                                     rounds=args.rounds, tokens=args.tokens,
-                                    per_stream=args.requests_per_stream)  # fmt: skip
+                                    per_stream=args.requests_per_stream,
+                                    seconds=args.rate_seconds)  # fmt: skip
         finally:
             with contextlib.suppress(psutil.Error):
                 procs.engine.pin(every)  # a running engine (--engine) gets every CPU back
