@@ -50,6 +50,7 @@ from .scenario import (
     SEAL_LAG,
     T0,
     TICK_MINUTES,
+    base_checkpoint_manifest,
     deployment_manifest,
     rlcycle_manifest,
 )
@@ -272,18 +273,7 @@ class Demo:
                       f"--pretrain-steps={self.args.pretrain_steps}"],
                      "base model (pre-training)", "base")  # fmt: skip
         self.cluster.create(deployment_manifest(base, "demo-0"))
-        self.cluster.create(
-            {
-                "apiVersion": "rtrl.io/v1alpha1",
-                "kind": "Checkpoint",
-                "metadata": {
-                    "name": "demo-0",
-                    "namespace": "default",
-                    "labels": {"rtrl.io/rlcycle": NAME},
-                },
-                "spec": {"uri": base},
-            }
-        )
+        self.cluster.create(base_checkpoint_manifest(base))
         self.cluster.create(rlcycle_manifest(self.store, self.args.scenario, self.args.users))
         self.cluster.settle()
         while self.cluster.now < T0:

@@ -161,3 +161,13 @@ def deployment_manifest(uri: str, checkpoint: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def base_checkpoint_manifest(uri: str) -> dict[str, Any]:
+    """The base model's Checkpoint, registered by hand as a user would (no status)."""
+    return {
+        "apiVersion": "rtrl.io/v1alpha1",
+        "kind": "Checkpoint",
+        "metadata": {"name": "demo-0", "namespace": "default", "labels": {"rtrl.io/rlcycle": NAME}},
+        "spec": {"uri": uri},
+    }

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus
+from rtrl.core.api.reasons import Reason
+from rtrl.planning import Create, Delete, Emit, Patch, PatchStatus, plan
+from rtrl.planning.manifests.seal import seal_name
 from rtrl_demo import sim
+from rtrl_demo.scenario import (
+    NAME,
+    T0,
+    base_checkpoint_manifest,
+    deployment_manifest,
+    rlcycle_manifest,
+)
 from rtrl_localkube.cluster import LocalCluster, StaleWriteError
 from rtrl_localkube.patch import PatchConflictError, json_patch, merge_patch
 
@@ -105,21 +115,14 @@ def test_a_status_write_applies_to_the_version_the_plan_saw() -> None:
     assert cluster.objects[("Checkpoint", "c")]["status"]["phase"] == "Evaluating"
 
 
-def test_the_seal_cronjob_is_observed_so_it_is_scheduled_once(tmp_path) -> None:
+def test_the_seal_cronjob_is_observed_so_it_is_scheduled_once(tmp_path: Path) -> None:
     """The local cluster shows the plan the seal CronJob it created, as the operator's
     observe does: otherwise every round plans its creation again, with a SealScheduled
     Event each time (the demo's summary held one per round)."""
-    from rtrl.core.api.reasons import Reason
-    from rtrl.planning import plan
-    from rtrl_demo.scenario import NAME, T0, deployment_manifest, rlcycle_manifest
-
     cluster = LocalCluster(T0)
     base = (tmp_path / "models" / "demo-0").as_uri() + "/"
     cluster.create(deployment_manifest(base, "demo-0"))
-    cluster.create({"apiVersion": "rtrl.io/v1alpha1", "kind": "Checkpoint",
-                    "metadata": {"name": "demo-0", "namespace": "default",
-                                 "labels": {"rtrl.io/rlcycle": NAME}},
-                    "spec": {"uri": base}})  # fmt: skip
+    cluster.create(base_checkpoint_manifest(base))
     cluster.create(rlcycle_manifest(tmp_path.as_uri() + "/", "default", 100))
     cluster.settle()
     for _ in range(3):
@@ -128,5 +131,5 @@ def test_the_seal_cronjob_is_observed_so_it_is_scheduled_once(tmp_path) -> None:
         cluster.patch_status("RLCycle", NAME, decided.status)
         cluster.settle()
     scheduled = [e for e in cluster.events if e.reason == Reason.SEAL_SCHEDULED]
-    assert cluster.get("CronJob", f"{NAME}-seal") is not None
+    assert cluster.get("CronJob", seal_name(NAME)) is not None
     assert len(scheduled) == 1, scheduled
