@@ -223,7 +223,8 @@ def main() -> int:
     users = draw_users(rng, pop, e)
     covs = None
     blocks: dict[int, list[Any]] = {}
-    analysis = Analysis(METHODS[args.method], "user", e, pop.hours)
+    method = METHODS[args.method]
+    analysis = Analysis(method, "user", e, pop.hours)
     seen: dict[float, Any] = {}
 
     def on_look(look: Look) -> None:
@@ -243,7 +244,9 @@ def main() -> int:
         simulate(np.random.default_rng(args.seed + 1), pop, canary, e, on_look, users=users)
         config = Path(tmp) / "rollout.yaml"
         config.write_text(
-            "rollout: {unit: user}\ndata: {shards: file:///unused/, maxBadFraction: 0.5}\n"
+            "rollout: {unit: user"
+            + (", analysis: {noveltyWindow: 2h}" if method.novelty else "")
+            + "}\ndata: {shards: file:///unused/, maxBadFraction: 0.5}\n"
         )
         worst, agree = 0.0, True
         for i in range(e):

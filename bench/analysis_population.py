@@ -21,7 +21,8 @@ below its weight, as the gatewayapi router does); with ``unit request`` each req
 What a look sees (:class:`Look`) is what the analyze step computes from the shards: per user,
 arm and step, the sums of every metric over the matured rows, the rows created so far, and
 covariates from the pre-exposure rows; the same sums over "settled" rows (created at least
-``settle_blocks`` blocks after the user's first row in the canary) for the novelty rule.
+``settle_blocks`` blocks after the user's first row in the arm and after their step began)
+for the novelty rule.
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ def simulate(
     blocks = round(pop.hours / BLOCK_H)
     strata = len(STEPS)
     settle_blocks = round(settle_hours / BLOCK_H)
+    step_start = np.round(np.cumsum([0.0, *(h or 0.0 for _, h in STEPS[:-1])]) / BLOCK_H)
     novelty_blocks = round(canary.novelty_hours / BLOCK_H)
     x = {m: np.zeros((2, strata, size)) for m in METRICS}
     n = {m: np.zeros((2, strata, size)) for m in METRICS}
@@ -390,6 +392,7 @@ def simulate(
             # settled: the user's first logged row in this arm is at least settle_blocks ago
             first = first_in_arm[arm, ids]
             settled = (first >= 0) & (b >= first + settle_blocks)
+            settled &= b >= step_start[s] + settle_blocks  # and the step's clock, both arms
             if settled.any():
                 entries.append(
                     ("settled_x", arm, s, ids[settled], values["edit_persistence"][settled])

@@ -102,6 +102,8 @@ class Arms:
     unit: AssignmentUnit
     looks: Looks
     settle_bins: int = 0  # 5-minute bins from a user's first row to settled rows (0: none)
+    # the 5-minute bin each step of the rollout began at (the settled rows' second clock)
+    step_bins: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     keys: Keys = field(default_factory=Keys)
     sums: dict[str, Ledger] = field(default_factory=dict)
     pre: PreExposure = field(default_factory=PreExposure)
@@ -306,7 +308,10 @@ class Arms:
         """The primary's ledger entries of settled rows: created at least ``settle_bins``
         5-minute bins after their user's first row in the same arm (a user moved from the
         stable arm to the canary at a later step starts anew: the novelty is the canary's)
-        (None: no such rule)."""
+        and as long after the start of their step, in both arms: a step's canary users
+        start their clocks at its start, so without the second clock the baseline's settled
+        rows would begin hours earlier in the day than the canary's, and the daily drift
+        between those hours would count as a difference (None: no such rule)."""
         if self.settle_bins <= 0:
             return None
         ledger = self.sums[PRIMARY]
@@ -321,6 +326,9 @@ class Arms:
         bins, arms = tag // 2, tag % 2
         anonymous = np.array([u == "" for u in self.keys.covariate_key], dtype=bool)
         result: np.ndarray = (bins >= first[key, arms] + self.settle_bins) & ~anonymous[key]
+        if self.step_bins.size:
+            step = np.maximum(np.searchsorted(self.step_bins, bins, side="right") - 1, 0)
+            result &= bins >= self.step_bins[step] + self.settle_bins
         return result
 
     def _first_bin(self, user: Any, arm: int) -> int:

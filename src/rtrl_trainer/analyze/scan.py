@@ -90,12 +90,12 @@ def scan(config: AnalyzeConfig) -> Scan:
     selection = Quarantined(report=reader.report)
     steps = config.step_starts
     looks = config.looks
-    result = Scan(Arms(len(steps), unit, looks, config.settle_bins), selection)
-    arms = result.arms
+    starts = np.array([_us(at) for at in steps], dtype=np.int64)
+    arms = Arms(len(steps), unit, looks, config.settle_bins, step_bins=looks.bins(starts))
+    result = Scan(arms, selection)
     as_of = looks.last  # the data judged are those of the last look of the plan
     cutoff = as_of - looks.maturity
     since = _us(config.since) if config.since is not None else None
-    starts = np.array([_us(at) for at in steps], dtype=np.int64)
     pre_since = (
         since - int(parse_duration(config.rollout.analysis.pre_exposure) * 1_000_000)
         if since is not None

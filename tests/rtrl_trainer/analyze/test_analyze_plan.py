@@ -158,3 +158,41 @@ def test_mixture_is_todays_always_valid_analysis(lifted: Path, tmp_path: Path) -
     assert doc["sequential"]["looks"] == 1
     assert doc["sequential"]["as_of"] == "2026-01-05T13:07:00Z"  # any moment: now
     assert "always-valid" in doc["reasons"][1] and "boundary" not in doc["metrics"][0]
+
+
+def test_the_settled_rows_of_both_arms_start_with_their_step(tmp_path: Path) -> None:
+    """An A/A with a daily drift: both arms' rates are 0.8 from 10:00 to 12:00 and 0.2
+    after. The baseline's users have been on it since 08:00; the canary's were moved to it
+    when its 50% step began at 10:00. Counted from each user's first row in the arm alone,
+    the baseline's settled rows would start at 10:00 and the canary's at 12:00, and the
+    drift between those hours would read as a 60% difference; counted from the step's
+    start too, both arms' settled rows start at 12:00 and agree."""
+    rng = np.random.default_rng(7)
+    created, ckpt, uid, edit = [], [], [], []
+    for user in range(600):
+        on_canary = user % 2 == 1
+        first = 2.0 if on_canary else 0.0  # hours after 08:00
+        for t in first + np.arange((6.0 - first) * 3) / 3 + rng.uniform(0, 0.3):
+            created.append(T0 + timedelta(hours=float(t)))
+            ckpt.append("cand" if on_canary else "base")
+            uid.append(f"u{user}")
+            rate = 0.5 if t < 2.0 else 0.8 if t < 4.0 else 0.2
+            edit.append(float(rng.random() < rate))
+    n = len(created)
+    root = tmp_path / "drift"
+    table = rows(
+        n, interaction_id=[f"i{i:07d}" for i in range(n)], checkpoint_id=ckpt, user_id=uid,
+        created_at=created, feedback_at=[c + timedelta(minutes=20) for c in created],
+        edit_persisted=edit, asked_clarification=False,
+    )  # fmt: skip
+    write_shards(table, root, partition_by=("checkpoint",))
+    steps = ("--step", "2026-01-05T08:00:00Z=5", "--step", "2026-01-05T10:00:00Z=50")
+    doc = analyze(root, tmp_path / "a", "2026-01-05T15:00:00Z", *steps,
+                  config="analysis: {noveltyWindow: 2h}")  # fmt: skip
+    settled = doc["settled"]
+    late = [c >= T0 + timedelta(hours=4) for c in created]
+    assert settled["baseline_samples"] == sum(
+        c == "base" and k for c, k in zip(ckpt, late, strict=True)
+    )
+    assert settled["baseline"] == pytest.approx(0.2, abs=0.03)
+    assert abs(settled["relative_difference"]) < 0.15, settled
