@@ -74,17 +74,21 @@ NO_CAPTURE_REQUEST = Method(
 ABLATIONS = (
     Method("mixture tau x2, own history", boundary="mixture", tau_scale=2.0, covariate="own",
            novelty=False, reconcile=False),
-    Method("group-sequential rho 1, own history", covariate="own", novelty=False,
+    Method("group-sequential rho 1, own history", rho=1.0, covariate="own", novelty=False,
            reconcile=False),
     Method("group-sequential rho 2, own history", rho=2.0, covariate="own", novelty=False,
            reconcile=False),
     Method("group-sequential O'Brien-Fleming, own history", rho=0.0, covariate="own",
            novelty=False, reconcile=False),
-    Method("group-sequential rho 1, predicted", novelty=False, reconcile=False),
-    Method("group-sequential rho 1, predicted, novelty", reconcile=False),
-    Method("group-sequential rho 1, predicted, weighted", novelty=False, reconcile=False,
-           weighted=True),
+    Method("group-sequential rho 1, predicted", rho=1.0, novelty=False, reconcile=False),
+    Method("group-sequential rho 1, predicted, novelty", rho=1.0, reconcile=False),
+    Method("group-sequential rho 1, predicted, weighted", rho=1.0, novelty=False,
+           reconcile=False, weighted=True),
     Method("group-sequential rho 2, predicted, weighted", rho=2.0, novelty=False,
+           reconcile=False, weighted=True),
+    Method("group-sequential rho 3, predicted, weighted", rho=3.0, novelty=False,
+           reconcile=False, weighted=True),
+    Method("group-sequential rho 1, predicted, weighted, novelty rule", rho=1.0,
            reconcile=False, weighted=True),
 )  # fmt: skip
 
@@ -102,11 +106,19 @@ class Scenario:
 
 EXPLORE = (
     TODAY,
-    Method("weighted, rho 1", reconcile=False, weighted=True),
+    Method("weighted, rho 1", rho=1.0, reconcile=False, weighted=True),
     Method("weighted, rho 1.5", rho=1.5, reconcile=False, weighted=True),
     Method("weighted, rho 2", rho=2.0, reconcile=False, weighted=True),
     Method("weighted, rho 3", rho=3.0, reconcile=False, weighted=True),
     Method("weighted, O'Brien-Fleming", rho=0.0, reconcile=False, weighted=True),
+    # the settled rows tested one-sided at alpha (two-sided at 2 alpha)
+    Method(
+        "weighted, rho 3, settled rows one-sided",
+        rho=3.0,
+        reconcile=False,
+        weighted=True,
+        settled_alpha=0.10,
+    ),
 )
 
 

@@ -18,7 +18,7 @@ from rtrl_trainer.analyze.confidence import judgeable
 from rtrl_trainer.analyze.estimate import Difference, difference
 from rtrl_trainer.analyze.reconcile import logged_per_served, rows_per_share
 from rtrl_trainer.analyze.rule import CONTINUE, PROMOTE, Metric, judge, plan
-from rtrl_trainer.analyze.sequential import Boundaries
+from rtrl_trainer.analyze.sequential import DEFAULT_RHO, Boundaries
 from rtrl_trainer.analyze.srm import SRM_HOLD_P, srm_steps
 from rtrl_trainer.analyze.weights import random_effect, unit_weights
 
@@ -35,7 +35,7 @@ class Method:
 
     label: str
     boundary: str = "gst"  # or "mixture"
-    rho: float = 1.0  # spending exponent (0: O'Brien-Fleming's shape)
+    rho: float = DEFAULT_RHO  # spending exponent (0: O'Brien-Fleming's shape)
     tau_scale: float = 1.0  # mixture: the mixing sd, times the metric's tau
     covariate: str = "predicted"  # "own": each user's history (today); "none"
     novelty: bool = True  # promotion needs the effect among settled rows too

@@ -627,12 +627,13 @@ class AnalysisSpec(ApiModel):
         "(e.g. past maxDuration with inconclusive: hold), at the price of wider intervals.",
     )
     spending_exponent: float = Field(
-        1.0,
+        3.0,
         ge=0,
         le=10,
         description="group-sequential: the share of alpha spent by a fraction t of "
-        "maxDuration is t to this power (0: O'Brien-Fleming's shape, which saves nearly all "
-        "of it for the end; larger spends later).",
+        "maxDuration is t to this power (1 spends it evenly over the canary; 0: "
+        "O'Brien-Fleming's shape, which saves nearly all of it for the end; larger spends "
+        "later: 3 keeps most of it for the hours when a lasting effect can show).",
     )
     precision_weighting: bool = Field(
         True,
