@@ -122,16 +122,6 @@ EXPLORE = (
 )
 
 
-# the novelty rule's test: significantly better among settled rows two-sided at alpha (one
-# side: alpha / 2) or one-sided at alpha (two-sided 2 alpha); without the rule
-SETTLED_ALPHAS = (
-    TODAY,
-    replace(NO_CAPTURE, label="novelty rule two-sided at alpha"),
-    replace(NO_CAPTURE, label="novelty rule one-sided at alpha", settled_alpha=0.10),
-    replace(NO_CAPTURE, label="no novelty rule", novelty=False),
-)
-
-
 def scenarios() -> list[Scenario]:
     icc2 = Population(icc=0.2)
     every5 = 5 / 60
@@ -267,16 +257,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--only", action="append", help="scenarios whose name contains this")
-    parser.add_argument(
-        "--methods", choices=("all", "today-after", "explore", "settled"), default="all"
-    )
+    parser.add_argument("--methods", choices=("all", "today-after", "explore"), default="all")
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args()
     chosen = [s for s in scenarios() if not args.only or any(o in s.canary.name for o in args.only)]
     if args.methods == "explore":
         chosen = [replace(s, methods=EXPLORE) for s in chosen]
-    if args.methods == "settled":
-        chosen = [replace(s, methods=SETTLED_ALPHAS) for s in chosen]
     if args.methods == "today-after":
         chosen = [
             replace(s, methods=REQUEST_METHODS if s.canary.unit == "request"
