@@ -5,7 +5,8 @@ The engine serves the tiny model of :mod:`rtrl_localkube.tinymodel`, published b
 store code to a session S3 (moto's ThreadedMotoServer) and loaded by vLLM from
 ``--model s3://...`` through runai-model-streamer, as a cluster's engine loads a
 checkpoint rtrl published. Flags: ``--dtype float32``, ``--logprobs-mode
-processed_logprobs``, the hermes tool parser (``rtrl_localkube.engine``).
+processed_logprobs``, the hermes tool parser, LoRA adapters loaded at run time up to rank
+:data:`MAX_LORA_RANK` (``rtrl_localkube.engine``).
 
 Cost: the engine takes 1-5 minutes to start on 2 cores, the model ~10-90 s to build. Both
 happen once per session, and only when a selected test uses ``vllm_engine`` (or, for the
@@ -54,6 +55,9 @@ MODEL_PREFIX = "tiny/checkpoints/tiny-0/"
 SERVED_MODEL_NAME = "tiny"
 DTYPE = "float32"
 LOGPROBS_MODE = "processed_logprobs"
+# LoRA on: adapters rtrl trains are loaded into the running engine (test_adapter_serving.py);
+# requests that name the base go through no adapter
+MAX_LORA_RANK = 8
 # moto takes any keys; these are the engine's and the publisher's, never the host's
 ACCESS_KEY, SECRET_KEY, REGION = "testing", "testing", "us-east-1"
 
@@ -231,6 +235,7 @@ class EngineSession:
             dtype=DTYPE,
             logprobs_mode=LOGPROBS_MODE,
             env=model.s3_env,
+            max_lora_rank=MAX_LORA_RANK,
         )
         engine = Engine(spec, self.root / "engine.log").start()
         assert engine.startup_seconds is not None

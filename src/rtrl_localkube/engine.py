@@ -127,6 +127,10 @@ class EngineSpec:
     tool_call_parser: str | None = "hermes"
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # LoRA adapters loaded into the running engine (POST /v1/load_lora_adapter): the largest
+    # rank it takes (0: LoRA off) and how many adapters one batch may mix
+    max_lora_rank: int = 0
+    max_loras: int = 4
 
 
 def server_argv(spec: EngineSpec, port: int, python: Path, host: str = "127.0.0.1") -> list[str]:
@@ -146,6 +150,9 @@ def server_argv(spec: EngineSpec, port: int, python: Path, host: str = "127.0.0.
         argv.append("--enforce-eager")
     if spec.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
+    if spec.max_lora_rank:
+        argv += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank),
+                 "--max-loras", str(spec.max_loras)]  # fmt: skip
     return argv + list(spec.extra_args)
 
 
@@ -227,7 +234,10 @@ class Engine:
         ``s3://`` model's config and tokenizer into ``$VLLM_ASSETS_CACHE`` under a hash of the
         URI: two engines on one URI would otherwise write the same files at once.)"""
         assets = self.log_path.parent / f"vllm-assets-{self.port}"
-        return {**os.environ, **CPU_ENV, "VLLM_ASSETS_CACHE": str(assets), **dict(self.spec.env)}
+        # adapters are loaded at run time through the API only when this says so
+        lora = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.spec.max_lora_rank else {}
+        return {**os.environ, **CPU_ENV, "VLLM_ASSETS_CACHE": str(assets), **lora,
+                **dict(self.spec.env)}  # fmt: skip
 
     def start(self) -> Engine:
         """Start the server and wait until ``/health`` answers 200 (EngineError if it exits

@@ -131,19 +131,13 @@ def answer_ids(tokenizer: Any, case: Case) -> list[int]:
     return [*tokenizer.encode(case.answer, add_special_tokens=False), tokenizer.eos_token_id]
 
 
-def build(directory: Path, *, seed: int = 0, max_steps: int = 1000) -> dict[str, Any]:
-    """Build, train and save the model and tokenizer into ``directory`` (created). Returns
-    what the training did (steps, final loss, seconds)."""
-    import time
+def llama_config(vocab_size: int, *, bos: int, eos: int, pad: int | None = None) -> Any:
+    """The tiny model's architecture (module docstring) over ``vocab_size`` tokens: also
+    what the train tests build their own tiny Llamas from."""
+    from transformers import LlamaConfig
 
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    started = time.monotonic()
-    tokenizer = build_tokenizer(directory)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -153,11 +147,28 @@ def build(directory: Path, *, seed: int = 0, max_steps: int = 1000) -> dict[str,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
         attention_dropout=0.0,
     )
+
+
+def build(directory: Path, *, seed: int = 0, max_steps: int = 1000) -> dict[str, Any]:
+    """Build, train and save the model and tokenizer into ``directory`` (created). Returns
+    what the training did (steps, final loss, seconds)."""
+    import time
+
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    started = time.monotonic()
+    tokenizer = build_tokenizer(directory)
+    torch.manual_seed(seed)
+    config = llama_config(
+        VOCAB_SIZE, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id,
+        pad=tokenizer.pad_token_id,
+    )  # fmt: skip
     model = LlamaForCausalLM(config)
     rows = [(prompt_ids(tokenizer, c), answer_ids(tokenizer, c)) for c in CASES]
     width = max(len(p) + len(a) for p, a in rows)

@@ -37,11 +37,16 @@ class ConfigError(ValueError):
 
 
 def load_sections(
-    path: Path, sections: Sequence[str], *, extra: Sequence[str] = ()
+    path: Path,
+    sections: Sequence[str],
+    *,
+    extra: Sequence[str] = (),
+    optional: Sequence[str] = (),
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """The mappings ``sections`` (and ``extra``, keys outside an RLCycle spec) of a config
     file, each ``{}`` when absent, and the path they sit under (``spec`` for a manifest,
-    empty otherwise) for messages naming fields."""
+    empty otherwise) for messages naming fields. ``optional`` keys are outside the spec
+    too, but only returned where the file has them (``adapter: {}`` asks for defaults)."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -52,7 +57,7 @@ def load_sections(
         raise ConfigError(f"{path}: not valid YAML or JSON: {' '.join(str(exc).split())}") from None
     if doc is None:
         doc = {}
-    wanted = " and/or ".join([*sections, *extra])
+    wanted = " and/or ".join([*sections, *extra, *optional])
     if not isinstance(doc, dict):
         raise ConfigError(
             f"{path}: expected a mapping (an RLCycle, its spec, or {wanted}), "
@@ -66,14 +71,16 @@ def load_sections(
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: spec: expected a mapping")
     where = f"{base}." if base else ""
-    unknown = sorted(str(k) for k in doc if k not in SPEC_KEYS and k not in extra)
+    outside = (*extra, *optional)
+    unknown = sorted(str(k) for k in doc if k not in SPEC_KEYS and k not in outside)
     if unknown:
         raise ConfigError(
             f"{path}: {where}{unknown[0]}: unknown field (expected {wanted}, "
             "or a whole RLCycle spec)"
         )
     found: dict[str, dict[str, Any]] = {}
-    for name in (*sections, *extra):
+    present = [name for name in optional if name in doc]
+    for name in (*sections, *extra, *present):
         section = doc.get(name)
         if section is None:
             section = {}

@@ -159,6 +159,17 @@ def tiny_gpt2(seed: int = 0, *, layers: int = 2, width: int = 64, vocab: int = V
     return GPT2LMHeadModel(config).eval()
 
 
+def tiny_llama(seed: int = 0, *, vocab: int = VOCAB) -> Any:
+    """A Llama small enough to train in a second (the architecture vLLM serves LoRA
+    adapters on), built from a config (no download)."""
+    from transformers import LlamaForCausalLM
+
+    from rtrl_localkube.tinymodel import llama_config
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(llama_config(vocab, bos=1, eos=2)).eval()
+
+
 def save_tokenizer(directory: Path, size: int) -> None:
     """A word-level tokenizer of ``size`` tokens, saved the Hugging Face way."""
     from tokenizers import Tokenizer

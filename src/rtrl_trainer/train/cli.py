@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.adapter import AdapterSpec
 from rtrl.core.api.common import ApiModel
 from rtrl.core.api.rlcycle import TrainingSpec
 from rtrl_trainer.runner import add_endpoint_argument, run_step
 from rtrl_trainer.train.config import (
+    ADAPTER_FLAGS,
     TRAINER_FLAGS,
     TRAINER_SWITCHES,
     TRAINING_FLAGS,
@@ -27,7 +29,7 @@ from rtrl_trainer.train.config import (
     snake,
 )
 
-_METAVARS = {"precision": "bf16|fp32", "scratchDir": "DIR"}
+_METAVARS = {"precision": "bf16|fp32", "scratchDir": "DIR", "targetModules": "NAME,..."}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=_help(TrainingSpec, switch),
         )
+    adapter = parser.add_argument_group(
+        "a LoRA adapter instead of all weights (any of these asks for one; a parent that "
+        "is an adapter is continued with its own shape)"
+    )
+    _add_flags(adapter, "adapter", AdapterSpec, ADAPTER_FLAGS)
     run_group = parser.add_argument_group("this run")
     _add_flags(run_group, "trainer", TrainerOptions, TRAINER_FLAGS)
     run_group.add_argument(
@@ -118,8 +125,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         config_file=args.config,
         training_overrides=_given(args, "training", (*TRAINING_FLAGS, *TRAINING_SWITCHES)),
         trainer_overrides=_given(args, "trainer", (*TRAINER_FLAGS, *TRAINER_SWITCHES)),
+        adapter_overrides=_adapter_given(args),
         endpoint_url=args.endpoint_url,
     )
+
+
+def _adapter_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The adapter fields a flag set; ``--adapter-target-modules`` is comma-separated."""
+    given = _given(args, "adapter", tuple(ADAPTER_FLAGS))
+    if "targetModules" in given:
+        given["targetModules"] = [m.strip() for m in given["targetModules"].split(",")]
+    return given
 
 
 def _given(args: argparse.Namespace, section: str, fields: tuple[str, ...]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import Field, ValidationError
 
+from rtrl.core.api.adapter import AdapterSpec
 from rtrl.core.api.common import ApiModel
 from rtrl.core.api.rlcycle import Precision, TrainingSpec
 from rtrl.core.store import parse_store_uri
@@ -102,6 +103,13 @@ TRAINER_FLAGS = _flags(TrainerOptions, ("saveEverySteps", "maxSteps", "scratchDi
 # Boolean fields: field -> flag (a switch, no value).
 TRAINING_SWITCHES = {name: flag(name) for name in ("activationCheckpointing", "packSequences")}
 TRAINER_SWITCHES = {"keepDeepspeedState": flag("keepDeepspeedState")}
+# AdapterSpec fields -> (flag, argparse type); a list is given comma-separated. Any of them
+# asks for an adapter (the rest at their defaults), as an ``adapter:`` section does.
+ADAPTER_FLAGS = {
+    "rank": ("--adapter-rank", int),
+    "alpha": ("--adapter-alpha", int),
+    "targetModules": ("--adapter-target-modules", str),
+}
 # TrainingSpec fields that change what is computed; a resumed run must agree on all of them.
 LEARNING_FIELDS = (
     "zero_stage",
@@ -132,6 +140,9 @@ class TrainConfig:
     training: TrainingSpec
     trainer: TrainerOptions
     endpoint_url: str | None = None
+    # a LoRA adapter on the parent instead of all its weights (train/adapter.py); a parent
+    # that is itself an adapter is continued with its own shape when this is None
+    adapter: AdapterSpec | None = None
 
     @property
     def bf16(self) -> bool:
@@ -151,6 +162,7 @@ def build_config(
     config_file: Path | None = None,
     training_overrides: Mapping[str, Any] | None = None,
     trainer_overrides: Mapping[str, Any] | None = None,
+    adapter_overrides: Mapping[str, Any] | None = None,
     endpoint_url: str | None = None,
 ) -> TrainConfig:
     """Validate the file and the flags into a :class:`TrainConfig`; :class:`ConfigError`
@@ -172,13 +184,19 @@ def build_config(
                 )
     training_doc: dict[str, Any] = {}
     trainer_doc: dict[str, Any] = {}
+    adapter_doc: dict[str, Any] | None = None
     base, where = "", "flags"
     if config_file is not None:
-        found, base = load_sections(config_file, ("training",), extra=("trainer",))
+        found, base = load_sections(
+            config_file, ("training",), extra=("trainer",), optional=("adapter",)
+        )
         training_doc, trainer_doc = found["training"], found["trainer"]
+        adapter_doc = found.get("adapter")
         where = str(config_file)
     training_doc = _override(training_doc, training_overrides or {})
     trainer_doc = _override(trainer_doc, trainer_overrides or {})
+    if adapter_overrides:
+        adapter_doc = _override(adapter_doc or {}, adapter_overrides)
     if "image" not in training_doc:
         training_doc["image"] = PLACEHOLDER_IMAGE
     prefix = f"{base}." if base else ""
@@ -196,6 +214,20 @@ def build_config(
         path="trainer",
         flags=_flag_names(TRAINER_FLAGS, TRAINER_SWITCHES, trainer_overrides),
     )
+    adapter = None
+    if adapter_doc is not None:
+        adapter = _validate(
+            AdapterSpec,
+            adapter_doc,
+            where=where,
+            path="adapter",
+            flags={k: v[0] for k, v in ADAPTER_FLAGS.items() if k in (adapter_overrides or {})},
+        )
+        if training.zero_stage == 3:
+            raise ConfigError(
+                f"{where}: {prefix}training.zeroStage: 3 cannot train an adapter here (the "
+                "frozen base is replicated, only the adapter is trained); use 0, 1 or 2"
+            )
     return TrainConfig(
         parent=parent,
         data=data,
@@ -203,6 +235,7 @@ def build_config(
         training=training,
         trainer=trainer,
         endpoint_url=endpoint_url,
+        adapter=adapter,
     )
 
 
@@ -248,9 +281,15 @@ def describe(config: TrainConfig) -> dict[str, Any]:
     training = config.training.model_dump(mode="json", exclude_none=True)
     if training.get("image") == PLACEHOLDER_IMAGE:
         training.pop("image")
-    return {"training": training, "trainer": config.trainer.model_dump(mode="json")}
+    doc = {"training": training, "trainer": config.trainer.model_dump(mode="json")}
+    if config.adapter is not None:
+        doc["adapter"] = config.adapter.model_dump(mode="json")
+    return doc
 
 
 def fingerprint_source(config: TrainConfig) -> str:
     """Canonical JSON of the settings a resumed run must share with the interrupted one."""
-    return json.dumps(config.learning_settings(), sort_keys=True)
+    settings = config.learning_settings()
+    if config.adapter is not None:
+        settings["adapter"] = config.adapter.model_dump(mode="json")
+    return json.dumps(settings, sort_keys=True)

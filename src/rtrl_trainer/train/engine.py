@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rtrl.core.api.adapter import AdapterSpec
+from rtrl_trainer.train import adapter as lora
 from rtrl_trainer.train.batches import Schedule
 from rtrl_trainer.train.collectives import Ranks, TrainAbortError, gather, say
 from rtrl_trainer.train.config import TrainConfig
@@ -89,12 +91,21 @@ def prepare_runtime(cuda: bool) -> None:
 
 
 def build_engine(
-    parent_dir: Path, vocab_size: int, config: TrainConfig, schedule: Schedule, ranks: Ranks
+    parent_dir: Path,
+    vocab_size: int,
+    config: TrainConfig,
+    schedule: Schedule,
+    ranks: Ranks,
+    *,
+    adapter: AdapterSpec | None = None,
+    parent_adapter: Path | None = None,
 ) -> tuple[DeepSpeedEngine, dict[str, float], bool, dict[str, Any]]:
     """(engine, the dropout settings switched off, whether the model takes
     ``logits_to_keep``, this rank's host memory while loading: :func:`memory_report`) for
     the Hugging Face checkpoint in ``parent_dir``. ZeRO-3 loads the parent straight into
-    partitions (zero3_load.py); ZeRO 0-2 keep a whole copy on every rank anyway."""
+    partitions (zero3_load.py); ZeRO 0-2 keep a whole copy on every rank anyway. With
+    ``adapter`` the checkpoint is the frozen base of a LoRA adapter (``parent_adapter``'s,
+    or a fresh one: adapter.py), and only the adapter is trained."""
     import deepspeed
 
     ds_config = deepspeed_config(
@@ -119,8 +130,13 @@ def build_engine(
             f"parent {config.parent}: config.json says vocab_size {vocab_size} but the "
             f"embedding has {rows} rows"
         )
+    if adapter is not None:
+        model = lora.wrap(model, adapter, parent_adapter)
+        say(f"training a LoRA adapter of rank {adapter.rank}: "
+            f"{lora.trainable_parameters(model):,} parameters, the base frozen")  # fmt: skip
     set_training_mode(model, activation_checkpointing=config.training.activation_checkpointing)
-    keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+    forward = lora.base_model(model).forward  # an adapter passes the base's arguments on
+    keep_logits = "logits_to_keep" in inspect.signature(forward).parameters
     initialising = PhaseMemory.start()
     with freed_to_the_os():
         engine, *_ = deepspeed.initialize(

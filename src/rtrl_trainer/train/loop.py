@@ -115,7 +115,13 @@ def train(config: TrainConfig, ranks: Ranks, *, device: torch.device, started: f
         f"{schedule.micro_batch_words()} per rank"
     )
     engine, dropout, keep_logits, load_memory = build_engine(
-        inputs.parent.directory, inputs.vocab_size, config, schedule, ranks
+        inputs.model.directory,
+        inputs.vocab_size,
+        config,
+        schedule,
+        ranks,
+        adapter=inputs.adapter,
+        parent_adapter=inputs.parent_adapter,
     )
     fingerprint = run_fingerprint(config, inputs, ranks.world_size)
     start_step, start_lp, progress = start_or_resume(

@@ -21,6 +21,7 @@ from rtrl.core.api.checkpoint import TrainingSummary
 from rtrl.core.results import TrainResult
 from rtrl.core.store import ObjectStore, StoreError
 from rtrl_trainer import checkpoint_io as cio
+from rtrl_trainer.train import adapter as lora
 from rtrl_trainer.train.collectives import Ranks, agree, gather, say
 from rtrl_trainer.train.config import TrainConfig, describe
 from rtrl_trainer.train.hostmem import process_peak_bytes
@@ -68,6 +69,7 @@ def publish_checkpoint(
             probe=probe,
             wall_seconds=progress.earlier_wall_seconds + time.time() - started,
             host_memory=memory,
+            adapter=adapter_document(inputs, engine.module),
         )
         try:
             publish(
@@ -131,6 +133,7 @@ def train_document(
     probe: dict[str, Any],
     wall_seconds: float,
     host_memory: dict[str, Any] | None = None,
+    adapter: dict[str, Any] | None = None,
 ) -> TrainResult:
     """train.json: the summary the operator puts on the Checkpoint (TrainingSummary) and
     the details behind it."""
@@ -194,8 +197,22 @@ def train_document(
         },
         history=history,
         probe=probe,
+        adapter=adapter,
         finished_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
     )
+
+
+def adapter_document(inputs: Inputs, module: Any) -> dict[str, Any] | None:
+    """train.json's ``adapter``: its shape, how many parameters it trained, and the base it
+    runs on (None when all weights were trained)."""
+    if inputs.adapter is None:
+        return None
+    return {
+        **inputs.adapter.model_dump(mode="json"),
+        "trainable_parameters": lora.trainable_parameters(module),
+        "continued": inputs.parent_adapter is not None,
+        "base": {"uri": inputs.model.uri, "digest": lora.files_digest(inputs.model.files)},
+    }
 
 
 def publish(
@@ -215,20 +232,28 @@ def publish(
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     module = engine.module
-    for name, value in dropout.items():
-        setattr(module.config, name, value)
-    # ZeRO 0-2: every rank holds the whole module. ZeRO-3: state_dict was gathered from all
-    # ranks; save_pretrained drops tied duplicates (lm_head = embeddings) in both cases.
-    module.save_pretrained(out_dir, state_dict=state_dict)
-    copied = cio.copy_parent_files(inputs.parent, out_dir)
-    (out_dir / TrainResult.FILE).write_text(doc.to_json(sort_keys=True))
-    files = cio.checkpoint_files(out_dir)
     metadata = {
         "kind": "checkpoint",
         "producedBy": "rtrl-job train",
         "parent": config.parent,
         "data": config.data,
     }
+    copied: list[str] = []
+    if inputs.adapter is not None:
+        # the adapter alone (ZeRO 0-2: rank 0 holds it whole), its lineage in the manifest
+        lora.save(module, out_dir, base_uri=inputs.model.uri)
+        metadata.update(
+            kind=lora.KIND, base=inputs.model.uri, baseDigest=lora.files_digest(inputs.model.files)
+        )
+    else:
+        for name, value in dropout.items():
+            setattr(module.config, name, value)
+        # ZeRO 0-2: every rank holds the whole module. ZeRO-3: state_dict was gathered from
+        # all ranks; save_pretrained drops tied duplicates (lm_head = embeddings) in both.
+        module.save_pretrained(out_dir, state_dict=state_dict)
+        copied = cio.copy_parent_files(inputs.parent, out_dir)
+    (out_dir / TrainResult.FILE).write_text(doc.to_json(sort_keys=True))
+    files = cio.checkpoint_files(out_dir)
     store.commit("", files, metadata)
     extra = f"; from the parent: {', '.join(copied)}" if copied else ""
     say(f"published {store.uri} ({len(files)} files{extra})")

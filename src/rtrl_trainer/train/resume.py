@@ -42,10 +42,12 @@ if TYPE_CHECKING:
 
 
 def run_fingerprint(config: TrainConfig, inputs: Inputs, world_size: int) -> str:
-    """What saved state must match to be resumed: the same parent, data, learning settings
-    and world size (DeepSpeed cannot re-partition optimizer state)."""
+    """What saved state must match to be resumed: the same parent (and base under an
+    adapter), data, learning settings and world size (DeepSpeed cannot re-partition
+    optimizer state)."""
     doc = {
         "parent": inputs.parent.files,
+        "base": inputs.base.files if inputs.base is not None else None,
         "data": inputs.data.files,
         "settings": fingerprint_source(config),
         "world_size": world_size,

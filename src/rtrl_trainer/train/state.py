@@ -19,11 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rtrl.core.api.adapter import AdapterSpec
 from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
 from rtrl_trainer import checkpoint_io as cio
 from rtrl_trainer.stagedset import RESULT_NAME, TRAIN_DIR
+from rtrl_trainer.train import adapter as lora
 from rtrl_trainer.train.batches import (
     Schedule,
     make_schedule,
@@ -46,13 +48,29 @@ from rtrl_trainer.train.examples import (
 
 @dataclass(frozen=True)
 class Inputs:
-    """What local rank 0 fetched and checked, shared with every rank."""
+    """What local rank 0 fetched and checked, shared with every rank.
+
+    ``adapter``: the shape of the LoRA adapter to train (None: all weights). ``base``: the
+    model under a parent that is itself an adapter (train/adapter.py); otherwise the
+    parent is the model, and a fresh adapter goes on it."""
 
     parent: cio.Fetched
     data: cio.Fetched
     stage: StageResult
     vocab_size: int
     tokenizer_size: int | None
+    adapter: AdapterSpec | None = None
+    base: cio.Fetched | None = None
+
+    @property
+    def model(self) -> cio.Fetched:
+        """The whole checkpoint whose weights are loaded (and, with an adapter, frozen)."""
+        return self.base if self.base is not None else self.parent
+
+    @property
+    def parent_adapter(self) -> Path | None:
+        """The directory of the adapter to continue (None: a fresh one, or none)."""
+        return self.parent.directory if self.base is not None else None
 
 
 @dataclass(frozen=True)
@@ -105,8 +123,9 @@ def share_inputs(config: TrainConfig, ranks: Ranks, scratch: Path) -> Inputs:
         inputs,
         parent=replace(inputs.parent, directory=scratch / "parent"),
         data=replace(inputs.data, directory=scratch / "data"),
+        base=replace(inputs.base, directory=scratch / "base") if inputs.base else None,
     )
-    for note in inputs.parent.notes:
+    for note in inputs.model.notes:
         say(note)
     return inputs
 
@@ -145,45 +164,81 @@ def fetch_inputs(config: TrainConfig, scratch: Path) -> Inputs:
     data, _ = cio.fetch_committed(
         data_store, scratch / "data", label="staged training set", names=names
     )
-    parent_store = open_store(config.parent, endpoint_url=config.endpoint_url)
-    parent = cio.fetch_checkpoint(parent_store, scratch / "parent")
-    vocab_size, tokenizer_size = _vocabulary(config, parent)
+    parent, base, adapter = _fetch_parent(config, scratch)
+    label = f"base {base.uri}" if base is not None else f"parent {config.parent}"
+    vocab_size, tokenizer_size = _vocabulary(label, base or parent)
     return Inputs(
         parent=parent,
         data=data,
         stage=stage,
         vocab_size=vocab_size,
         tokenizer_size=tokenizer_size,
+        adapter=adapter,
+        base=base,
     )
 
 
-def _vocabulary(config: TrainConfig, parent: cio.Fetched) -> tuple[int, int | None]:
-    """(the model's vocabulary size, the tokenizer's size if the parent has one); a
+def _fetch_parent(
+    config: TrainConfig, scratch: Path
+) -> tuple[cio.Fetched, cio.Fetched | None, AdapterSpec | None]:
+    """(the parent, the base under it when it is an adapter, the adapter shape to train).
+    An adapter parent's base is the one its manifest names, with the files it was trained
+    on (their digest), or the step stops: an adapter on another base computes something
+    nobody measured."""
+    parent_store = open_store(config.parent, endpoint_url=config.endpoint_url)
+    manifest = parent_store.committed("")
+    if manifest is None or not lora.is_adapter(manifest.files):
+        return cio.fetch_checkpoint(parent_store, scratch / "parent"), None, config.adapter
+    label = f"parent adapter {parent_store.uri}"
+    parent, _ = cio.fetch_committed(parent_store, scratch / "parent", label=label)
+    shape = lora.resolve(config.adapter, lora.spec_of(parent.directory, label), label)
+    base_uri = manifest.metadata.get("base")
+    if not isinstance(base_uri, str) or not base_uri:
+        raise cio.InputError(
+            f"{label}: its manifest names no base (metadata.base): the model it adapts is unknown"
+        )
+    try:
+        base_store = open_store(base_uri, endpoint_url=config.endpoint_url)
+    except ValueError as exc:
+        raise cio.InputError(f"{label}: metadata.base {base_uri!r}: {exc}") from None
+    base = cio.fetch_checkpoint(base_store, scratch / "base", label="base")
+    if lora.is_adapter(base.files):
+        raise cio.InputError(f"{label}: its base {base_uri} is itself an adapter")
+    recorded, found = manifest.metadata.get("baseDigest"), lora.files_digest(base.files)
+    if recorded != found:
+        raise cio.InputError(
+            f"{label} was trained on other files than base {base_uri} holds now (digest "
+            f"{str(recorded)[:12]}..., now {found[:12]}...): it would run on a base it was "
+            "not trained on; train a new adapter from the base"
+        )
+    return parent, base, shape
+
+
+def _vocabulary(label: str, model: cio.Fetched) -> tuple[int, int | None]:
+    """(the model's vocabulary size, the tokenizer's size if the model has one); a
     tokenizer larger than the vocabulary is an :class:`~cio.InputError`."""
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(parent.directory)
+        AutoConfig.from_pretrained(model.directory)
         # The vocabulary is read as the stage step and `rtrl shards validate --checkpoint`
         # read it, so the ids they passed are exactly the ids trained on here.
-        raw = (parent.directory / CONFIG_NAME).read_bytes()
+        raw = (model.directory / CONFIG_NAME).read_bytes()
         vocab_size = vocab_size_of(parse_config(raw))
     except (OSError, ValueError) as exc:
-        raise cio.InputError(f"parent {config.parent}: config.json is not usable ({exc})") from None
-    if not cio.has_tokenizer(parent.files):
+        raise cio.InputError(f"{label}: config.json is not usable ({exc})") from None
+    if not cio.has_tokenizer(model.files):
         return vocab_size, None
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(parent.directory)
+        tokenizer = AutoTokenizer.from_pretrained(model.directory)
     except (OSError, ValueError) as exc:
-        raise cio.InputError(
-            f"parent {config.parent}: tokenizer cannot be loaded ({exc})"
-        ) from None
+        raise cio.InputError(f"{label}: tokenizer cannot be loaded ({exc})") from None
     tokenizer_size = len(tokenizer)
     if tokenizer_size > vocab_size:
         raise cio.InputError(
-            f"parent {config.parent}: the tokenizer has {tokenizer_size} tokens but the "
+            f"{label}: the tokenizer has {tokenizer_size} tokens but the "
             f"model's vocabulary (config.json vocab_size) has {vocab_size}: mismatched "
             "tokenizer"
         )

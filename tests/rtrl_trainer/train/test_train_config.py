@@ -116,12 +116,38 @@ def test_cli_exits_2_on_a_bad_config_without_training(
     assert "--micro-batch-size (training.microBatchSize)" in capsys.readouterr().err
 
 
+def test_an_adapter_from_the_file_or_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No adapter unless asked; ``adapter: {}`` asks for the defaults; flags override the
+    file's fields; a bad field, or ZeRO-3, exits 2 naming it."""
+    assert build_config(**URIS).adapter is None
+    doc = {"training": {"zeroStage": 2}, "adapter": {}}
+    config = build_config(**URIS, config_file=_write(tmp_path, doc))
+    assert config.adapter is not None
+    assert (config.adapter.rank, config.adapter.alpha) == (8, 16)
+    assert config.adapter.peft_target_modules() == "all-linear"
+    doc["adapter"] = {"rank": 16, "targetModules": ["q_proj", "v_proj"]}
+    config = build_config(**URIS, config_file=_write(tmp_path, doc), adapter_overrides={"rank": 4})
+    assert config.adapter is not None and config.adapter.rank == 4
+    assert config.adapter.peft_target_modules() == ["q_proj", "v_proj"]
+    assert describe(config)["adapter"]["rank"] == 4
+    args = ["train", "--parent", URIS["parent"], "--data", URIS["data"], "--out", URIS["out"]]
+    assert main([*args, "--adapter-rank", "0"]) == 2
+    assert "--adapter-rank (adapter.rank)" in capsys.readouterr().err
+    assert main([*args, "--adapter-target-modules", "q_proj,v proj"]) == 2
+    assert "--adapter-target-modules (adapter.targetModules[1])" in capsys.readouterr().err
+    assert main([*args, "--adapter-rank", "4", "--zero-stage", "3"]) == 2
+    assert "zeroStage: 3 cannot train an adapter" in capsys.readouterr().err
+
+
 def test_help_lists_the_flags() -> None:
     out = subprocess.run(
         [console_script("rtrl-job"), "train", "--help"], capture_output=True, text=True, cwd=REPO
     )
     assert out.returncode == 0
-    for flag in ("--parent", "--data", "--out", "--config", "--zero-stage", "--save-every-steps"):
+    for flag in ("--parent", "--data", "--out", "--config", "--zero-stage", "--save-every-steps",
+                 "--adapter-rank", "--adapter-target-modules"):  # fmt: skip
         assert flag in out.stdout
 
 

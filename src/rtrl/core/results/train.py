@@ -28,6 +28,8 @@ class TrainResult(StepResult):
     run: dict[str, Any] = Field(default_factory=dict)
     history: list[dict[str, Any]] = Field(default_factory=list)
     probe: dict[str, Any] = Field(default_factory=dict)
+    # a LoRA adapter's shape, trained parameters and base (None: all weights were trained)
+    adapter: dict[str, Any] | None = None
     finished_at: str | None = None
 
     def document(self) -> dict[str, Any]:
