@@ -241,7 +241,8 @@ ROOMS: dict[str, Room] = {
     ),
     "rtrl_serving.capture": room(
         "`rtrl-capture`: the OpenAI-API proxy sidecar in front of the engine that records "
-        "each generation",
+        "each generation, and routes organisations to their LoRA adapters",
+        "rtrl.core.api",
         "rtrl.core.events",
         "rtrl.core.store",
         "rtrl_serving.spool",

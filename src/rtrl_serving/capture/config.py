@@ -59,6 +59,8 @@ class CaptureConfig:
     clock_header: str | None = None
     drain_timeout_s: float = 25.0
     verify_interval_s: float = 30.0
+    adapters: str | None = None  # the routing table's file (adapters.py); None: no routing
+    adapter_dir: str = "/var/lib/rtrl-adapters"
 
 
 # (flag, env, default, help)
@@ -97,6 +99,11 @@ _FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
      "Unix seconds) instead of the clock; off by default"),
     ("--drain-timeout-s", "RTRL_CAPTURE_DRAIN_TIMEOUT_S", "25",
      "on SIGTERM: how long to wait for in-flight requests and the last uploads"),
+    ("--adapters", "RTRL_CAPTURE_ADAPTERS", None,
+     "a file routing organisations to LoRA adapters in the engine (YAML or JSON: orgs: "
+     "{ORG: {stable, canary, weight}}), followed as it changes; off by default"),
+    ("--adapter-dir", "RTRL_CAPTURE_ADAPTER_DIR", "/var/lib/rtrl-adapters",
+     "where routed adapters are downloaded: a directory the engine reads too"),
 )  # fmt: skip
 
 
@@ -183,4 +190,6 @@ def parse_args(
         tool_call_markers=markers,
         clock_header=args.clock_header or None,
         drain_timeout_s=number("--drain-timeout-s", args.drain_timeout_s, low=0),
+        adapters=args.adapters or None,
+        adapter_dir=str(args.adapter_dir),
     )

@@ -3,11 +3,13 @@
 Served requests by arm, endpoint and status (what the A/B analysis counts per arm); events
 spooled, shipped and dropped by reason (``spool_full``, ``io_error``, ``corrupt``, ``torn``,
 ``encode``); checkpoint mismatches; spool bytes; upload failures; requests whose events carry
-no tokens, by reason; tool calls and invalid ones.
+no tokens, by reason; tool calls and invalid ones; with adapter routing, the routing
+tables applied and refused and the adapters loaded.
 """
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -60,6 +62,25 @@ class _SpoolCollector(Collector):
         )
 
 
+class _RouterCollector(Collector):
+    def __init__(self, tables: Tally[str], loaded: Callable[[], int]) -> None:
+        self._tables = tables
+        self._loaded = loaded
+
+    def collect(self) -> Iterator[Metric]:
+        tables = CounterMetricFamily(
+            "rtrl_capture_adapter_tables",
+            "Adapter routing tables applied, and refused (the previous one stayed)",
+            labels=["result"],
+        )
+        for result in ("applied", "refused"):
+            tables.add_metric([result], self._tables[result])
+        yield tables
+        yield GaugeMetricFamily(
+            "rtrl_capture_adapters_loaded", "Adapters loaded in the engine", value=self._loaded()
+        )
+
+
 class CaptureMetrics:
     """The proxy's own counters, plus the spool's read at scrape time."""
 
@@ -103,3 +124,6 @@ class CaptureMetrics:
 
     def watch_spool(self, snapshot: Callable[[], SpoolSnapshot]) -> None:
         self.registry.register(_SpoolCollector(snapshot, lambda: self.encode_dropped))
+
+    def watch_router(self, tables: Tally[str], loaded: Callable[[], int]) -> None:
+        self.registry.register(_RouterCollector(tables, loaded))

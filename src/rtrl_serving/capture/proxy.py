@@ -25,15 +25,17 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rtrl.core.events import GENERATION_SCHEMA, GENERATIONS_DIR, new_interaction_id
 from rtrl.core.store import ObjectStore, open_store, redact
+from rtrl_serving.capture.adapters import AdapterRouter, Route
 from rtrl_serving.capture.collect import Collector
 from rtrl_serving.capture.config import CaptureConfig
 from rtrl_serving.capture.engine import EngineWatch
-from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, rows_ids
+from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, header_value, rows_ids
+from rtrl_serving.capture.headers import forward_headers, response_headers
 from rtrl_serving.capture.metrics import CaptureMetrics
 from rtrl_serving.capture.recorder import Exchange, Recorder
 from rtrl_serving.capture.rewrite import ENDPOINTS, Rewrite, rewrite
@@ -44,25 +46,8 @@ log = logging.getLogger(__name__)
 
 INTERACTION_HEADER = "X-Rtrl-Interaction-Id"
 GENERATIONS = EventKind(GENERATIONS_DIR, GENERATION_SCHEMA, by_hour_of("created_at"))
-# Headers that describe one hop, not the message (RFC 9110 7.6.1), and those aiohttp sets.
-_HOP = frozenset(
-    h.lower()
-    for h in ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE",
-              "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length")
-)  # fmt: skip
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 IDLE_KEEPALIVE_S = 2.0
-
-
-def _forward_headers(headers: CIMultiDictProxy[str], *, plain: bool) -> CIMultiDict[str]:
-    """The client's headers for the engine; ``plain`` drops Accept-Encoding (the proxy
-    reads captured responses, which must not be compressed)."""
-    skip = _HOP | {"accept-encoding"} if plain else _HOP
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
-
-
-def _response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
 
 
 class CaptureProxy:
@@ -92,6 +77,15 @@ class CaptureProxy:
             serving_dtype=config.serving_dtype,
         )
         self.recorder = Recorder(config, self.spool, self.metrics, identity)
+        self.router: AdapterRouter | None = None
+        if config.adapters:
+            self.router = AdapterRouter(
+                Path(config.adapters), Path(config.adapter_dir),
+                engine=config.engine, base_uri=config.model_uri,
+            )  # fmt: skip
+            router = self.router
+            self.metrics.watch_router(router.tables, lambda: len(router.loaded))
+        self._routing: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
         self.watch: EngineWatch | None = None
         self.shipped_all: bool | None = None  # after shutdown: whether the spool emptied
@@ -131,6 +125,8 @@ class CaptureProxy:
         self.spool.start()
         log.info("capturing for %s as writer %s", redact(self.config.engine), self.spool.writer_id)
         self._watcher = asyncio.create_task(self._watch_engine())
+        if self.router is not None:
+            self._routing = asyncio.create_task(self.router.run(self.session))
 
     async def _watch_engine(self) -> None:
         assert self.watch is not None
@@ -146,10 +142,11 @@ class CaptureProxy:
 
     async def _cleanup(self, _app: web.Application) -> None:
         """After the last in-flight request: flush and ship everything, then close."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for task in (self._watcher, self._routing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.session is not None:
             await self.session.close()
         self.shipped_all = await asyncio.to_thread(self.spool.close, self.config.drain_timeout_s)
@@ -172,6 +169,10 @@ class CaptureProxy:
         spool = self.spool.writable()
         if spool is not None:
             problems.append(spool)
+        if self.router is not None and not self.router.applied:
+            # its orgs' adapters are not in the engine yet: their requests would get the base
+            why = f": {self.router.problem}" if self.router.problem else ""
+            problems.append(f"the adapter routing table is not in effect yet{why}")
         if problems:
             return web.Response(status=503, text="; ".join(problems) + "\n")
         return web.Response(text="ready\n")
@@ -188,13 +189,13 @@ class CaptureProxy:
         try:
             upstream = await self._send(
                 request.method, request.path_qs, body or None,
-                _forward_headers(request.headers, plain=False),
+                forward_headers(request.headers, plain=False),
             )  # fmt: skip
         except aiohttp.ClientError as exc:
             return self._unreachable(exc)
         async with upstream:
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in _response_headers(upstream):
+            for key, value in response_headers(upstream):
                 resp.headers.add(key, value)
             length = upstream.headers.get("Content-Length")
             if length is not None:
@@ -255,16 +256,37 @@ class CaptureProxy:
             ) from None
         return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
+    def _route(self, request: web.Request) -> Route | None:
+        if self.router is None:
+            return None
+        config, headers = self.config, request.headers
+        unit = header_value(headers, config.user_header) or header_value(
+            headers, config.session_header
+        )
+        return self.router.route(header_value(headers, config.org_header), unit)
+
     async def _capture(self, request: web.Request) -> web.StreamResponse:
+        route = self._route(request)
+        try:
+            return await self._captured(request, route)
+        finally:
+            if self.router is not None:
+                self.router.release(route)
+
+    async def _captured(self, request: web.Request, route: Route | None) -> web.StreamResponse:
         assert self.session is not None
         started = time.monotonic()
         created = self._served_at(request)
-        rw = rewrite(ENDPOINTS[request.path], await request.read())
+        adapter = route.ref.name if route is not None and route.ref is not None else None
+        served = self.watch.state.served_name if self.watch is not None else None
+        rw = rewrite(ENDPOINTS[request.path], await request.read(), model=adapter, served=served)
+        if adapter is not None and rw.model_sent is None and route is not None:
+            route = Route(None, route.arm)  # not JSON: the engine refuses it, as the base
         ids = [new_interaction_id(created) for _ in range(rw.choices)]
-        ex = Exchange(request, rw, ids, created, started)
+        ex = Exchange(request, rw, ids, created, started, route=route)
         try:
             upstream = await self._send(
-                "POST", request.path_qs, rw.body, _forward_headers(request.headers, plain=True)
+                "POST", request.path_qs, rw.body, forward_headers(request.headers, plain=True)
             )
         except aiohttp.ClientError as exc:
             resp = self._unreachable(exc)
@@ -294,8 +316,9 @@ class CaptureProxy:
                 )
                 if rw.strips:
                     body = strip_response(doc, rw, body)
+        body = rw.restore_model(body)
         resp = web.Response(status=upstream.status, reason=upstream.reason, body=body)
-        for key, value in _response_headers(upstream):
+        for key, value in response_headers(upstream):
             resp.headers.add(key, value)
         resp.headers[INTERACTION_HEADER] = ",".join(ex.ids if collector else ex.ids[:1])
         status = upstream.status
@@ -309,7 +332,7 @@ class CaptureProxy:
 
     async def _stream(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for key, value in _response_headers(upstream):
+        for key, value in response_headers(upstream):
             resp.headers.add(key, value)
         resp.headers[INTERACTION_HEADER] = ",".join(ex.ids)
         collector = Collector(ex.rw.endpoint)
@@ -358,12 +381,12 @@ class CaptureProxy:
             return event
         collector.add_chunk(chunk)
         if not rw.strips or "choices" not in chunk:
-            return event
+            return rw.restore_model(event)
         payload = event[6:-2]
         stripped = strip_chunk(chunk, rw, payload)
         if stripped is None:
             return b""
-        return event if stripped is payload else b"data: " + stripped + b"\n\n"
+        return rw.restore_model(event if stripped is payload else b"data: " + stripped + b"\n\n")
 
 
 def _stream_status(collector: Collector) -> int:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from aiohttp import web
 
 from rtrl.core.events import new_interaction_id
+from rtrl_serving.capture.adapters import Route
 from rtrl_serving.capture.collect import Collector
 from rtrl_serving.capture.config import CaptureConfig
 from rtrl_serving.capture.engine import EngineState
@@ -40,6 +41,7 @@ class Exchange:
     created: datetime  # its serving time
     started: float  # monotonic, at arrival
     recorded: bool = False
+    route: Route | None = None  # its org's adapter and arm (adapters.py), if routed
 
 
 class Recorder:
@@ -75,11 +77,21 @@ class Recorder:
             session_id=header_value(headers, config.session_header),
             org=header_value(headers, config.org_header),
         )
+        identity, engine_model = self.identity, state.engine_model
+        if ex.route is not None:
+            # the org's arm; its adapter's checkpoint (the base's where it has none), which
+            # the engine serves under the adapter's name on the verified base
+            ref = ex.route.ref
+            identity = replace(identity, arm=ex.route.arm)
+            if ref is not None:
+                identity = replace(identity, checkpoint_id=ref.checkpoint, model_uri=ref.uri,
+                                   rlcycle=ref.rlcycle or identity.rlcycle)  # fmt: skip
+                engine_model = ref.name
         make_row = functools.partial(
             event_row,
             served=served,
-            identity=self.identity,
-            engine_model=state.engine_model,
+            identity=identity,
+            engine_model=engine_model,
             verified=state.verified,
         )
         rows = []
@@ -104,7 +116,7 @@ class Recorder:
                 if choice.missing:
                     self.metrics.uncaptured.labels(choice.missing).inc()
                 rows.append(make_row(interaction_id, choice=choice, tools=verdict))
-        self.metrics.requests.labels(config.arm or "", rw.endpoint, str(status)).inc()
+        self.metrics.requests.labels(identity.arm or "", rw.endpoint, str(status)).inc()
         if not state.verified:
             self.metrics.mismatches.inc(len(rows))
         for row in rows:

@@ -45,10 +45,21 @@ class Rewrite:
     # cannot_request), or None
     uncapturable: str | None
     choices: int  # completions the request asks for (ids to mint)
+    # routed to an adapter: the response's model field as the engine writes it, and as the
+    # client is given it back (what it asked for)
+    model_sent: bytes | None = None
+    model_asked: bytes | None = None
 
     @property
     def strips(self) -> bool:
         return self.added_logprobs or self.added_token_ids
+
+    def restore_model(self, data: bytes) -> bytes:
+        """``data`` (a response body or SSE event) with the adapter's name in its ``model``
+        field replaced by the name the client asked for (vLLM writes compact JSON)."""
+        if self.model_sent is None or self.model_asked is None:
+            return data
+        return data.replace(self.model_sent, self.model_asked)
 
 
 def _is_unset(value: object) -> bool:
@@ -85,8 +96,16 @@ def _append_fields(raw: bytes, fields: dict[str, Any]) -> bytes:
     return head + joiner + extra + b"}"
 
 
-def rewrite(endpoint: str, raw: bytes) -> Rewrite:
-    """The request to forward for the client's ``raw`` body on ``endpoint``."""
+def _model_field(name: str) -> bytes:
+    return b'"model":' + json.dumps(name, ensure_ascii=False).encode()
+
+
+def rewrite(
+    endpoint: str, raw: bytes, *, model: str | None = None, served: str | None = None
+) -> Rewrite:
+    """The request to forward for the client's ``raw`` body on ``endpoint``; with
+    ``model``, sent to that adapter instead of what it named (or, naming nothing, the
+    engine's ``served`` model), which the response is given back."""
     try:
         request = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -94,12 +113,19 @@ def rewrite(endpoint: str, raw: bytes) -> Rewrite:
     if not isinstance(request, dict):
         return Rewrite(endpoint, raw, None, False, False, "not_json", 1)
     choices = max(1, _count(request.get("n"), 1))
+    asked = request.get("model") if isinstance(request.get("model"), str) else served
+    route: dict[str, Any] = {"model": model} if model is not None and asked is not None else {}
+    sent = _model_field(model) if route and model is not None else None
+    back = _model_field(asked) if route and asked is not None else None
+    unchanged = _append_fields(raw, route) if route else raw
     if endpoint == COMPLETIONS:
         choices *= _prompts(request)
         if request.get("echo"):
-            return Rewrite(endpoint, raw, request, False, False, "echo", choices)
+            return Rewrite(endpoint, unchanged, request, False, False, "echo", choices, sent, back)
     if request.get("use_beam_search"):
-        return Rewrite(endpoint, raw, request, False, False, "beam_search", choices)
+        return Rewrite(
+            endpoint, unchanged, request, False, False, "beam_search", choices, sent, back
+        )
 
     add: dict[str, Any] = {}
     logprobs = request.get("logprobs")
@@ -117,6 +143,7 @@ def rewrite(endpoint: str, raw: bytes) -> Rewrite:
         uncapturable = "cannot_request"
     if "return_token_ids" not in add and request.get("return_token_ids") is not True:
         uncapturable = "cannot_request"
+    add.update(route)
     body = _append_fields(raw, add) if add else raw
     return Rewrite(
         endpoint,
@@ -126,6 +153,8 @@ def rewrite(endpoint: str, raw: bytes) -> Rewrite:
         added_token_ids="return_token_ids" in add,
         uncapturable=uncapturable,
         choices=choices,
+        model_sent=sent,
+        model_asked=back,
     )
 
 

@@ -12,15 +12,14 @@ model (resume.py), and only the adapter's matrices reach the optimizer.
 Published: ``adapter_config.json`` and ``adapter_model.safetensors`` (what vLLM's
 ``--lora-modules`` and ``POST /v1/load_lora_adapter`` load) and train.json; nothing of the
 base is copied. The manifest's metadata is the lineage: ``kind: adapter``, ``base`` (the
-base's URI) and ``baseDigest`` (:func:`files_digest` of the base's files), so whoever
-loads the adapter can refuse a base it was not trained on.
+base's URI) and ``baseDigest`` (:func:`~rtrl.core.api.adapter.base_digest` of the base's
+files), so whoever loads the adapter can refuse a base it was not trained on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ KIND = "adapter"
 def is_adapter(names: Iterable[str]) -> bool:
     """Whether a checkpoint's files are an adapter's (PEFT's config among them)."""
     return ADAPTER_CONFIG in set(names)
-
-
-def files_digest(files: Mapping[str, str]) -> str:
-    """One sha256 over a checkpoint's files (name -> sha256), train.json left out: what an
-    adapter records of the base it was trained on."""
-    kept = sorted((name, sha) for name, sha in files.items() if name != "train.json")
-    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
 
 
 def spec_of(directory: Path, label: str) -> AdapterSpec:

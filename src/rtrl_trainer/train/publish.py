@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rtrl.core.api.adapter import base_digest
 from rtrl.core.api.checkpoint import TrainingSummary
 from rtrl.core.results import TrainResult
 from rtrl.core.store import ObjectStore, StoreError
@@ -211,7 +212,7 @@ def adapter_document(inputs: Inputs, module: Any) -> dict[str, Any] | None:
         **inputs.adapter.model_dump(mode="json"),
         "trainable_parameters": lora.trainable_parameters(module),
         "continued": inputs.parent_adapter is not None,
-        "base": {"uri": inputs.model.uri, "digest": lora.files_digest(inputs.model.files)},
+        "base": {"uri": inputs.model.uri, "digest": base_digest(inputs.model.files)},
     }
 
 
@@ -243,7 +244,7 @@ def publish(
         # the adapter alone (ZeRO 0-2: rank 0 holds it whole), its lineage in the manifest
         lora.save(module, out_dir, base_uri=inputs.model.uri)
         metadata.update(
-            kind=lora.KIND, base=inputs.model.uri, baseDigest=lora.files_digest(inputs.model.files)
+            kind=lora.KIND, base=inputs.model.uri, baseDigest=base_digest(inputs.model.files)
         )
     else:
         for name, value in dropout.items():

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rtrl.core.api.adapter import AdapterSpec
+from rtrl.core.api.adapter import AdapterSpec, base_digest
 from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
@@ -204,7 +204,7 @@ def _fetch_parent(
     base = cio.fetch_checkpoint(base_store, scratch / "base", label="base")
     if lora.is_adapter(base.files):
         raise cio.InputError(f"{label}: its base {base_uri} is itself an adapter")
-    recorded, found = manifest.metadata.get("baseDigest"), lora.files_digest(base.files)
+    recorded, found = manifest.metadata.get("baseDigest"), base_digest(base.files)
     if recorded != found:
         raise cio.InputError(
             f"{label} was trained on other files than base {base_uri} holds now (digest "

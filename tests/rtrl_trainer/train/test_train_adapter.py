@@ -27,10 +27,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rtrl.core.api.adapter import base_digest
 from rtrl.core.store import MANIFEST_NAME, ObjectStore, open_store
 from rtrl.core.store.base import sha256_file
 from rtrl_trainer import checkpoint_io as cio
-from rtrl_trainer.train.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, files_digest
+from rtrl_trainer.train.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rtrl_trainer.train.config import build_config
 from rtrl_trainer.train.state import fetch_inputs
 from tests.conftest import console_script
@@ -137,7 +138,7 @@ def test_the_adapter_is_published_as_vllm_loads_it_with_its_base_in_the_lineage(
     base_files = {n: e["sha256"] for n, e in _manifest(world, "models/base")["files"].items()}
     assert metadata["kind"] == "adapter"
     assert metadata["base"] == world.base
-    assert metadata["baseDigest"] == files_digest(base_files)
+    assert metadata["baseDigest"] == base_digest(base_files)
     weights = load_file(world.root / "adapters/a1" / ADAPTER_WEIGHTS)
     # rank 4 on q_proj (64 -> 64) and v_proj (64 -> 32: one key-value head of 32) of 2 layers
     expected = 2 * (4 * 64 + 64 * 4) + 2 * (4 * 64 + 32 * 4)

@@ -1,10 +1,12 @@
-"""A LoRA adapter to train instead of all the weights: its shape, in the API's spelling.
+"""LoRA adapters in the API's spelling: the shape to train (:class:`AdapterSpec`), the
+digest that ties an adapter to its base (:func:`base_digest`), and which organisation's
+requests the capture sidecar sends to which adapter (:class:`AdapterRouting`).
 
-Why in the core API: the train step reads it from its config file today (``adapter:``,
-beside ``training:``), and the same model is what an RLCycle will carry once the operator
-serves adapters (one cycle per organisation, canaried inside the running engine), so a
-config the step accepts is exactly what the spec will accept, rejected with the same
-field names.
+Why in the core API: the train step reads the shape from its config file (``adapter:``,
+beside ``training:``), the sidecar reads the routing from a file, and the same models are
+what an RLCycle and the operator will carry once the operator runs one cycle per
+organisation, so what the steps accept is exactly what the spec will accept, rejected with
+the same field names.
 
 The published adapter is what vLLM loads (``adapter_config.json`` and
 ``adapter_model.safetensors``, PEFT's format): ``rank`` must not exceed the engine's
@@ -13,11 +15,14 @@ The published adapter is what vLLM loads (``adapter_config.json`` and
 
 from __future__ import annotations
 
-from typing import Annotated
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from rtrl.core.api.common import ApiModel
+from rtrl.core.api.common import DNS_SUBDOMAIN_PATTERN, ApiModel, StoreUri
 
 # PEFT's name for "every linear layer but the output head".
 ALL_LINEAR = "all-linear"
@@ -48,3 +53,78 @@ class AdapterSpec(ApiModel):
     def peft_target_modules(self) -> str | list[str]:
         """``target_modules`` as PEFT takes it (``all-linear`` is a string there)."""
         return ALL_LINEAR if self.target_modules == [ALL_LINEAR] else list(self.target_modules)
+
+
+def base_digest(files: Mapping[str, str]) -> str:
+    """One sha256 over a checkpoint's files (name -> sha256, as its manifest lists them),
+    train.json left out: what an adapter records of the base it was trained on
+    (``metadata.baseDigest`` of its manifest), and what an engine's base is checked
+    against before the adapter is served on it."""
+    kept = sorted((name, sha) for name, sha in files.items() if name != "train.json")
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+# --- routing: which adapter serves which organisation's requests ------------------------
+
+# The name requests carry as their ``model`` to reach an adapter in the engine.
+AdapterName = Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253)]
+OrgName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class AdapterRef(ApiModel):
+    """One published adapter, as the engine will serve it."""
+
+    name: AdapterName = Field(description="Name the adapter is loaded under in the engine.")
+    checkpoint: str = Field(
+        min_length=1, max_length=253, description="Checkpoint id its events carry."
+    )
+    uri: StoreUri = Field(description="Where rtrl-job train published it (s3:// or file://).")
+    rlcycle: str | None = Field(None, max_length=253, description="The RLCycle it belongs to.")
+
+
+class OrgRoute(ApiModel):
+    """Where one organisation's requests go: its stable adapter (none: the base), and a
+    candidate for a share of its units (users, else sessions), sticky per candidate."""
+
+    stable: AdapterRef | None = Field(None, description="The org's adapter (none: the base).")
+    canary: AdapterRef | None = Field(None, description="A candidate adapter on trial.")
+    weight: int = Field(
+        0, ge=0, le=100, description="Percent of the org's units sent to the canary."
+    )
+
+    @model_validator(mode="after")
+    def _canary_weight(self) -> Self:
+        if self.weight and self.canary is None:
+            raise ValueError("weight without a canary: nothing to send that share to")
+        return self
+
+
+class AdapterRouting(ApiModel):
+    """The capture sidecar's routing table (``rtrl-capture --adapters FILE``)."""
+
+    orgs: dict[OrgName, OrgRoute] = Field(
+        default_factory=dict, max_length=10_000, description="Routes by organisation."
+    )
+
+    @model_validator(mode="after")
+    def _one_uri_per_name(self) -> Self:
+        seen: dict[str, str] = {}
+        for org, route in self.orgs.items():
+            for ref in (route.stable, route.canary):
+                if ref is None:
+                    continue
+                if seen.setdefault(ref.name, ref.uri) != ref.uri:
+                    raise ValueError(
+                        f"orgs.{org}: adapter name {ref.name!r} names two adapters "
+                        f"({seen[ref.name]} and {ref.uri}); one name, one adapter"
+                    )
+        return self
+
+    def adapters(self) -> dict[str, AdapterRef]:
+        """Every adapter the table routes to, by name."""
+        out: dict[str, AdapterRef] = {}
+        for route in self.orgs.values():
+            for ref in (route.stable, route.canary):
+                if ref is not None:
+                    out[ref.name] = ref
+        return out

@@ -1,0 +1,320 @@
+"""Adapters ``rtrl-job train`` published, served by the session's real vLLM without a restart,
+each organisation's requests sent to its own by the real ``rtrl-capture``.
+
+The base is the engine's tiny model (tests/vllm_engine.py starts the engine with LoRA on).
+Two adapters of one organisation are trained on it by the real train step: c1, and c2
+continuing c1. Then:
+
+- loaded into the running engine (``POST /v1/load_lora_adapter``), an adapter samples with
+  the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
+  weights of the rows it served are 1), and the base's requests are untouched;
+- the sidecar, given a routing table (c1 stable, c2 on half of org-a's users, org-b not in
+  it), loads both itself, sends each org-a user to one arm for good, gives org-b the pod's
+  checkpoint, tags every event with the adapter and arm that served it (whose log-probs
+  are that adapter's), and gives every client the model name it asked for;
+- promoting c2 is a change of the file: applied within seconds under load with no failed
+  request, c1 unloaded once idle; a table naming an adapter trained on another base is
+  refused whole and the one in effect stays.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rtrl.core.api.adapter import AdapterRef
+from rtrl.core.store import MANIFEST_NAME, open_store
+from rtrl_serving.capture.adapters import CANARY, STABLE, bucket
+from tests.conftest import console_script
+from tests.rtrl_serving.capture.events_store import wait_for_events
+from tests.rtrl_serving.capture.http import post
+from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
+from tests.rtrl_trainer.train.test_train_adapter import LEARNING, SHAPE
+from tests.rtrl_trainer.trainset import pattern_rows, write_trainset
+from tests.vllm_engine import VllmEngine
+
+FLOAT32_TOLERANCE = 1e-4
+PROMPT = [256, 72, 101, 108, 108, 111]
+
+
+@dataclass(frozen=True)
+class Trained:
+    root: Path
+    base: Any  # the engine's checkpoint in a plain forward (float32)
+    c1: AdapterRef
+    c2: AdapterRef
+    models: dict[str, Any]  # adapter name -> PEFT model of base + adapter
+
+    def table(self, orgs: dict[str, Any]) -> str:
+        return json.dumps({"orgs": orgs})
+
+
+def _train(env: dict[str, str], parent: str, data: str, out: str, *extra: str) -> None:
+    done = subprocess.run(
+        [console_script("rtrl-job"), "train", "--parent", parent, "--data", data, "--out", out,
+         *extra],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """c1 trained on the engine's model (rank 4 on q and v), c2 continuing it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tmp = tmp_path_factory.mktemp("adapter-routing")
+    root = tmp / "bucket"
+    store = open_store(root.as_uri() + "/")
+    model_dir = vllm_engine.model_dir
+    files = {
+        p.relative_to(model_dir).as_posix(): p
+        for p in model_dir.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+    store.commit("models/served", files, {"kind": "checkpoint"})
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    write_trainset(store, "runs/c1/stage", [pattern_rows(base, 48)], tmp)
+    env = dict(os.environ, RTRL_SCRATCH=str(tmp / "scratch"))
+    uri = {k: (root / k).as_uri() + "/" for k in ("models/served", "runs/c1/stage", "a/c1", "a/c2")}
+    _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *LEARNING, *SHAPE)
+    _train(env, uri["a/c1"], uri["runs/c1/stage"], uri["a/c2"], *LEARNING[:-4], "--max-steps", "2")
+    tag = uuid.uuid4().hex[:6]  # the engine is the session's: names of this module alone
+    c1 = AdapterRef(name=f"org-a-c1-{tag}", checkpoint=f"org-a-c1-{tag}", uri=uri["a/c1"])
+    c2 = AdapterRef(name=f"org-a-c2-{tag}", checkpoint=f"org-a-c2-{tag}", uri=uri["a/c2"])
+    models = {
+        ref.name: PeftModel.from_pretrained(copy.deepcopy(base), root / key).eval()
+        for ref, key in ((c1, "a/c1"), (c2, "a/c2"))
+    }
+    return Trained(root, base, c1, c2, models)
+
+
+def _engine_post(engine: VllmEngine, path: str, doc: dict[str, Any]) -> tuple[int, str]:
+    request = urllib.request.Request(
+        engine.root_url + path, data=json.dumps(doc).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _forward(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+    logprobs = logits[len(prompt) - 1 : -1].float().log_softmax(-1)
+    return [float(logprobs[i, t]) for i, t in enumerate(tokens)]
+
+
+def _sample(
+    engine: VllmEngine, model: str, prompt: list[int], seed: int
+) -> tuple[list[int], list[float]]:
+    answer = engine.client().completions.create(
+        model=model, prompt=prompt, max_tokens=16, temperature=1.0, seed=seed, logprobs=0,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    return list((choice.model_extra or {})["token_ids"]), list(choice.logprobs.token_logprobs)
+
+
+def test_the_engine_serves_an_adapter_with_the_trainers_logprobs(
+    vllm_engine: VllmEngine, trained: Trained
+) -> None:
+    name = f"direct-{uuid.uuid4().hex[:6]}"
+    load = {"lora_name": name, "lora_path": str(trained.root / "a/c1")}
+    status, text = _engine_post(vllm_engine, "/v1/load_lora_adapter", load)
+    assert status == 200, text
+    try:
+        assert name in {m.id for m in vllm_engine.client().models.list().data}
+        adapted = trained.models[trained.c1.name]
+        generator = torch.Generator().manual_seed(5)
+        worst, apart, count = 0.0, 0.0, 0
+        for seed in range(6):
+            prompt = [256, *torch.randint(32, 127, (10,), generator=generator).tolist()]
+            tokens, served = _sample(vllm_engine, name, prompt, seed)
+            plain = _forward(trained.base, prompt, tokens)
+            for t, e, b in zip(_forward(adapted, prompt, tokens), served, plain, strict=True):
+                assert abs(math.exp(t - e) - 1) <= FLOAT32_TOLERANCE
+                worst, apart = max(worst, abs(t - e)), max(apart, abs(b - e))
+                count += 1
+            # the same prompt and seed on the base: the base's own log-probs
+            tokens, served = _sample(vllm_engine, vllm_engine.served_model_name, prompt, seed)
+            for t, e in zip(_forward(trained.base, prompt, tokens), served, strict=True):
+                assert abs(t - e) <= FLOAT32_TOLERANCE
+        assert count >= 48 and apart > 100 * FLOAT32_TOLERANCE  # the adapter changes things
+        print(f"max |trainer - engine| under the adapter over {count} tokens: {worst:.2e}")
+        # an adapter above the engine's --max-lora-rank is refused, and serving goes on
+        too_big = trained.root / "too-big"
+        too_big.mkdir(exist_ok=True)
+        config = json.loads((trained.root / "a/c1/adapter_config.json").read_text())
+        (too_big / "adapter_config.json").write_text(json.dumps({**config, "r": 64}))
+        weights = (trained.root / "a/c1/adapter_model.safetensors").read_bytes()
+        (too_big / "adapter_model.safetensors").write_bytes(weights)
+        big = {"lora_name": "too-big", "lora_path": str(too_big)}
+        status, text = _engine_post(vllm_engine, "/v1/load_lora_adapter", big)
+        assert status >= 400, text
+        assert _sample(vllm_engine, name, PROMPT, 0)[0]
+    finally:
+        _engine_post(vllm_engine, "/v1/unload_lora_adapter", {"lora_name": name})
+
+
+@pytest.fixture(scope="module")
+def routed(
+    vllm_engine: VllmEngine, trained: Trained, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Capture, Path]]:
+    """The sidecar with c1 stable for org-a and c2 on half its users; org-b not routed."""
+    tmp = tmp_path_factory.mktemp("routed")
+    table = tmp / "adapters.json"
+    route = {"stable": trained.c1.to_k8s(), "canary": trained.c2.to_k8s(), "weight": 50}
+    table.write_text(trained.table({"org-a": route}))
+    moto = vllm_engine.s3_endpoint
+    cap = start_capture(
+        vllm_engine.root_url, f"s3://{new_bucket(moto)}/events/", tmp / "spool", s3_env(moto),
+        model_uri=vllm_engine.model_uri,
+        extra=["--segment-age-s", "0.3", "--adapters", str(table),
+               "--adapter-dir", str(tmp / "adapters")],
+    )  # fmt: skip
+    yield cap, table
+    assert cap.stop() == 0
+
+
+def _ask(cap: Capture, org: str, user: str, model: str = "tiny") -> tuple[str, dict[str, Any]]:
+    reply = post(cap.url, "/v1/completions",
+                 {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0},
+                 {"X-Rtrl-Org": org, "X-Rtrl-User": user})  # fmt: skip
+    assert reply.status == 200, reply.body[:500]
+    return reply.ids[0], reply.json()
+
+
+def test_each_orgs_units_are_served_and_tagged_by_their_adapter(
+    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
+) -> None:
+    cap, _ = routed
+    asked: dict[str, tuple[str, str]] = {}  # interaction id -> (org, user)
+    for _ in range(2):
+        for org, users in (("org-a", 12), ("org-b", 3)):
+            for i in range(users):
+                interaction, doc = _ask(cap, org, f"user-{i}")
+                assert doc["model"] == "tiny"  # what the client asked for, not the adapter
+                asked[interaction] = (org, f"user-{i}")
+    rows = wait_for_events(vllm_engine.s3_endpoint, cap.events, set(asked))
+    arms: dict[str, set[str]] = {}
+    for interaction, (org, user) in asked.items():
+        (row,) = rows[interaction]
+        if org == "org-b":  # not in the table: the pod's own checkpoint and arm
+            assert (row["checkpoint_id"], row["arm"]) == ("ckpt-1", "stable")
+            continue
+        arm = CANARY if bucket(trained.c2.checkpoint, user) < 50 else STABLE
+        ref = trained.c2 if arm == CANARY else trained.c1
+        assert (row["arm"], row["checkpoint_id"], row["engine_model"]) == (
+            arm, ref.checkpoint, ref.name)  # fmt: skip
+        assert row["model_uri"] == ref.uri and row["checkpoint_verified"] is True
+        arms.setdefault(user, set()).add(arm)
+        # served by that adapter: its log-probs are base + that adapter's
+        expected = _forward(trained.models[ref.name], row["prompt_ids"], row["completion_ids"])
+        for e, x in zip(row["completion_logprobs"], expected, strict=True):
+            assert abs(e - x) <= FLOAT32_TOLERANCE
+    assert all(len(a) == 1 for a in arms.values())  # each user in one arm, both rounds
+    assert set().union(*arms.values()) == {STABLE, CANARY}
+    assert cap.metric("rtrl_capture_adapters_loaded") == 2
+
+
+def _applied(cap: Capture) -> float:
+    return cap.metric("rtrl_capture_adapter_tables_total", result="applied")
+
+
+def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
+    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
+) -> None:
+    cap, table = routed
+    stop, failures, served = threading.Event(), [], [0]
+
+    def load(worker: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                _ask(cap, "org-a", f"load-{worker}-{i % 7}")
+                served[0] += 1
+            except Exception as exc:  # any failure counts, whatever it is
+                failures.append(repr(exc))
+            i += 1
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        before, written = _applied(cap), time.monotonic()
+        staged = table.with_suffix(".next")
+        staged.write_text(trained.table({"org-a": {"stable": trained.c2.to_k8s()}}))
+        os.replace(staged, table)  # as the kubelet swaps a ConfigMap's files
+        while _applied(cap) == before:
+            assert time.monotonic() - written < 30, "the promotion was not applied"
+            time.sleep(0.05)
+        took = time.monotonic() - written
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert failures == [] and served[0] > 10
+    print(f"promotion applied {took:.2f} s after the file changed; {served[0]} requests, 0 failed")
+    assert took < 10
+    # every user of org-a now gets c2, including those c1 served
+    interaction, _ = _ask(cap, "org-a", "user-0")
+    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
+    assert (row["checkpoint_id"], row["arm"]) == (trained.c2.checkpoint, STABLE)
+    deadline = time.monotonic() + 30
+    while cap.metric("rtrl_capture_adapters_loaded") != 1:  # c1, idle, is unloaded
+        assert time.monotonic() < deadline, "c1 was not unloaded"
+        time.sleep(0.2)
+    assert trained.c1.name not in {m.id for m in vllm_engine.client().models.list().data}
+
+
+def test_a_table_naming_an_adapter_of_another_base_is_refused_and_the_last_one_stays(
+    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
+) -> None:
+    cap, table = routed
+    store = open_store(trained.root.as_uri() + "/")
+    manifest = store.committed("a/c2")
+    assert manifest is not None
+    files = {n: trained.root / "a/c2" / n for n in manifest.files}
+    store.commit("a/forged", files, {**manifest.metadata, "baseDigest": "0" * 64})
+    forged = AdapterRef(name=f"forged-{uuid.uuid4().hex[:6]}", checkpoint="forged",
+                        uri=(trained.root / "a/forged").as_uri() + "/")  # fmt: skip
+    refused = cap.metric("rtrl_capture_adapter_tables_total", result="refused")
+    staged = table.with_suffix(".next")
+    route = {"stable": trained.c2.to_k8s(), "canary": forged.to_k8s(), "weight": 100}
+    staged.write_text(trained.table({"org-a": route}))
+    os.replace(staged, table)
+    deadline = time.monotonic() + 30
+    while cap.metric("rtrl_capture_adapter_tables_total", result="refused") == refused:
+        assert time.monotonic() < deadline, "the table was not refused"
+        time.sleep(0.1)
+    assert forged.name not in {m.id for m in vllm_engine.client().models.list().data}
+    interaction, _ = _ask(cap, "org-a", "user-1")  # the table in effect still routes to c2
+    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
+    assert row["checkpoint_id"] == trained.c2.checkpoint
+    with urllib.request.urlopen(f"{cap.url}/readyz", timeout=5) as ready:
+        assert ready.status == 200  # a table was applied before: the pod keeps serving
+    log = cap.log.read_text()
+    assert "trained on base" in log and "the previous one stays" in log
