@@ -55,8 +55,8 @@ MODEL_PREFIX = "tiny/checkpoints/tiny-0/"
 SERVED_MODEL_NAME = "tiny"
 DTYPE = "float32"
 LOGPROBS_MODE = "processed_logprobs"
-# LoRA on: adapters rtrl trains are loaded into the running engine (test_adapter_serving.py);
-# requests that name the base go through no adapter
+# LoRA on: adapters rtrl trains are loaded into the running engine
+# (tests/rtrl_serving/capture/test_adapter_routing.py); requests naming the base use none
 MAX_LORA_RANK = 8
 # moto takes any keys; these are the engine's and the publisher's, never the host's
 ACCESS_KEY, SECRET_KEY, REGION = "testing", "testing", "us-east-1"

@@ -1,7 +1,7 @@
 """The capture sidecar's adapter routing, without an engine: which route a request gets
 (rtrl_serving.capture.adapters.choose), the table as a file (read_table), and the request
 and response rewritten for an adapter (rewrite's ``model``). The real engine behind it:
-tests/e2e/test_adapter_serving.py."""
+tests/rtrl_serving/capture/test_adapter_routing.py."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ One run (module fixture) trains a fresh adapter on the base; the tests read what
 published (the files vLLM loads, the lineage, only the adapter trained), load it on the
 base and compare with the trainer's own logits, continue it in a second cycle, resume it
 after a kill, and refuse what must not be trained: an adapter of another shape, or one
-whose base changed. tests/e2e/test_adapter_serving.py serves what it publishes from a real
-vLLM.
+whose base changed. tests/rtrl_serving/capture/test_adapter_routing.py serves what the
+step publishes from a real vLLM.
 """
 
 from __future__ import annotations
