@@ -23,6 +23,11 @@ by the trainer's own pre-pass and shared. Steps alternate between the loops one 
 drift in machine speed hits all alike; the median of the per-step ratios is reported next to
 the ratio of totals.
 
+With ``--adapter-rank R`` a third loop trains a LoRA adapter of rank R (every linear layer,
+``rtrl-job train --adapter-rank R``) with the same engine and loop on the same rows: what
+an adapter cycle costs next to a full-weight one (``rtrl adapter/rtrl``), with the
+parameters each trains.
+
 Tokens/s counts real (unpadded) tokens. Model FLOPs come from the model's config, per row
 of n tokens: 6 x params x n + 12 x layers x d_model x n^2 (weights, and attention over the
 row's own tokens, forward and backward), so padding is never counted as useful work. MFU
@@ -31,6 +36,7 @@ H100/H200, none on a CPU, where only FLOP/s is reported). Goals: on CPU (b) with
 (a) (ratio >= 0.87); on an H200 with ``--model llama-1b``, (b) >= 40% MFU and >= 0.9x (a).
 
     .venv/bin/python bench/train_throughput.py [--model gpt2-4x256] [--steps 10] [--json]
+        [--adapter-rank 16]
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rtrl.core.api.adapter import AdapterSpec
+from rtrl_trainer.train.adapter import trainable_parameters
 from rtrl_trainer.train.batches import (
     Schedule,
     most_micro_batches,
@@ -189,6 +197,7 @@ def run(
     *,
     packings: list[bool],
     peak_tflops: float | None,
+    adapter_rank: int | None = None,
 ) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ranks = distributed_env(os.environ)
@@ -224,6 +233,7 @@ def run(
     )
     schedules = {False: unpacked, True: packed}
     loops: dict[str, Callable[[int], int]] = {}
+    trained: dict[str, int] = {}  # parameters each loop trains
     with tempfile.TemporaryDirectory() as tmp:
         parent = Path(tmp) / "parent"
         model = build_model(shape)
@@ -262,6 +272,15 @@ def run(
             data = LoopData(examples, start_lp, norms, config, shape, device, keep)
             loops[f"plain{suffix}"] = _plain_loop(plain, schedule, data)
             loops[f"rtrl{suffix}"] = _rtrl_loop(engine, schedule, data)
+            trained[f"rtrl{suffix}"] = trained[f"plain{suffix}"] = params
+            if adapter_rank is not None:
+                spec = AdapterSpec(rank=adapter_rank, alpha=2 * adapter_rank)
+                lora, _, _, _ = build_engine(
+                    parent, shape.vocab, config, schedule, ranks, adapter=spec
+                )
+                # a fresh adapter starts as the parent: the same start-of-cycle log-probs
+                loops[f"rtrl adapter{suffix}"] = _rtrl_loop(lora, schedule, data)
+                trained[f"rtrl adapter{suffix}"] = trainable_parameters(lora.module)
     for step in range(1, warmup + 1):
         for loop in loops.values():
             loop(step)
@@ -299,6 +318,7 @@ def run(
         entry = {
             "tokens_per_second": sum(n for _, n in runs) / seconds,
             "model_tflops": sum(flops) / seconds / 1e12,
+            "trained_parameters": trained[name],
         }
         if peak_tflops:
             entry["mfu"] = entry["model_tflops"] / peak_tflops
@@ -314,6 +334,15 @@ def run(
                 np.median([a[0] / b[0] for a, b in zip(plain_runs, rtrl_runs, strict=True)])
             ),
         }
+        if adapter_rank is not None:
+            lora_runs = measured[f"rtrl adapter{suffix}"]
+            ratios[f"rtrl adapter/rtrl{suffix}"] = {
+                "ratio": result["loops"][f"rtrl adapter{suffix}"]["tokens_per_second"]
+                / result["loops"][f"rtrl{suffix}"]["tokens_per_second"],
+                "median_step_ratio": float(
+                    np.median([a[0] / b[0] for a, b in zip(rtrl_runs, lora_runs, strict=True)])
+                ),
+            }
     if len(packings) == 2:
         for side in ("plain", "rtrl"):
             ratios[f"{side} packed/unpacked"] = {
@@ -403,6 +432,9 @@ def main() -> None:
     parser.add_argument(
         "--peak-tflops", type=float, help="the device's dense peak for MFU (default: H100/H200)"
     )
+    parser.add_argument(
+        "--adapter-rank", type=int, help="also train a LoRA adapter of this rank (a third loop)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     shape = SHAPES[args.model]
@@ -418,6 +450,7 @@ def main() -> None:
             args.zero_stage,
             packings=packings,
             peak_tflops=args.peak_tflops,
+            adapter_rank=args.adapter_rank,
         )
     if args.json:
         print(json.dumps(result, indent=2))
@@ -433,8 +466,9 @@ def main() -> None:
     for name, entry in result["loops"].items():
         mfu = f"  MFU {entry['mfu']:.1%}" if "mfu" in entry else ""
         print(
-            f"  {name:<14} {entry['tokens_per_second']:>12,.0f} tokens/s  "
-            f"{entry['model_tflops']:>9.3f} model TFLOP/s{mfu}"
+            f"  {name:<20} {entry['tokens_per_second']:>12,.0f} tokens/s  "
+            f"{entry['model_tflops']:>9.3f} model TFLOP/s{mfu}  "
+            f"{entry['trained_parameters']:,} parameters trained"
         )
     for name, entry in result["ratios"].items():
         median = entry.get("median_step_ratio")

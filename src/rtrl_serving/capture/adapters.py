@@ -164,6 +164,8 @@ class AdapterRouter:
             seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
         except FileNotFoundError:
             seen = None
+            if not self.applied:
+                self.problem = f"{self.path}: no such file"
         due = self.problem is not None and loop.time() >= self._retry_at
         if seen is not None and (seen != self._seen or due):
             self._seen = seen

@@ -19,6 +19,7 @@ files), so whoever loads the adapter can refuse a base it was not trained on.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -87,17 +88,20 @@ def wrap(model: Any, spec: AdapterSpec, parent: Path | None) -> Any:
     ``parent``, loaded trainable, or a fresh one of ``spec``."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    if parent is not None:
-        return PeftModel.from_pretrained(model, parent, is_trainable=True)
-    config = LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        target_modules=spec.peft_target_modules(),
-        lora_dropout=0.0,  # as the whole model's dropout: the ratio must start at 1
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft 0.21 reads an alias transformers deprecated; nothing for a user to act on
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+        if parent is not None:
+            return PeftModel.from_pretrained(model, parent, is_trainable=True)
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,
+            target_modules=spec.peft_target_modules(),
+            lora_dropout=0.0,  # as the whole model's dropout: the ratio must start at 1
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, config)
 
 
 def base_model(model: Any) -> Any:

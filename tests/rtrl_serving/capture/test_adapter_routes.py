@@ -5,13 +5,23 @@ tests/rtrl_serving/capture/test_adapter_routing.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from rtrl.core.api.adapter import AdapterRef, AdapterRouting, OrgRoute
-from rtrl_serving.capture.adapters import CANARY, STABLE, TableError, bucket, choose, read_table
+from rtrl_serving.capture.adapters import (
+    CANARY,
+    STABLE,
+    AdapterRouter,
+    TableError,
+    bucket,
+    choose,
+    read_table,
+)
 from rtrl_serving.capture.rewrite import COMPLETIONS, rewrite
 
 C1 = AdapterRef(name="org-a-c1", checkpoint="org-a-c1-id", uri="s3://models/org-a/c1/")
@@ -100,3 +110,27 @@ def test_the_request_names_the_adapter_and_the_response_the_model_asked_for() ->
     # without a route nothing changes
     plain = rewrite(COMPLETIONS, raw)
     assert plain.restore_model(engine) == engine and json.loads(plain.body)["model"] == "tiny"
+
+
+def _refresh(router: AdapterRouter) -> bool:
+    async def go() -> bool:
+        async with aiohttp.ClientSession() as session:
+            return await router.refresh(session)
+
+    return asyncio.run(go())
+
+
+def test_until_a_table_is_in_effect_the_router_says_why(tmp_path: Path) -> None:
+    """What /readyz reports: no file yet; then a table naming an adapter that is not
+    published (refused whole, nothing routed); then an empty table, in effect at once."""
+    path = tmp_path / "adapters.yaml"
+    router = AdapterRouter(path, tmp_path / "dir", engine="http://127.0.0.1:9", base_uri=None)
+    assert _refresh(router) is False and not router.applied
+    assert router.problem == f"{path}: no such file"
+    missing = AdapterRef(name="gone", checkpoint="gone", uri=(tmp_path / "gone").as_uri() + "/")
+    path.write_text(json.dumps({"orgs": {"acme": {"stable": missing.to_k8s()}}}))
+    assert _refresh(router) is False and not router.applied
+    assert router.problem is not None and "not committed" in router.problem
+    assert router.tables["refused"] == 1 and router.route("acme", "u") is None
+    path.write_text("orgs: {}\n")
+    assert _refresh(router) is True and router.applied and router.problem is None
