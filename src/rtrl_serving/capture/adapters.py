@@ -48,6 +48,7 @@ STABLE, CANARY = "stable", "canary"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 POLL_S = 1.0
 RETRY_S = 10.0  # a refused table is tried again after this (the store may have been down)
+CHECK_S = 5.0  # how often the engine's adapters are checked (a restarted engine has none)
 # the proxy's session sends no Content-Type of its own (it forwards the client's)
 _JSON = {"Content-Type": "application/json"}
 
@@ -129,6 +130,9 @@ class AdapterRouter:
         self.problem: str | None = None  # why the last table was refused
         self._seen: tuple[int, int, int] | None = None
         self._retry_at = 0.0
+        self._check_at = 0.0
+        self.reloads = 0  # adapters loaded again after the engine lost them
+        self.missing: list[str] = []  # adapters of the table in effect not in the engine
 
     # --- requests ------------------------------------------------------------------------
 
@@ -190,7 +194,33 @@ class AdapterRouter:
         for name in sorted(self.retiring):
             if self.in_flight[name] <= 0:
                 await self._unload(session, name)
+        if self.applied and loop.time() >= self._check_at:
+            self._check_at = loop.time() + CHECK_S
+            await self._reload_lost(session)
         return applied
+
+    async def _reload_lost(self, session: aiohttp.ClientSession) -> None:
+        """Load again what the engine no longer has (a restarted engine container starts
+        with no adapter); until then :attr:`missing` names them and the pod is not ready."""
+        try:
+            async with session.get(f"{self.engine}/v1/models") as resp:
+                if resp.status != 200:
+                    return
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, ValueError):
+            return  # the engine is down: its own health says so
+        served = {m.get("id") for m in doc.get("data") or [] if isinstance(m, dict)}
+        lost = self.loaded - served
+        if lost:
+            log.warning("the engine lost adapter(s) %s (restarted?): loading them again",
+                        ", ".join(sorted(lost)))  # fmt: skip
+            self.loaded -= lost
+            self.reloads += len(lost)
+        try:
+            await self._load_all(session, self.table)
+        except AdapterError as exc:
+            log.error("loading the table's adapters again failed: %s", exc)
+        self.missing = sorted(set(self.table.adapters()) - self.loaded)
 
     async def _load_all(self, session: aiohttp.ClientSession, table: AdapterRouting) -> None:
         for name, ref in sorted(table.adapters().items()):

@@ -63,9 +63,12 @@ class _SpoolCollector(Collector):
 
 
 class _RouterCollector(Collector):
-    def __init__(self, tables: Tally[str], loaded: Callable[[], int]) -> None:
+    def __init__(
+        self, tables: Tally[str], loaded: Callable[[], int], reloads: Callable[[], int]
+    ) -> None:
         self._tables = tables
         self._loaded = loaded
+        self._reloads = reloads
 
     def collect(self) -> Iterator[Metric]:
         tables = CounterMetricFamily(
@@ -78,6 +81,11 @@ class _RouterCollector(Collector):
         yield tables
         yield GaugeMetricFamily(
             "rtrl_capture_adapters_loaded", "Adapters loaded in the engine", value=self._loaded()
+        )
+        yield CounterMetricFamily(
+            "rtrl_capture_adapter_reloads",
+            "Adapters loaded again after the engine lost them (a restarted engine)",
+            value=self._reloads(),
         )
 
 
@@ -125,5 +133,7 @@ class CaptureMetrics:
     def watch_spool(self, snapshot: Callable[[], SpoolSnapshot]) -> None:
         self.registry.register(_SpoolCollector(snapshot, lambda: self.encode_dropped))
 
-    def watch_router(self, tables: Tally[str], loaded: Callable[[], int]) -> None:
-        self.registry.register(_RouterCollector(tables, loaded))
+    def watch_router(
+        self, tables: Tally[str], loaded: Callable[[], int], reloads: Callable[[], int]
+    ) -> None:
+        self.registry.register(_RouterCollector(tables, loaded, reloads))

@@ -79,12 +79,12 @@ class CaptureProxy:
         self.recorder = Recorder(config, self.spool, self.metrics, identity)
         self.router: AdapterRouter | None = None
         if config.adapters:
-            self.router = AdapterRouter(
+            self.router = router = AdapterRouter(
                 Path(config.adapters), Path(config.adapter_dir),
                 engine=config.engine, base_uri=config.model_uri,
             )  # fmt: skip
-            router = self.router
-            self.metrics.watch_router(router.tables, lambda: len(router.loaded))
+            self.metrics.watch_router(router.tables, lambda: len(router.loaded),
+                                      lambda: router.reloads)  # fmt: skip
         self._routing: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
         self.watch: EngineWatch | None = None
@@ -173,6 +173,8 @@ class CaptureProxy:
             # its orgs' adapters are not in the engine yet: their requests would get the base
             why = f": {self.router.problem}" if self.router.problem else ""
             problems.append(f"the adapter routing table is not in effect yet{why}")
+        elif self.router is not None and self.router.missing:
+            problems.append(f"adapters not in the engine: {', '.join(self.router.missing)}")
         if problems:
             return web.Response(status=503, text="; ".join(problems) + "\n")
         return web.Response(text="ready\n")

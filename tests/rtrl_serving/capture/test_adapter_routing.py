@@ -13,8 +13,9 @@ continuing c1. Then:
   checkpoint, tags every event with the adapter and arm that served it (whose log-probs
   are that adapter's), and gives every client the model name it asked for;
 - promoting c2 is a change of the file: applied within seconds under load with no failed
-  request, c1 unloaded once idle; a table naming an adapter trained on another base is
-  refused whole and the one in effect stays.
+  request, c1 unloaded once idle; an adapter the engine lost (a restarted engine) is loaded
+  again; a table naming an adapter trained on another base is refused whole and the one in
+  effect stays.
 """
 
 from __future__ import annotations
@@ -288,6 +289,26 @@ def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
         assert time.monotonic() < deadline, "c1 was not unloaded"
         time.sleep(0.2)
     assert trained.c1.name not in {m.id for m in vllm_engine.client().models.list().data}
+
+
+def test_an_adapter_the_engine_lost_is_loaded_again(
+    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
+) -> None:
+    """A restarted engine container has no adapter: here c2 is unloaded behind the
+    sidecar's back, and the sidecar loads it again within seconds."""
+    cap, _ = routed
+    reloads = cap.metric("rtrl_capture_adapter_reloads_total")
+    status, text = _engine_post(vllm_engine, "/v1/unload_lora_adapter",
+                                {"lora_name": trained.c2.name})  # fmt: skip
+    assert status == 200, text
+    deadline = time.monotonic() + 30
+    while trained.c2.name not in {m.id for m in vllm_engine.client().models.list().data}:
+        assert time.monotonic() < deadline, "the lost adapter was not loaded again"
+        time.sleep(0.2)
+    assert cap.metric("rtrl_capture_adapter_reloads_total") == reloads + 1
+    interaction, _ = _ask(cap, "org-a", "user-2")
+    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
+    assert (row["checkpoint_id"], row["status"]) == (trained.c2.checkpoint, 200)
 
 
 def test_a_table_naming_an_adapter_of_another_base_is_refused_and_the_last_one_stays(
