@@ -45,10 +45,15 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.capture import _wait
+
 from rtrl.core.api.adapter import base_digest
 from rtrl.core.store import open_store
 from rtrl_localkube import tinymodel
 from rtrl_localkube.engine import Engine, EngineSpec
+from rtrl_localkube.processes import free_port
 
 BIN = Path(sys.executable).parent
 PROMPT = [256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
@@ -169,7 +174,7 @@ def swaps(
 
     fresh = uris[max(ADAPTED) :]  # never loaded into the engine yet
     write("s0", fresh[0])
-    port = _free_port()
+    port = free_port()
     argv = [str(BIN / "rtrl-capture"), "--listen", f"127.0.0.1:{port}",
             "--engine", engine.root_url, "--events", (work / "events").as_uri() + "/",
             "--spool", str(work / "spool"), "--adapters", str(table),
@@ -180,7 +185,7 @@ def swaps(
                                 start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(f"{url}/readyz", 120)
+        _wait(f"{url}/readyz", 120, proc)
         stop, counts = threading.Event(), {"sent": 0, "failed": 0}
 
         def load(worker: int) -> None:
@@ -223,26 +228,6 @@ def swaps(
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     return {"new_adapter_s": seconds[:-1], "promotion_s": seconds[-1], **counts}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
 
 
 def _metric(url: str, name: str, labels: str) -> float:
