@@ -93,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "requests in the canary's sealed hours, reconciled with the rows it logged "
         "(guardrail loggedPerServed)",
     )
+    parser.add_argument(
+        "--org",
+        metavar="ORG",
+        help="only this organisation's rows and served requests: the canary of its adapter, "
+        "which its users alone see (the other organisations' rows are counted as excluded)",
+    )
     add_config_argument(parser, "rollout and/or data")
     add_now_argument(parser, "the analysis time")
     parser.add_argument(
@@ -117,6 +123,7 @@ CONFIG_FLAGS = (
     "steps",
     "pre_exposure_from",
     "events",
+    "org",
 )
 
 

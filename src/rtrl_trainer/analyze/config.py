@@ -39,6 +39,8 @@ class AnalyzeConfig:
     steps: tuple[tuple[datetime, float], ...] = ()
     pre_exposure_from: tuple[str, ...] = ()
     events: str | None = None  # the capture proxy's events root: served requests per arm
+    # one organisation's rows alone: the canary of its adapter, which its users alone see
+    org: str | None = None
 
     @property
     def looks(self) -> Looks:
@@ -109,6 +111,7 @@ def build_config(
     steps: list[tuple[datetime, float]] | None = None,
     pre_exposure_from: list[str] | None = None,
     events: str | None = None,
+    org: str | None = None,
 ) -> AnalyzeConfig:
     """Validate the file and flags; :class:`ConfigError` naming the field otherwise."""
     data_doc: dict[str, Any] = {}
@@ -150,6 +153,8 @@ def build_config(
             parse_store_uri(events)
         except ValueError as exc:
             raise ConfigError(f"--events: {exc}") from None
+    if org is not None and (not org or org != org.strip()):
+        raise ConfigError(f"--org: {org!r} is not an organisation")
     ordered = list(steps or [])
     for i, (at, share) in enumerate(ordered):
         if i and at <= ordered[i - 1][0]:
@@ -180,4 +185,5 @@ def build_config(
             c for c in dict.fromkeys(pre_exposure_from or []) if c not in (baseline, canary)
         ),
         events=events,
+        org=org,
     )

@@ -118,12 +118,12 @@ def sealed_hours(shards: ObjectStore, since: datetime, until: datetime) -> list[
 
 def count_served(
     events: ObjectStore, shards: ObjectStore, *, since: datetime, until: datetime,
-    checkpoints: tuple[str, ...],
+    checkpoints: tuple[str, ...], org: str | None = None,
 ) -> Served:  # fmt: skip
     """Generation events per checkpoint created in the canary's sealed hours (from
     ``since``, hours sealed before ``until``): the requests each arm served, errors
     included, read from the files the seal's marker lists, each interaction once (a retried
-    upload may repeat one)."""
+    upload may repeat one); with ``org``, that organisation's alone."""
     result = Served()
     for hour in sealed_hours(shards, since, until):
         marker = SealMarker.from_json(shards.get_bytes(seal_marker_key(hour)))
@@ -134,12 +134,14 @@ def count_served(
             result.files += 1
             with events.open_input(key) as stream:
                 table = pq.read_table(stream, columns=["interaction_id", "checkpoint_id",
-                                                       "created_at"])  # fmt: skip
+                                                       "created_at", "org"])  # fmt: skip
             created = table.column("created_at")
             inside = pc.and_(
                 pc.greater_equal(created, pa.scalar(since, created.type)),
                 pc.less(created, pa.scalar(hour + timedelta(hours=1), created.type)),
             )
+            if org is not None:
+                inside = pc.and_(inside, pc.equal(table.column("org"), org))
             for ckpt in checkpoints:
                 mine = pc.and_(inside, pc.equal(table.column("checkpoint_id"), ckpt))
                 ids = table.column("interaction_id").filter(pc.fill_null(mine, False))

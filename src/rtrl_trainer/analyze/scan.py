@@ -122,6 +122,12 @@ def scan(config: AnalyzeConfig) -> Scan:
                 selection.mismatched[file.url] += int(np.count_nonzero(mismatch))
                 batch = batch.filter(pa.array(~mismatch))
                 ckpt = batch.column("checkpoint_id")
+        if config.org is not None:
+            others = ~_mask(pc.equal(batch.column("org"), config.org))
+            if others.any():
+                result.excluded["other_orgs"] += int(np.count_nonzero(others))
+                batch = batch.filter(pa.array(~others))
+                ckpt = batch.column("checkpoint_id")
         if batch.num_rows == 0:
             continue
         created = _times(batch.column("created_at"), 0)
@@ -171,7 +177,7 @@ def scan(config: AnalyzeConfig) -> Scan:
         result.served = count_served(
             open_store(config.events, endpoint_url=config.endpoint_url), store,
             since=config.since, until=from_us(as_of),
-            checkpoints=(config.baseline, config.canary),
+            checkpoints=(config.baseline, config.canary), org=config.org,
         )  # fmt: skip
     for file in reader.report.files:
         served_by = parse_partitions(file.key).get(key)

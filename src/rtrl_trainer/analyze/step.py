@@ -73,6 +73,7 @@ def analyze(config: AnalyzeConfig) -> dict[str, Any]:
         "reasons": [],
         "baseline": config.baseline,
         "canary": config.canary,
+        "org": config.org,
         "baseline_samples": arms.rows[0],
         "canary_samples": arms.rows[1],
         "metrics": [],

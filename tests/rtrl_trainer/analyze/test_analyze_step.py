@@ -377,3 +377,25 @@ def test_sessions_as_the_unit(tmp_path: Path) -> None:
     code, doc = analyze(plain, tmp_path / "out2", "--config", str(config))
     assert code == 1
     assert doc["ok"] is False and doc["files_bad"] == doc["files_total"] == 2
+
+
+def test_one_organisations_adapter_canary_is_judged_on_its_rows_alone(tmp_path: Path) -> None:
+    """An organisation's adapter is canaried on half of its users while the base serves
+    every other organisation: the baseline's rows are everyone's, the canary's that org's.
+    Judged on all rows, the canary's share looks like a sample ratio mismatch (and the other
+    orgs' rates leak into the baseline); with ``--org`` only that org's rows count."""
+    shards = write(
+        tmp_path / "s",
+        arm("base", 2_000, seed=1, org="acme"),
+        arm("base", 6_000, seed=3, edit=0.4, org="globex",
+            interaction_id=[f"g-{i:06d}" for i in range(6_000)]),
+        arm("cand", 2_000, seed=2, org="acme"),
+    )  # fmt: skip
+    code, doc = analyze(shards, tmp_path / "all", "--canary-weight", "50")
+    assert code == 0 and doc["decision"] == "rollback"
+    assert doc["reasons"][0].startswith("sample ratio mismatch")
+    code, doc = analyze(shards, tmp_path / "acme", "--canary-weight", "50", "--org", "acme")
+    assert code == 0 and doc["decision"] == "continue", doc["reasons"]
+    assert doc["org"] == "acme" and doc["excluded"]["other_orgs"] == 6_000
+    assert (doc["baseline_samples"], doc["canary_samples"]) == (2_000, 2_000)
+    assert doc["srm"]["mismatch"] is False

@@ -131,6 +131,24 @@ def test_count_served_reads_the_sealed_hours_once_each(tmp_path: Path) -> None:
     assert sorted(early.by_hour) == [START]
 
 
+def test_count_served_counts_one_organisations_requests(tmp_path: Path) -> None:
+    """An organisation's adapter canary reconciles its own served requests, not the other
+    organisations' (which the base serves and which never reach its analysis)."""
+    events, shards = LocalStore(tmp_path / "events"), LocalStore(tmp_path / "shards")
+    keys = []
+    for seq, ckpt in enumerate(("base", "cand")):
+        served = generations(START, 1_000, ckpt, seed=seq)
+        for i, row in enumerate(served):
+            row["org"] = "acme" if ckpt == "cand" or i % 4 == 0 else "globex"
+        keys.append(write_generations(events, START, served, seq))
+    seal(shards, START, keys, START + timedelta(hours=2))
+    found = count_served(
+        events, shards, since=START, until=START + timedelta(hours=3),
+        checkpoints=("base", "cand"), org="acme",
+    )  # fmt: skip
+    assert found.by_hour[START] == {"base": 250, "cand": 1_000}
+
+
 def shard_rows(logged: list[dict[str, Any]]) -> pa.Table:
     n = len(logged)
     rng = np.random.default_rng(2)

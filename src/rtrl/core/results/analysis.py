@@ -95,6 +95,7 @@ class AnalysisResult(StepResult):
     reasons: list[str] = Field(default_factory=list)
     baseline: str | None = None
     canary: str | None = None
+    org: str | None = None  # one organisation's rows alone (its adapter's canary)
     baseline_samples: int = Field(0, ge=0)
     canary_samples: int = Field(0, ge=0)
     metrics: list[AnalysisMetric] = Field(default_factory=list)
