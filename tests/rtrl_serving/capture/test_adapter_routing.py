@@ -2,8 +2,8 @@
 each organisation's requests sent to its own by the real ``rtrl-capture``.
 
 The base is the engine's tiny model (tests/vllm_engine.py starts the engine with LoRA on).
-Two adapters of one organisation are trained on it by the real train step: c1, and c2
-continuing c1. Then:
+c1 is an adapter of one organisation trained on it by the real train step; c2 another of
+the same base (c1's update reversed, with c1's lineage). Then:
 
 - loaded into the running engine (``POST /v1/load_lora_adapter``), an adapter samples with
   the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
@@ -50,6 +50,8 @@ from tests.rtrl_trainer.trainset import pattern_rows, write_trainset
 from tests.vllm_engine import VllmEngine
 
 FLOAT32_TOLERANCE = 1e-4
+# what serving needs of the adapters is that they differ: a few steps, no saved state
+QUICK = [*LEARNING[:-4], "--max-steps", "2", "--save-every-steps", "0"]
 PROMPT = [256, 72, 101, 108, 108, 111]
 
 
@@ -76,7 +78,8 @@ def _train(env: dict[str, str], parent: str, data: str, out: str, *extra: str) -
 
 @pytest.fixture(scope="module")
 def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    """c1 trained on the engine's model (rank 4 on q and v), c2 continuing it."""
+    """c1 trained on the engine's model (rank 4 on q and v), and c2 another adapter of
+    the same base."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -94,8 +97,8 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
     write_trainset(store, "runs/c1/stage", [pattern_rows(base, 48)], tmp)
     env = dict(os.environ, RTRL_SCRATCH=str(tmp / "scratch"))
     uri = {k: (root / k).as_uri() + "/" for k in ("models/served", "runs/c1/stage", "a/c1", "a/c2")}
-    _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *LEARNING, *SHAPE)
-    _train(env, uri["a/c1"], uri["runs/c1/stage"], uri["a/c2"], *LEARNING[:-4], "--max-steps", "2")
+    _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *QUICK, *SHAPE)
+    _another_adapter(store, "a/c1", "a/c2")
     tag = uuid.uuid4().hex[:6]  # the engine is the session's: names of this module alone
     c1 = AdapterRef(name=f"org-a-c1-{tag}", checkpoint=f"org-a-c1-{tag}", uri=uri["a/c1"])
     c2 = AdapterRef(name=f"org-a-c2-{tag}", checkpoint=f"org-a-c2-{tag}", uri=uri["a/c2"])
@@ -104,6 +107,24 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
         for ref, key in ((c1, "a/c1"), (c2, "a/c2"))
     }
     return Trained(root, base, c1, c2, models)
+
+
+def _another_adapter(store: Any, key: str, out: str) -> None:
+    """c2: c1's adapter with its update reversed (lora_B negated), committed with c1's
+    lineage: another adapter of the same base, without a second training run (the serving
+    side only needs them to differ; tests/rtrl_trainer/train/test_train_adapter.py trains
+    a second cycle)."""
+    from safetensors.torch import load_file, save_file
+
+    manifest = store.committed(key)
+    source, target = store.root / key, store.root / out
+    target.mkdir(parents=True)
+    weights = load_file(source / "adapter_model.safetensors")
+    save_file({k: -t if ".lora_B." in k else t for k, t in weights.items()},
+              target / "adapter_model.safetensors")  # fmt: skip
+    (target / "adapter_config.json").write_bytes((source / "adapter_config.json").read_bytes())
+    files = {n: target / n for n in ("adapter_config.json", "adapter_model.safetensors")}
+    store.commit(out, files, {**manifest.metadata, "parent": store.url(key)})
 
 
 def _engine_post(engine: VllmEngine, path: str, doc: dict[str, Any]) -> tuple[int, str]:
