@@ -9,7 +9,7 @@ the same base (c1's update reversed, with c1's lineage). Then:
   the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
   weights of the rows it served are 1), and the base's requests are untouched;
 - the sidecar, given a routing table (c1 stable, c2 on half of org-a's users, org-b not in
-  it), loads both itself, sends each org-a user to one arm for good, gives org-b the pod's
+  it), downloads both from S3 (moto) and loads them itself, sends each org-a user to one arm for good, gives org-b the pod's
   checkpoint, tags every event with the adapter and arm that served it (whose log-probs
   are that adapter's), and gives every client the model name it asked for;
 - promoting c2 is a change of the file: applied within seconds under load with no failed
@@ -99,6 +99,18 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
     uri = {k: (root / k).as_uri() + "/" for k in ("models/served", "runs/c1/stage", "a/c1", "a/c2")}
     _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *QUICK, *SHAPE)
     _another_adapter(store, "a/c1", "a/c2")
+    # published where a cluster's are: the session's S3 (moto), beside the base
+    bucket = new_bucket(vllm_engine.s3_endpoint)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in s3_env(vllm_engine.s3_endpoint).items():
+            if name.startswith("AWS_"):
+                mp.setenv(name, value)
+        for key in ("a/c1", "a/c2"):
+            uri[key] = f"s3://{bucket}/{key}/"
+            manifest = store.committed(key)
+            assert manifest is not None
+            s3 = open_store(uri[key], endpoint_url=vllm_engine.s3_endpoint)
+            s3.commit("", {n: root / key / n for n in manifest.files}, manifest.metadata)
     tag = uuid.uuid4().hex[:6]  # the engine is the session's: names of this module alone
     c1 = AdapterRef(name=f"org-a-c1-{tag}", checkpoint=f"org-a-c1-{tag}", uri=uri["a/c1"])
     c2 = AdapterRef(name=f"org-a-c2-{tag}", checkpoint=f"org-a-c2-{tag}", uri=uri["a/c2"])
