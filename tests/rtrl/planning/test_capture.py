@@ -339,6 +339,69 @@ def test_a_port_clash_with_the_engine_is_a_condition(change: dict[str, Any], fie
     assert world.target_patches() == []
 
 
+ADAPTERS = {"configMap": "composer-adapters"}
+
+
+def _lora_ready(world: CaptureWorld) -> None:
+    """The engine as spec.capture.adapters needs it: LoRA on, the adapters' volume."""
+    pod = world.template()
+    pod["spec"]["volumes"] = [{"name": "rtrl-adapters", "emptyDir": {}}]
+    engine = pod["spec"]["containers"][0]
+    engine["args"] = [*engine.get("args", []), "--enable-lora", "--max-lora-rank", "16"]
+    engine["volumeMounts"] = [{"name": "rtrl-adapters", "mountPath": "/var/lib/rtrl-adapters"}]
+
+
+def test_with_adapters_the_sidecar_follows_the_table_and_shares_the_engines_volume() -> None:
+    world = CaptureWorld(capture={**CAPTURE, "adapters": ADAPTERS})
+    _lora_ready(world)
+    original = copy.deepcopy(world.template())
+    world.reconcile()
+    assert world.condition("InvalidSpec")["status"] == "False"
+    env = world.sidecar_env()
+    assert env["RTRL_CAPTURE_ADAPTERS"] == "/etc/rtrl-capture/adapters/adapters.yaml"
+    assert env["RTRL_CAPTURE_ADAPTER_DIR"] == "/var/lib/rtrl-adapters"
+    sidecar = world.sidecar()
+    assert sidecar is not None
+    mounts = {m["name"]: m for m in sidecar["volumeMounts"]}
+    assert mounts["rtrl-capture-adapters"]["readOnly"] is True
+    assert mounts["rtrl-adapters"]["mountPath"] == "/var/lib/rtrl-adapters"
+    volumes = {v["name"]: v for v in world.template()["spec"]["volumes"]}
+    assert volumes["rtrl-capture-adapters"]["configMap"] == {"name": "composer-adapters"}
+    assert volumes["rtrl-adapters"] == {"name": "rtrl-adapters", "emptyDir": {}}  # the pod's
+    assert world.template()["spec"]["containers"][0] == original["spec"]["containers"][0]
+    # taking adapters out takes out the table's volume, never the pod's own
+    world.rlcycle["spec"]["capture"].pop("adapters")
+    world.reconcile()
+    volumes = {v["name"] for v in world.template()["spec"]["volumes"]}
+    assert "rtrl-capture-adapters" not in volumes and "rtrl-adapters" in volumes
+    assert "RTRL_CAPTURE_ADAPTERS" not in world.sidecar_env()
+    del world.rlcycle["spec"]["capture"]
+    world.reconcile()
+    assert world.template() == original
+
+
+@pytest.mark.parametrize(
+    ("undo", "words"),
+    [
+        ("volume", "must mount a pod volume named rtrl-adapters"),
+        ("lora", "must run vLLM with --enable-lora"),
+    ],
+)
+def test_adapters_an_engine_cannot_serve_are_a_condition(undo: str, words: str) -> None:
+    world = CaptureWorld(capture={**CAPTURE, "adapters": ADAPTERS})
+    _lora_ready(world)
+    engine = world.template()["spec"]["containers"][0]
+    if undo == "volume":
+        engine.pop("volumeMounts")
+    else:
+        engine["args"] = [a for a in engine["args"] if a != "--enable-lora"]
+    world.reconcile()
+    invalid = world.condition("InvalidSpec")
+    assert invalid["reason"] == "CaptureAdaptersUnservable", invalid
+    assert invalid["message"].startswith("spec.capture.adapters: ") and words in invalid["message"]
+    assert world.target_patches() == []
+
+
 def test_a_patch_planned_from_an_older_template_does_not_apply() -> None:
     world = CaptureWorld()
     decided = plan(world.observed(), world.now)

@@ -114,6 +114,7 @@ class Reason(StrEnum):
     REJECTED_BY_API_SERVER = "RejectedByAPIServer"
     CAPTURE_CONTAINER_CONFLICT = "CaptureContainerConflict"
     CAPTURE_PORT_CONFLICT = "CapturePortConflict"
+    CAPTURE_ADAPTERS_UNSERVABLE = "CaptureAdaptersUnservable"
     CHECKPOINT_INCONSISTENT = "CheckpointInconsistent"
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"

@@ -1147,6 +1147,24 @@ class SealSpec(ApiModel):
     )
 
 
+class CaptureAdapters(ApiModel):
+    """Route organisations to LoRA adapters in the engine: the sidecar follows the routing
+    table in a ConfigMap (docs/writing-shards.md, "Routing organisations to LoRA
+    adapters") and loads the adapters it names into the engine itself."""
+
+    config_map: DnsSubdomain = Field(
+        description="ConfigMap (same namespace) holding the routing table, mounted into the "
+        "sidecar; the pod also needs a volume rtrl-adapters mounted in the engine container "
+        "at /var/lib/rtrl-adapters, and the engine --enable-lora."
+    )
+    key: str = Field(
+        "adapters.yaml",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        max_length=253,
+        description="The ConfigMap's key that holds the table.",
+    )
+
+
 class CaptureSpec(ApiModel):
     """Capture what the target serves: the operator injects the ``rtrl-capture`` sidecar in
     front of the engine into the pods of the target Deployment and of its canary, and runs
@@ -1192,6 +1210,9 @@ class CaptureSpec(ApiModel):
     seal: SealSpec = Field(default_factory=SealSpec, description="The seal CronJob.")
     resources: ResourceRequirements | None = Field(
         None, description="CPU and memory of the sidecar container."
+    )
+    adapters: CaptureAdapters | None = Field(
+        None, description="Route organisations to their LoRA adapters in the engine."
     )
 
     @model_validator(mode="after")

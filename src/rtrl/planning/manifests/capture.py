@@ -37,6 +37,7 @@ from rtrl.core.api.names import ANNOTATION_CAPTURE, ANNOTATION_CAPTURE_HASH
 from rtrl.core.api.reasons import Reason
 from rtrl.core.api.rlcycle import CaptureSpec, RLCycleSpec
 
+from .adapters import ADAPTERS_TABLE_VOLUME, adapters_conflict, adapters_sidecar
 from .canary import CHECKPOINT_ID_ENV, set_env_patch
 from .jobs import CONTAINER_SECURITY, credentials_volume, store_env
 
@@ -44,7 +45,7 @@ SIDECAR = "rtrl-capture"  # the container's name and its port's (a Service's tar
 SPOOL_VOLUME = "rtrl-capture-spool"
 TMP_VOLUME = "rtrl-capture-tmp"
 CREDENTIALS_VOLUME = "rtrl-capture-credentials"
-VOLUMES = (SPOOL_VOLUME, TMP_VOLUME, CREDENTIALS_VOLUME)  # the pod volumes that are rtrl's
+VOLUMES = (SPOOL_VOLUME, TMP_VOLUME, CREDENTIALS_VOLUME, ADAPTERS_TABLE_VOLUME)  # rtrl's
 SPOOL_MOUNT = "/var/spool/rtrl-capture"
 # The sidecar runs as this user (the serving image's); its Secret files are 0444, readable
 # without the pod's fsGroup, which is the user's: only the sidecar container mounts them and
@@ -148,6 +149,8 @@ def conflict(spec: RLCycleSpec, template: Mapping[str, Any], rlcycle: str) -> tu
             f"{spec.target.deployment} declares port(s) {', '.join(map(str, declared))}, not "
             f"{capture.engine_port}: set capture.enginePort to the port the engine serves on",
         )
+    if capture.adapters is not None:
+        return adapters_conflict(spec, template, engine)
     return "", ""
 
 
@@ -207,7 +210,7 @@ def sidecar(
         _env(CHECKPOINT_ID_ENV, checkpoint),
         _env(MODEL_URI_ENV, model_uri),
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": SPOOL_VOLUME, "mountPath": SPOOL_MOUNT},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},
     ]
@@ -219,6 +222,11 @@ def sidecar(
     if credentials is not None:
         volumes.append(credentials[0])
         mounts.append(credentials[1])
+    if capture.adapters is not None:
+        more_env, more_volumes, more_mounts = adapters_sidecar(capture.adapters)
+        env += more_env
+        volumes += more_volumes
+        mounts += more_mounts
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     body: dict[str, Any] = {
         "name": SIDECAR,
