@@ -9,9 +9,10 @@ the same base (c1's update reversed, with c1's lineage). Then:
   the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
   weights of the rows it served are 1), and the base's requests are untouched;
 - the sidecar, given a routing table (c1 stable, c2 on half of org-a's users, org-b not in
-  it), downloads both from S3 (moto) and loads them itself, sends each org-a user to one arm for good, gives org-b the pod's
-  checkpoint, tags every event with the adapter and arm that served it (whose log-probs
-  are that adapter's), and gives every client the model name it asked for;
+  it), downloads both from S3 (moto) and loads them itself, sends each org-a user to one
+  arm for good, gives org-b the pod's checkpoint, tags every event with the adapter and arm
+  that served it (whose log-probs are that adapter's), and gives every client the model
+  name it asked for;
 - promoting c2 is a change of the file: applied within seconds under load with no failed
   request, c1 unloaded once idle; an adapter the engine lost (a restarted engine) is loaded
   again; a table naming an adapter trained on another base is refused whole and the one in
