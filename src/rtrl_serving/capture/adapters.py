@@ -82,6 +82,8 @@ def choose(table: AdapterRouting, org: str | None, unit: str | None) -> Route | 
     if route is None:
         return None
     canary = route.canary
+    if canary is None and route.stable is None:
+        return None  # named, but nothing of its own: as if not named
     if canary is not None and unit and bucket(canary.checkpoint, unit) < route.weight:
         return Route(canary, CANARY)
     return Route(route.stable, STABLE)
@@ -133,6 +135,7 @@ class AdapterRouter:
         self._check_at = 0.0
         self.reloads = 0  # adapters loaded again after the engine lost them
         self.missing: list[str] = []  # adapters of the table in effect not in the engine
+        self._base: str | None = None  # the digest of the engine's base, read once
 
     # --- requests ------------------------------------------------------------------------
 
@@ -269,20 +272,29 @@ class AdapterRouter:
 
     def _check_base(self, label: str, metadata: Mapping[str, Any]) -> None:
         """The adapter's base must be the engine's: the same files (their digest)."""
+        if metadata.get("baseDigest") != self._base_digest(label):
+            raise AdapterError(
+                f"{label}: trained on base {redact(str(metadata.get('base')))}, not on the "
+                f"engine's {redact(str(self.base_uri))} (other files): it would compute what "
+                "nobody measured"
+            )
+
+    def _base_digest(self, label: str) -> str:
+        """The digest of ``RTRL_MODEL_URI``'s files, read once (a pod's engine serves one
+        base for its life: a new base is a new pod)."""
+        if self._base is not None:
+            return self._base
         if self.base_uri is None:
             raise AdapterError(f"{label}: RTRL_MODEL_URI is not set: the engine's base is unknown")
+        where = redact(self.base_uri)
         try:
             base = open_store(self.base_uri, endpoint_url=self.endpoint_url).committed("")
         except Exception as exc:
-            raise AdapterError(f"{label}: the engine's base: {redact(str(exc))}") from None
+            raise AdapterError(f"{label}: the engine's base {where}: {redact(str(exc))}") from None
         if base is None:
-            raise AdapterError(f"{label}: the engine's base {self.base_uri} has no manifest")
-        found = base_digest({n: str(e.get("sha256")) for n, e in base.files.items()})
-        if metadata.get("baseDigest") != found:
-            raise AdapterError(
-                f"{label}: trained on base {metadata.get('base')}, not on the engine's "
-                f"{self.base_uri} (other files): it would compute what nobody measured"
-            )
+            raise AdapterError(f"{label}: the engine's base {where} has no manifest")
+        self._base = base_digest({n: str(e.get("sha256")) for n, e in base.files.items()})
+        return self._base
 
     async def _load(self, session: aiohttp.ClientSession, ref: AdapterRef, local: Path) -> None:
         body = {"lora_name": ref.name, "lora_path": str(local)}

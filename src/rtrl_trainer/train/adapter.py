@@ -114,14 +114,13 @@ def trainable_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def save(module: Any, out_dir: Path, *, base_uri: str) -> AdapterSpec:
+def save(module: Any, out_dir: Path, *, base_uri: str) -> None:
     """Write the adapter's files into ``out_dir``: PEFT's, with the base's URI as
     ``base_model_name_or_path`` (PEFT writes the local path it was loaded from) and
-    without the model card PEFT adds. Returns the shape as saved."""
+    without the model card PEFT adds."""
     module.save_pretrained(out_dir)
     (out_dir / "README.md").unlink(missing_ok=True)
     path = out_dir / ADAPTER_CONFIG
     doc = json.loads(path.read_text())
     doc["base_model_name_or_path"] = base_uri
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    return spec_of(out_dir, "the published adapter")

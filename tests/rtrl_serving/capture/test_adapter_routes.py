@@ -58,6 +58,8 @@ def test_each_canary_draws_its_units_afresh() -> None:
 def test_what_the_table_does_not_route() -> None:
     table = AdapterRouting(orgs={"org-a": OrgRoute(canary=C2, weight=100)})
     assert choose(table, "org-b", "u") is None  # another org: the pod's own
+    named = AdapterRouting(orgs={"org-b": OrgRoute()})  # named with nothing: the same
+    assert choose(named, "org-b", "u") is None
     assert choose(table, None, "u") is None
     no_unit = choose(table, "org-a", None)  # no unit: never the canary, whatever the weight
     assert no_unit is not None and (no_unit.ref, no_unit.arm) == (None, STABLE)
