@@ -1,17 +1,23 @@
 """Routing an organisation's requests to its LoRA adapter inside the running engine.
 
-The table (:class:`~rtrl.core.api.adapter.AdapterRouting`) is a file (``--adapters``: a
-ConfigMap mounted in the pod, which the kubelet replaces atomically), read again whenever it
+The table (:class:`~rtrl.core.api.adapter.AdapterRouting`) is a file, or a directory of
+files, one per writer, whose union it is (``--adapters``: a ConfigMap mounted in the pod,
+which the kubelet replaces atomically; :mod:`.table`), read again whenever any of them
 changes (polled every second). A new table takes effect all at once, and only once every
 adapter it names is in the engine: each is downloaded from the store into ``--adapter-dir``
-(a volume the engine reads too), its files checked against its manifest, its base against
-the engine's (the manifest's ``baseDigest`` against the digest of ``RTRL_MODEL_URI``'s
-manifest: an adapter never runs on a base it was not trained on), and loaded with ``POST
-/v1/load_lora_adapter``. A table that cannot be read, or that names an adapter that cannot
-be loaded, is refused whole and the previous one stays (counted, logged, retried). Adapters
-the table no longer names are unloaded once their last request has ended. So a promotion or
-a rollback is a change of the file: requests in flight finish where they started, new ones
-go to the new adapter, nothing restarts.
+(a volume the engine reads too), its files checked against its manifest, and loaded with
+``POST /v1/load_lora_adapter``. A table that cannot be read, or that names an adapter that
+cannot be loaded, is refused whole and the previous one stays (counted, logged, retried).
+Adapters the table no longer names are unloaded once their last request has ended. So a
+promotion or a rollback is a change of the file: requests in flight finish where they
+started, new ones go to the new adapter, nothing restarts.
+
+An adapter never runs on a base it was not trained on: its manifest's ``baseDigest`` is
+checked against the digest of ``RTRL_MODEL_URI``'s manifest. One trained on another base is
+*stale* (the base was promoted and its RLCycle has not retrained it yet): it is not loaded,
+and does not hold back the rest of the table; the organisations it would serve get the base
+instead (a stale stable: the base; a stale canary: weight 0, all to the stable route),
+counted (``rtrl_capture_adapters_stale``) and logged once per table.
 
 A request's route (:func:`choose`): its organisation (``--org-header``); its unit, the user
 (``--user-header``), else the session; the unit's bucket, sha256(canary checkpoint id, unit)
@@ -34,12 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
-from pydantic import ValidationError
 
 from rtrl.core.api.adapter import AdapterRef, AdapterRouting, base_digest
 from rtrl.core.store import open_store, redact
 from rtrl.core.store.base import sha256_file
+from rtrl_serving.capture.table import Snapshot, TableError, parse, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +56,15 @@ RETRY_S = 10.0  # a refused table is tried again after this (the store may have 
 CHECK_S = 5.0  # how often the engine's adapters are checked (a restarted engine has none)
 # the proxy's session sends no Content-Type of its own (it forwards the client's)
 _JSON = {"Content-Type": "application/json"}
-
-
-class TableError(Exception):
-    """The routing table cannot be read; the message names the field."""
+NONE: frozenset[str] = frozenset()
 
 
 class AdapterError(Exception):
     """An adapter the table names cannot be served; the message says which and why."""
+
+
+class StaleAdapterError(AdapterError):
+    """An adapter trained on another base than the engine's: skipped, its orgs get the base."""
 
 
 @dataclass(frozen=True)
@@ -75,35 +81,22 @@ def bucket(salt: str, unit: str) -> int:
     return int.from_bytes(digest[:8], "big") % 100
 
 
-def choose(table: AdapterRouting, org: str | None, unit: str | None) -> Route | None:
+def choose(
+    table: AdapterRouting, org: str | None, unit: str | None, stale: frozenset[str] = NONE
+) -> Route | None:
     """The route of a request of ``org`` from ``unit``; None where the table says nothing
-    of the org (the pod's own checkpoint and arm)."""
+    of the org (the pod's own checkpoint and arm). An adapter named in ``stale`` is the
+    base's route: a stale stable is the base, a stale canary gets no unit."""
     route = table.orgs.get(org) if org is not None else None
     if route is None:
         return None
-    canary = route.canary
-    if canary is None and route.stable is None:
+    if route.canary is None and route.stable is None:
         return None  # named, but nothing of its own: as if not named
+    canary = route.canary if route.canary is not None and route.canary.name not in stale else None
+    stable = route.stable if route.stable is not None and route.stable.name not in stale else None
     if canary is not None and unit and bucket(canary.checkpoint, unit) < route.weight:
         return Route(canary, CANARY)
-    return Route(route.stable, STABLE)
-
-
-def read_table(path: Path) -> AdapterRouting:
-    """The table in ``path`` (YAML or JSON); TableError naming the field."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise TableError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise TableError(f"{path}: not YAML or JSON: {' '.join(str(exc).split())}") from None
-    try:
-        return AdapterRouting.model_validate(doc if doc is not None else {})
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise TableError(f"{path}: {problems}") from None
+    return Route(stable, STABLE)
 
 
 class AdapterRouter:
@@ -124,13 +117,14 @@ class AdapterRouter:
         self.base_uri = base_uri
         self.endpoint_url = endpoint_url
         self.table = AdapterRouting()
+        self.stale: frozenset[str] = frozenset()  # the table's adapters of another base
         self.applied = False  # a table from the file is in effect
         self.loaded: set[str] = set()
         self.in_flight: Counter[str] = Counter()
         self.retiring: set[str] = set()  # unnamed by the table, unloaded once idle
         self.tables = Counter[str]()  # "applied" / "refused"
         self.problem: str | None = None  # why the last table was refused
-        self._seen: tuple[int, int, int] | None = None
+        self._seen: Snapshot | None = None
         self._retry_at = 0.0
         self._check_at = 0.0
         self.reloads = 0  # adapters loaded again after the engine lost them
@@ -141,7 +135,7 @@ class AdapterRouter:
 
     def route(self, org: str | None, unit: str | None) -> Route | None:
         """The request's route, counted in flight until :meth:`release`."""
-        found = choose(self.table, org, unit)
+        found = choose(self.table, org, unit, self.stale)
         if found is not None and found.ref is not None:
             self.in_flight[found.ref.name] += 1
         return found
@@ -153,7 +147,7 @@ class AdapterRouter:
     # --- the table -----------------------------------------------------------------------
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Follow the file until cancelled."""
+        """Follow the table until cancelled."""
         while True:
             try:
                 await self.refresh(session)
@@ -162,23 +156,19 @@ class AdapterRouter:
             await asyncio.sleep(POLL_S)
 
     async def refresh(self, session: aiohttp.ClientSession) -> bool:
-        """Apply the file's table if it changed (or a refused one is due again); whether a
-        new table is now in effect. Then unload what is retired and idle."""
+        """Apply the table if any of its files changed (or a refused one is due again);
+        whether a new table is now in effect. Then unload what is retired and idle."""
         applied = False
         loop = asyncio.get_running_loop()
-        try:
-            st = self.path.stat()
-            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except FileNotFoundError:
-            seen = None
-            if not self.applied:
-                self.problem = f"{self.path}: no such file"
+        seen = await asyncio.to_thread(snapshot, self.path)
+        if seen is None and not self.applied:
+            self.problem = f"{self.path}: no such file"
         due = self.problem is not None and loop.time() >= self._retry_at
         if seen is not None and (seen != self._seen or due):
             self._seen = seen
             try:
-                table = read_table(self.path)
-                await self._load_all(session, table)
+                table = parse(seen)
+                stale = await self._load_all(session, table)
             except (TableError, AdapterError) as exc:
                 self.tables["refused"] += 1
                 if str(exc) != self.problem:
@@ -186,14 +176,19 @@ class AdapterRouter:
                 self.problem = str(exc)
                 self._retry_at = loop.time() + RETRY_S
             else:
-                named = set(table.adapters())
-                self.retiring |= set(self.table.adapters()) - named
+                named = set(table.adapters()) - stale.keys()
+                self.retiring |= set(self.table.adapters()) - self.stale - named
                 self.retiring -= named
-                self.table, self.applied, self.problem = table, True, None
+                self.table, self.stale = table, frozenset(stale)
+                self.applied, self.problem = True, None
+                self.missing = sorted(named - self.loaded)
                 self.tables["applied"] += 1
                 applied = True
-                log.info("adapter routing: %d org(s), adapters %s", len(table.orgs),
-                         ", ".join(sorted(named)) or "none")  # fmt: skip
+                for why in stale.values():
+                    log.warning("adapter routing: %s", why)
+                log.info("adapter routing: %d org(s), adapters %s, stale %s", len(table.orgs),
+                         ", ".join(sorted(named)) or "none",
+                         ", ".join(stale) or "none")  # fmt: skip
         for name in sorted(self.retiring):
             if self.in_flight[name] <= 0:
                 await self._unload(session, name)
@@ -220,16 +215,27 @@ class AdapterRouter:
             self.loaded -= lost
             self.reloads += len(lost)
         try:
-            await self._load_all(session, self.table)
+            await self._load_all(session, self.table, skip=self.stale)
         except AdapterError as exc:
             log.error("loading the table's adapters again failed: %s", exc)
-        self.missing = sorted(set(self.table.adapters()) - self.loaded)
+        self.missing = sorted(set(self.table.adapters()) - self.stale - self.loaded)
 
-    async def _load_all(self, session: aiohttp.ClientSession, table: AdapterRouting) -> None:
+    async def _load_all(
+        self, session: aiohttp.ClientSession, table: AdapterRouting, skip: frozenset[str] = NONE
+    ) -> dict[str, str]:
+        """Load the table's adapters the engine lacks; the stale ones left out, by name with
+        why (AdapterError for any other that cannot be loaded)."""
+        stale: dict[str, str] = {}
         for name, ref in sorted(table.adapters().items()):
-            if name not in self.loaded:
+            if name in self.loaded or name in skip:
+                continue
+            try:
                 local = await asyncio.to_thread(self._download, ref)
-                await self._load(session, ref, local)
+            except StaleAdapterError as exc:
+                stale[name] = str(exc)
+                continue
+            await self._load(session, ref, local)
+        return stale
 
     def _download(self, ref: AdapterRef) -> Path:
         """The adapter's files in ``directory/<name>``, checked; the base checked too."""
@@ -271,12 +277,13 @@ class AdapterRouter:
         return target
 
     def _check_base(self, label: str, metadata: Mapping[str, Any]) -> None:
-        """The adapter's base must be the engine's: the same files (their digest)."""
+        """The adapter's base must be the engine's: the same files (their digest); else it
+        is stale (a base this pod's engine does not serve)."""
         if metadata.get("baseDigest") != self._base_digest(label):
-            raise AdapterError(
+            raise StaleAdapterError(
                 f"{label}: trained on base {redact(str(metadata.get('base')))}, not on the "
-                f"engine's {redact(str(self.base_uri))} (other files): it would compute what "
-                "nobody measured"
+                f"engine's {redact(str(self.base_uri))} (other files): stale, not served until "
+                "it is trained on this base (it would compute what nobody measured)"
             )
 
     def _base_digest(self, label: str) -> str:

@@ -59,7 +59,7 @@ class CaptureConfig:
     clock_header: str | None = None
     drain_timeout_s: float = 25.0
     verify_interval_s: float = 30.0
-    adapters: str | None = None  # the routing table's file (adapters.py); None: no routing
+    adapters: str | None = None  # the routing table's file or directory (adapters.py); None: off
     adapter_dir: str = "/var/lib/rtrl-adapters"
 
 
@@ -101,7 +101,9 @@ _FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
      "on SIGTERM: how long to wait for in-flight requests and the last uploads"),
     ("--adapters", "RTRL_CAPTURE_ADAPTERS", None,
      "a file routing organisations to LoRA adapters in the engine (YAML or JSON: orgs: "
-     "{ORG: {stable, canary, weight}}), followed as it changes; off by default"),
+     "{ORG: {stable, canary, weight}}), or a directory of such files (*.yaml, *.yml, *.json; "
+     "a mounted ConfigMap, one key per RLCycle) whose union is the table; followed as it "
+     "changes; off by default"),
     ("--adapter-dir", "RTRL_CAPTURE_ADAPTER_DIR", "/var/lib/rtrl-adapters",
      "where routed adapters are downloaded: a directory the engine reads too"),
 )  # fmt: skip

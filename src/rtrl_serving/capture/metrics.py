@@ -4,13 +4,14 @@ Served requests by arm, endpoint and status (what the A/B analysis counts per ar
 spooled, shipped and dropped by reason (``spool_full``, ``io_error``, ``corrupt``, ``torn``,
 ``encode``); checkpoint mismatches; spool bytes; upload failures; requests whose events carry
 no tokens, by reason; tool calls and invalid ones; with adapter routing, the routing
-tables applied and refused and the adapters loaded.
+tables applied and refused, the adapters loaded, and those skipped as stale.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,13 +63,22 @@ class _SpoolCollector(Collector):
         )
 
 
+class Routing(Protocol):
+    """What the metrics read of the adapter router (adapters.py)."""
+
+    @property
+    def tables(self) -> Tally[str]: ...
+    @property
+    def loaded(self) -> set[str]: ...
+    @property
+    def reloads(self) -> int: ...
+    @property
+    def stale(self) -> frozenset[str]: ...
+
+
 class _RouterCollector(Collector):
-    def __init__(
-        self, tables: Tally[str], loaded: Callable[[], int], reloads: Callable[[], int]
-    ) -> None:
-        self._tables = tables
-        self._loaded = loaded
-        self._reloads = reloads
+    def __init__(self, router: Routing) -> None:
+        self._router = router
 
     def collect(self) -> Iterator[Metric]:
         tables = CounterMetricFamily(
@@ -76,16 +86,25 @@ class _RouterCollector(Collector):
             "Adapter routing tables applied, and refused (the previous one stayed)",
             labels=["result"],
         )
+        router = self._router
         for result in ("applied", "refused"):
-            tables.add_metric([result], self._tables[result])
+            tables.add_metric([result], router.tables[result])
         yield tables
         yield GaugeMetricFamily(
-            "rtrl_capture_adapters_loaded", "Adapters loaded in the engine", value=self._loaded()
+            "rtrl_capture_adapters_loaded",
+            "Adapters loaded in the engine",
+            value=len(router.loaded),
         )
         yield CounterMetricFamily(
             "rtrl_capture_adapter_reloads",
             "Adapters loaded again after the engine lost them (a restarted engine)",
-            value=self._reloads(),
+            value=router.reloads,
+        )
+        yield GaugeMetricFamily(
+            "rtrl_capture_adapters_stale",
+            "Adapters the table in effect names that were skipped as stale (trained on another "
+            "base than the engine's): their organisations get the base",
+            value=len(router.stale),
         )
 
 
@@ -133,7 +152,5 @@ class CaptureMetrics:
     def watch_spool(self, snapshot: Callable[[], SpoolSnapshot]) -> None:
         self.registry.register(_SpoolCollector(snapshot, lambda: self.encode_dropped))
 
-    def watch_router(
-        self, tables: Tally[str], loaded: Callable[[], int], reloads: Callable[[], int]
-    ) -> None:
-        self.registry.register(_RouterCollector(tables, loaded, reloads))
+    def watch_router(self, router: Routing) -> None:
+        self.registry.register(_RouterCollector(router))

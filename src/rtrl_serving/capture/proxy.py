@@ -83,8 +83,7 @@ class CaptureProxy:
                 Path(config.adapters), Path(config.adapter_dir),
                 engine=config.engine, base_uri=config.model_uri,
             )  # fmt: skip
-            self.metrics.watch_router(router.tables, lambda: len(router.loaded),
-                                      lambda: router.reloads)  # fmt: skip
+            self.metrics.watch_router(router)
         self._routing: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
         self.watch: EngineWatch | None = None
