@@ -106,7 +106,7 @@ the grants differ in either direction. No wildcards.
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]

@@ -49,7 +49,8 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "cronjobs"): ("get", "list", "watch", "create", "delete", "patch"),
     ("", "pods"): ("get", "list"),
     ("", "services"): ("get", "list", "watch", "create", "delete"),
-    ("", "configmaps"): ("get", "list", "watch", "create", "delete"),
+    # patch: an adapter RLCycle's key of the routing table (spec.capture.adapters)
+    ("", "configmaps"): ("get", "list", "watch", "create", "delete", "patch"),
     ("", "secrets"): ("get",),
     ("", "events"): ("create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "delete", "patch"),

@@ -317,6 +317,11 @@ def observe(
                 None,
             )
         deployment = DeploymentState(True, container is not None, value)
+    routing = None
+    table = ((spec.get("capture") or {}).get("adapters") or {}).get("configMap")
+    if spec.get("adapter") and table:
+        # Not a child (every organisation's RLCycle writes its own key): read, not cached.
+        routing = KubeClient.get(client, "ConfigMap", namespace, str(table))
     stable_service = None
     if _needs_stable_service(rollout, services, checkpoints, name):
         # Not a child: the cache does not keep it. Read once per canary, before its Service.
@@ -333,6 +338,7 @@ def observe(
         canary=canary,
         http_route=route,
         stable_service=stable_service,
+        routing=routing,
         seal=got.get("seal"),
         policy=policy,
     )

@@ -109,6 +109,9 @@ def analyze_args(
     ]
     if r.spec.capture is not None:  # each arm's served requests, against the rows it logged
         args.append(f"--events={r.spec.capture.events}")
+    org = r.spec.adapter_org()
+    if org is not None:  # an adapter's canary: its organisation's users alone see it
+        args.append(f"--org={org}")
     if max_reached:
         args.append("--max-duration-reached")
     return args
@@ -129,3 +132,34 @@ def record_verdict(record: RolloutRecord, result: AnalysisResult) -> None:
     record.baseline_samples = result.baseline_samples
     record.canary_samples = result.canary_samples
     record.metrics = [m.to_status() for m in result.metrics][:64] or None
+
+
+def hours_to_decide(r: Round, ck: dict[str, Any]) -> tuple[float, float] | None:
+    """``(interactions per hour, hours)``: the traffic the candidate's stage found (its
+    interactions over the span it staged: the organisation's alone in an adapter RLCycle)
+    and the least time its canary needs to pass every step, each step at least its
+    ``minDuration`` and until both arms have its ``minSamples`` at its weight, plus the
+    maturity an interaction waits before it counts. None when the stage says too little
+    to tell (no span, no interactions)."""
+    data = (ck.get("status") or {}).get("data") or {}
+    interactions, until = int(data.get("interactions") or 0), data.get("until")
+    since = data.get("since")
+    if not interactions or not until:
+        return None
+    end = datetime.fromisoformat(str(until).replace("Z", "+00:00"))
+    if since:
+        start = datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+    elif r.spec.data.window:
+        start = end - timedelta(seconds=parse_duration(r.spec.data.window))
+    else:
+        return None
+    span_h = (end - start).total_seconds() / 3600
+    if span_h <= 0:
+        return None
+    rate = interactions / span_h
+    hours = parse_duration(r.spec.data.maturity) / 3600
+    for step in r.spec.rollout.steps:
+        smaller_arm = min(step.weight, 100 - step.weight) / 100 or 1.0
+        needed = step.min_samples / (rate * smaller_arm) if step.min_samples else 0.0
+        hours += max(parse_duration(step.min_duration) / 3600, needed)
+    return rate, hours

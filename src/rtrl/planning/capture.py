@@ -1,5 +1,8 @@
 """Decisions of ``spec.capture``: the ``rtrl-capture`` sidecar in the target Deployment and
-its canary, and the seal CronJob (docs/operator.md, "Capture").
+its canary, and the seal CronJob (docs/operator.md, "Capture"). An adapter RLCycle
+(``spec.adapter``) has neither: its organisation goes through the sidecar the RLCycle of
+the base injected, whose routing table it writes (:mod:`.adapter_routes`), and that RLCycle
+seals.
 
 Each round, once the environment checked out, the target's pod template is brought to what
 the spec says (:func:`keep_capture`): the sidecar injected, changed or taken out with a
@@ -22,6 +25,7 @@ from typing import Any
 from rtrl.core.api.reasons import Reason
 
 from .actions import Create, Delete, Patch
+from .adapter_routes import routes_followed
 from .manifests import capture as cap
 from .manifests import seal
 from .manifests.canary import CHECKPOINT_ID_ENV, set_env_patch
@@ -35,6 +39,8 @@ def check_capture(r: Round) -> tuple[str, str]:
     (someone else's ``rtrl-capture`` container, a port clash); ``("", "")`` otherwise."""
     if r.spec.capture is None or r.obs.target is None:
         return "", ""
+    if r.spec.adapter is not None:  # the sidecar is the base's RLCycle's
+        return routes_followed(r.spec, _template(r.obs.target))
     return cap.conflict(r.spec, _template(r.obs.target), r.name)
 
 
@@ -62,7 +68,7 @@ def stable_sidecar(r: Round) -> cap.Sidecar | None:
         _engine(template, r),
         rlcycle=r.name,
         arm=cap.STABLE,
-        checkpoint=str(meta(r.serving)["name"]),
+        checkpoint=str(meta(r.base)["name"]),
         model_uri=str(r.obs.deployment.serving_uri or ""),
         grace=_grace(template),
     )
@@ -117,7 +123,8 @@ def sidecar_env_ops(r: Round, uri: str, checkpoint: str) -> list[dict[str, Any]]
 def keep_capture(r: Round) -> None:
     """The target's sidecar and the seal CronJob as the spec says, at the end of a round
     whose environment checked out."""
-    _keep_target(r)
+    if r.spec.adapter is None:  # an adapter RLCycle's org goes through the base's sidecar
+        _keep_target(r)
     _keep_seal(r)
 
 
@@ -136,16 +143,17 @@ def _keep_target(r: Round) -> None:
         r.out.soon(READY_POLL_SECONDS)
         return
     r.act(Patch("apps/v1", "Deployment", name, patch.ops))
-    r.event(patch.reason, f"{cap.SIDECAR} in Deployment {name} (stable, {meta(r.serving)['name']})")
+    r.event(patch.reason, f"{cap.SIDECAR} in Deployment {name} (stable, {meta(r.base)['name']})")
 
 
 def _keep_seal(r: Round) -> None:
     stored = r.obs.seal
-    if r.spec.capture is None:
+    if r.spec.capture is None or r.spec.adapter is not None:  # the base's RLCycle seals
         if stored is not None:
             name = str(meta(stored)["name"])
             r.act(Delete("batch/v1", "CronJob", name))
-            r.event(Reason.SEAL_REMOVED, f"CronJob {name} deleted: spec.capture is unset")
+            why = "spec.capture is unset" if r.spec.capture is None else "the base's RLCycle seals"
+            r.event(Reason.SEAL_REMOVED, f"CronJob {name} deleted: {why}")
         return
     want = seal.seal_cronjob(r.rlc, r.spec, job_service_account(r.spec, r.obs.policy))
     name = want["metadata"]["name"]

@@ -84,9 +84,11 @@ def start(r: Round, trigger: str | None) -> Plan:
     cycle = r.status["cycle"] + 1
     parent = _meta(r.serving)["name"]
     since = data_watermark(r.serving, r.name)
+    base = _meta(r.base)["name"] if r.spec.adapter is not None else None
     manifest = checkpoint_manifest(
-        r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger, since=since
-    )
+        r.rlc, r.spec, cycle=cycle, parent=parent, now=r.now, trigger=trigger, since=since,
+        base=base,
+    )  # fmt: skip
     name = manifest["metadata"]["name"]
     r.act(Create(manifest))
     why = f"triggered by {names.ANNOTATION_TRIGGER}={trigger}" if trigger else "scheduled"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.api.reasons import Reason
 
+from .adapter_routes import follow_serving, taken_route
 from .capture import check_capture
 from .manifests.names import same_uri
 from .reading import meta, phase
@@ -76,7 +77,8 @@ def check_environment(r: Round) -> tuple[str, str]:
         key=lambda c: (int((c.get("spec") or {}).get("cycle") or 0), meta(c)["name"]),
     )
     r.status["serving"] = meta(r.serving)["name"]
-    return "", ""
+    follow_serving(r)
+    return taken_route(r)
 
 
 def mark_serving_base(r: Round) -> None:
@@ -85,7 +87,7 @@ def mark_serving_base(r: Round) -> None:
     serving checkpoint reads: ``kubectl get ckpt`` showed it with no phase and ``kubectl
     rtrl`` as ``Pending`` although it is what serves. Once written, it is left to the
     cycles (``Superseded`` by the first promotion, ``Promoted`` again by a rollback)."""
-    serving = r.serving
+    serving = r.base  # what the Deployment serves (an adapter RLCycle's org: its adapter)
     if phase(serving) is not None or any(meta(c)["name"] == meta(serving)["name"] for c in r.owned):
         return
     r.patch_checkpoint(

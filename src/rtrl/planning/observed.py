@@ -74,6 +74,9 @@ class Observed:
     # With the gatewayapi router, the stable Service (``rollout.service``), read only while
     # its canary Service is to be made: the canary Service copies its ports.
     stable_service: Mapping[str, Any] | None = None
+    # With spec.adapter: the routing table's ConfigMap (spec.capture.adapters.configMap),
+    # shared by the RLCycles of every organisation; None when absent.
+    routing: Mapping[str, Any] | None = None
     # The seal CronJob (``<rlcycle>-seal``, spec.capture), None when absent.
     seal: Mapping[str, Any] | None = None
     secret: SecretState | None = None  # None: no Secret referenced

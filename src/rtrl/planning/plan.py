@@ -25,6 +25,7 @@ from rtrl.core.api.errors import error_message, format_loc
 from rtrl.core.api.reasons import ConditionType, Reason
 from rtrl.core.api.rlcycle import RLCycleMeta, RLCyclePhase, RLCycleSpec
 
+from .adapter_routes import retire_stale, stale_candidate
 from .capture import keep_capture
 from .cycle import cancel, cancel_reason, drive_step
 from .environment import check_environment, mark_serving_base
@@ -126,10 +127,12 @@ def run(r: Round) -> Plan:
     prune_history(r)
     active = _active(r.owned)
     if active is not None and _phase(active) not in CANARY_PHASES:
-        why = cancel_reason(r)
+        why = cancel_reason(r) or stale_candidate(r, active)
         if why:
             cancel(r, active, why)
             active = None
+    if active is None:
+        retire_stale(r)  # (a running canary of a stale adapter is rolled back instead)
     out = drive(r, active) if active is not None else idle(r)
     keep_capture(r)
     return out

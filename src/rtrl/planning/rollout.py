@@ -31,7 +31,15 @@ from rtrl.core.api.rlcycle import NotificationEvent, RLCyclePhase
 from rtrl.core.results import AnalysisResult, Decision
 
 from . import gates
-from .analysis import analysis_due, analyze_args, forget_analyses, read_verdict, record_verdict
+from .adapter_routes import is_adapter, stale_candidate
+from .analysis import (
+    analysis_due,
+    analyze_args,
+    forget_analyses,
+    hours_to_decide,
+    read_verdict,
+    record_verdict,
+)
 from .cycle import create_step, end_cycle
 from .manifests import canary as cn
 from .manifests.names import result_uri
@@ -40,7 +48,15 @@ from .records import Record, RecordError, read_records, step_index, written
 from .round import READY_POLL_SECONDS, Plan, Round
 from .steps import keep_share, new_record, restart_steps, steps_changed, steps_hash
 from .timeutil import iso, whole
-from .workload import StableServiceMissingError, ensure_canary, remove_canary, serve
+from .workload import (
+    StableServiceMissingError,
+    canary_at_weight,
+    canary_ready,
+    ensure_canary,
+    remove_canary,
+    serve,
+    serves,
+)
 
 PROMOTE, ROLLBACK = Decision.PROMOTE, Decision.ROLLBACK
 
@@ -80,6 +96,7 @@ def drive_canary(r: Round, ck: dict[str, Any]) -> Plan:
             name=name,
             notify=(NotificationEvent.CANARY_STARTED,),
         )
+        warn_too_little_traffic(r, ck)
     elif steps_changed(r, records):
         full = restart_steps(r, ck, records)  # or why it cannot: the records are full
         if full:
@@ -91,6 +108,9 @@ def manual_decision(r: Round, ck: dict[str, Any]) -> tuple[str, Decision | None]
     """``(reason, decision)`` asked for by hand or by ``spec.pin``; ``("", None)`` if none."""
     if r.spec.pin:
         return f"spec.pin is set to {r.spec.pin}", ROLLBACK
+    stale = stale_candidate(r, ck)
+    if stale:
+        return stale, ROLLBACK
     # The decision's write on the Checkpoint carries the request (status.requests): that
     # write is what takes the token, so an operator killed before the RLCycle's status says
     # so does not take it again (Round.pending_annotation reads them).
@@ -120,6 +140,30 @@ def decide(
     return r.finish(phase, f"{meta(ck)['name']}: {decision}: {reason}")
 
 
+def warn_too_little_traffic(r: Round, ck: dict[str, Any]) -> None:
+    """Say so, as the canary starts, when the traffic its stage found cannot bring the
+    canary through its steps within ``analysis.maxDuration`` (an organisation too small
+    for its adapter's canary): it will end on the inconclusive policy instead."""
+    expected = hours_to_decide(r, ck)
+    limit = parse_duration(r.spec.rollout.analysis.max_duration) / 3600
+    if expected is None or expected[1] <= limit:
+        return
+    rate, hours = expected
+    who = f"organisation {r.spec.adapter_org()}" if r.spec.adapter else "the target"
+    name = meta(ck)["name"]
+    r.event(
+        Reason.TRAFFIC_TOO_LOW,
+        f"{name}: {who} served {rate:.0f} interactions/h in the span {name} staged; its "
+        f"canary needs at least {hours:.1f}h to pass its steps' minDuration and minSamples, "
+        f"more than rollout.analysis.maxDuration {r.spec.rollout.analysis.max_duration}: "
+        f"it will end on the inconclusive policy ({r.spec.rollout.analysis.inconclusive}); "
+        "raise the steps' weights, lower their minSamples or lengthen maxDuration",
+        warning=True,
+        kind="Checkpoint",
+        name=name,
+    )
+
+
 # --- one step ----------------------------------------------------------------------
 def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
     """The current step: the canary at its weight and ready, then its analyses in turn."""
@@ -144,7 +188,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
         r.conditions.set(ConditionType.PROGRESSING, True, Reason.CANARY, f"{name} at {share:.0f}%")
     canary_start = records[0].started_at
     counted_from = records[0].ready_at or canary_start
-    if not cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None):
+    if not canary_ready(r, ck, step.weight):
         timeout = parse_duration(r.spec.rollout.ready_timeout)
         if r.now - canary_start > timedelta(seconds=timeout) and index == 0:
             return decide(
@@ -156,8 +200,7 @@ def run_step(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
             )
         r.out.soon(READY_POLL_SECONDS)
         return r.finish(RLCyclePhase.CANARY, f"{name}: waiting for the canary to be ready")
-    scaled = int(((r.obs.canary or {}).get("spec") or {}).get("replicas", -1))
-    if not record.ready_at and scaled == cn.canary_weight(r.spec, r.obs.target, step.weight)[0]:
+    if not record.ready_at and canary_at_weight(r, ck, step.weight):
         # Until now the canary served nothing (or less than its weight): the analysis, and
         # its sample-ratio test, count this step from here.
         record.ready_at = whole(r.now)
@@ -289,20 +332,22 @@ def next_step(r: Round, ck: dict[str, Any], records: list[Record]) -> None:
 def promote(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
     """Serve the candidate, wait for the target's rollout, then remove the canary."""
     name = meta(ck)["name"]
-    if not serve(r, ck["spec"]["uri"], name) or not cn.deployment_ready(dict(r.obs.target or {})):
+    rolled = r.spec.adapter is not None or cn.deployment_ready(dict(r.obs.target or {}))
+    if not serve(r, ck["spec"]["uri"], name) or not rolled:  # (a route: nothing rolls)
         r.status["canaryWeight"] = r.status.get("canaryWeight") or 0
         r.out.soon(READY_POLL_SECONDS)
-        return r.finish(
-            RLCyclePhase.PROMOTING, f"{name}: rolling out to {r.spec.target.deployment}"
-        )
+        return r.finish(RLCyclePhase.PROMOTING, f"{name}: rolling out to {serves(r)}")
     remove_canary(r, ck)
     # The parent Superseded before the candidate Promoted: once the candidate is Promoted no
     # cycle runs, so an operator killed between the two writes would never supersede the
     # parent (tests/e2e/test_crash_paths.py).
     parent = (ck.get("spec") or {}).get("parent")
     previous = r.checkpoint(parent) if parent else None
+    # an adapter's parent that is the base goes on serving every other organisation
+    base_serves_on = r.spec.adapter is not None and not is_adapter(previous)
     if (
         previous is not None
+        and not base_serves_on
         and (previous.get("status") or {}).get("phase") != CheckpointPhase.SUPERSEDED
     ):
         r.patch_checkpoint(
@@ -321,7 +366,7 @@ def promote(r: Round, ck: dict[str, Any], records: list[Record]) -> Plan:
     r.status.update(lastPromoted=name, serving=name, canaryWeight=0)
     r.event(
         Reason.PROMOTED,
-        f"{name} now serves {r.spec.target.deployment}",
+        f"{name} now serves {serves(r)}",
         notify=(NotificationEvent.PROMOTED, NotificationEvent.CYCLE_COMPLETED),
     )
     r.conditions.set(ConditionType.PROGRESSING, False, Reason.PROMOTED, f"{name} promoted")

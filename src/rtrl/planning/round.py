@@ -59,10 +59,16 @@ class Round:
     """The context of one round: ``obs`` and ``now`` (what it decides from), ``out`` (the
     plan being built), ``status`` (the RLCycle's status being written), ``conditions``,
     the owned Checkpoints (oldest first), and, once the spec validated and the environment
-    checked, ``spec`` and ``serving`` (the Checkpoint the target serves)."""
+    checked, ``spec`` and ``serving`` (the Checkpoint the target serves; in an adapter
+    RLCycle, the organisation's adapter)."""
 
     spec: RLCycleSpec
     serving: dict[str, Any]
+    # The Checkpoint the target Deployment serves: ``serving`` too, except in an adapter
+    # RLCycle whose organisation has an adapter (rtrl.planning.adapter_routes); and that
+    # organisation's adapter when it was trained on another base (None: none is stale).
+    base: dict[str, Any]
+    stale: dict[str, Any] | None = None
 
     def __init__(self, observed: Observed, now: datetime):
         self.obs = observed

@@ -1,7 +1,9 @@
 """The canary's workload and what the target serves: the canary Deployment created or
 resized to a step's weight, its Service and the HTTPRoute's weights (gatewayapi router),
 all removed when the canary ends; and the target Deployment pointed at a checkpoint (a
-promotion, a rollback, a pin). :mod:`.rollout` decides when."""
+promotion, a rollback, a pin). :mod:`.rollout` decides when. An adapter RLCycle has no
+canary workload: each of these is a write of its organisation's route in the engine
+(:mod:`.adapter_routes`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from rtrl.core.api.rlcycle import Router
 
+from . import adapter_routes as routes
 from .actions import Create, Delete, Patch
 from .capture import canary_service, canary_template, sidecar_env_ops
 from .manifests import canary as cn
@@ -20,6 +23,9 @@ from .traffic import route_patch
 
 def ensure_canary(r: Round, ck: dict[str, Any], weight: int) -> float:
     """Create or resize the canary workload and route ``weight``; the share reached."""
+    if r.spec.adapter is not None:
+        routes.canary(r, ck, weight)
+        return float(weight)  # of the organisation's units, bucketed by the sidecars
     spec, target = r.spec, dict(r.obs.target or {})
     service = spec.rollout.service if spec.rollout.router == Router.GATEWAY_API else None
     if service and canary_service_name(service) not in r.obs.services:
@@ -46,6 +52,29 @@ def ensure_canary(r: Round, ck: dict[str, Any], weight: int) -> float:
     return share
 
 
+def canary_ready(r: Round, ck: dict[str, Any], weight: int) -> bool:
+    """The canary can serve: its Deployment ready, or its route in the table."""
+    if r.spec.adapter is not None:
+        return routes.canary_shown(r, ck, weight)
+    return cn.deployment_ready(dict(r.obs.canary) if r.obs.canary else None)
+
+
+def canary_at_weight(r: Round, ck: dict[str, Any], weight: int) -> bool:
+    """The canary serves its step's weight: scaled to it, or routed at it."""
+    if r.spec.adapter is not None:
+        return routes.canary_shown(r, ck, weight)
+    scaled = int(((r.obs.canary or {}).get("spec") or {}).get("replicas", -1))
+    return scaled == cn.canary_weight(r.spec, r.obs.target, weight)[0]
+
+
+def serves(r: Round) -> str:
+    """What a promotion changes, in words: the Deployment, or the organisation's route."""
+    org = r.spec.adapter_org()
+    if org is not None:
+        return f"organisation {org} on {r.spec.target.deployment}"
+    return r.spec.target.deployment
+
+
 def route_to(r: Round, weight: int) -> None:
     """With the gatewayapi router: the HTTPRoute's weights, when they differ."""
     route = r.obs.http_route
@@ -65,6 +94,8 @@ def remove_canary(r: Round, ck: dict[str, Any]) -> None:
         running = job.checkpoint == meta(ck)["name"] and not job.finished and not job.deleting
         if running and (job.step or "").startswith("analyze"):
             r.act(Delete("batch/v1", "Job", job.name))
+    if spec.adapter is not None:
+        return  # the route's canary goes with the stable route :func:`serve` writes
     if r.obs.canary is not None:
         r.act(Delete("apps/v1", "Deployment", meta(r.obs.canary)["name"]))
     if spec.rollout.router == Router.GATEWAY_API and spec.rollout.service:
@@ -74,7 +105,11 @@ def remove_canary(r: Round, ck: dict[str, Any]) -> None:
 
 
 def serve(r: Round, uri: str, checkpoint: str) -> bool:
-    """Point the target at ``uri``; True when it already serves it."""
+    """Point the target at ``uri``; True when it already serves it. An adapter RLCycle
+    routes its organisation to ``checkpoint``: its adapter, or the base (none, also for
+    an adapter of another base)."""
+    if r.spec.adapter is not None:
+        return routes.want(r, routes.route_for(r, r.checkpoint(checkpoint)))
     spec, target = r.spec, dict(r.obs.target or {})
     if cn.env_value(target, spec.target.container, spec.target.checkpoint_env) == uri:
         return True

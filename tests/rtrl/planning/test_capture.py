@@ -358,7 +358,7 @@ def test_with_adapters_the_sidecar_follows_the_table_and_shares_the_engines_volu
     world.reconcile()
     assert world.condition("InvalidSpec")["status"] == "False"
     env = world.sidecar_env()
-    assert env["RTRL_CAPTURE_ADAPTERS"] == "/etc/rtrl-capture/adapters/adapters.yaml"
+    assert env["RTRL_CAPTURE_ADAPTERS"] == "/etc/rtrl-capture/adapters"  # every key
     assert env["RTRL_CAPTURE_ADAPTER_DIR"] == "/var/lib/rtrl-adapters"
     sidecar = world.sidecar()
     assert sidecar is not None

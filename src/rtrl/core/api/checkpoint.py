@@ -32,10 +32,16 @@ class CheckpointSpec(ApiModel):
     """Identity of a model version: where it is stored and where it came from."""
 
     uri: StoreUri = Field(
-        description="Hugging Face checkpoint directory (config.json, model.safetensors).",
+        description="Hugging Face checkpoint directory (config.json, model.safetensors), "
+        "or a LoRA adapter's (adapter_config.json, adapter_model.safetensors).",
     )
     parent: DnsSubdomain | None = Field(
         None, description="Checkpoint this one was trained from; unset for a base model."
+    )
+    base: DnsSubdomain | None = Field(
+        None,
+        description="For a LoRA adapter: the base Checkpoint it was trained on, the only "
+        "one it is served on; unset for a full model.",
     )
     rl_cycle: DnsLabel | None = Field(
         None, description="RLCycle that produced it; unset for one registered by hand."

@@ -23,6 +23,7 @@ __all__ = [
     "FINALIZER",
     "FINALIZER_RESTORE_TRAFFIC",
     "GROUP",
+    "LABEL_ADAPTER_ROUTES",
     "LABEL_ARM",
     "LABEL_ATTEMPT",
     "LABEL_CHECKPOINT",
@@ -45,6 +46,9 @@ LABEL_STEP = f"{GROUP}/step"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_ARM = f"{GROUP}/arm"  # stable or canary, on the canary's pods
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rtrl"}
+# On a ConfigMap: "true" lets adapter RLCycles write their organisation's route into it
+# (spec.capture.adapters): no spec makes the operator write into a ConfigMap of its choice.
+LABEL_ADAPTER_ROUTES = f"{GROUP}/adapter-routes"
 
 # Annotations a user (or `kubectl rtrl`) writes to ask for something once; the value is a
 # token, handled once and recorded in status.

@@ -82,6 +82,8 @@ class Reason(StrEnum):
     ROLLBACK_IMPOSSIBLE = "RollbackImpossible"
     SERVING = "Serving"
     SERVING_AGAIN = "ServingAgain"
+    TRAFFIC_TOO_LOW = "TrafficTooLow"  # a canary cannot pass its steps in maxDuration
+    BASE_CHANGED = "BaseChanged"  # an adapter's base no longer served: it is stale
     TRAFFIC_RESTORED = "TrafficRestored"
     PINNED = "Pinned"
     SUSPENDED = "Suspended"
@@ -115,6 +117,8 @@ class Reason(StrEnum):
     CAPTURE_CONTAINER_CONFLICT = "CaptureContainerConflict"
     CAPTURE_PORT_CONFLICT = "CapturePortConflict"
     CAPTURE_ADAPTERS_UNSERVABLE = "CaptureAdaptersUnservable"
+    ADAPTER_ROUTE_TAKEN = "AdapterRouteTaken"
+    ADAPTER_ROUTES_UNLABELLED = "AdapterRoutesUnlabelled"
     CHECKPOINT_INCONSISTENT = "CheckpointInconsistent"
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"

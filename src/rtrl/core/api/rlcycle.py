@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from .adapter import AdapterSpec
 from .common import (
     CEL_KEY,
     DNS_LABEL_PATTERN,
@@ -1153,15 +1154,11 @@ class CaptureAdapters(ApiModel):
     adapters") and loads the adapters it names into the engine itself."""
 
     config_map: DnsSubdomain = Field(
-        description="ConfigMap (same namespace) holding the routing table, mounted into the "
-        "sidecar; the pod also needs a volume rtrl-adapters mounted in the engine container "
-        "at /var/lib/rtrl-adapters, and the engine --enable-lora."
-    )
-    key: str = Field(
-        "adapters.yaml",
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        max_length=253,
-        description="The ConfigMap's key that holds the table.",
+        description="ConfigMap (same namespace) holding the routing table, one key per "
+        "writer (every *.yaml key is read; an RLCycle with spec.adapter writes "
+        "<its name>.yaml), mounted into the sidecar; the pod also needs a volume "
+        "rtrl-adapters mounted in the engine container at /var/lib/rtrl-adapters, and the "
+        "engine --enable-lora."
     )
 
 
@@ -1283,6 +1280,12 @@ class RLCycleSpec(ApiModel):
         description="Capture what the target serves (the rtrl-capture sidecar) and seal it "
         "into shards; unset: the shards come from a pipeline of your own.",
     )
+    adapter: AdapterSpec | None = Field(
+        None,
+        description="Train a LoRA adapter for one organisation (data.population.orgs) "
+        "instead of all weights; its canary, promotion and rollback are routes in "
+        "capture.adapters' ConfigMap, inside the running engine (docs/adapters.md).",
+    )
 
     @field_validator("notifications")
     @classmethod
@@ -1293,6 +1296,30 @@ class RLCycleSpec(ApiModel):
                 raise ValueError(f"notifications[{i}].name {item.name!r} is used twice")
             seen.add(item.name)
         return items
+
+    @model_validator(mode="after")
+    def _adapter_needs_one_org_and_routes(self) -> Self:
+        if self.adapter is None:
+            return self
+        orgs = self.data.population.orgs if self.data.population else None
+        if not orgs or len(orgs) != 1:
+            raise ValueError(
+                "adapter: data.population.orgs must name exactly one organisation, the one "
+                "whose rows train the adapter and whose requests it serves"
+            )
+        if self.capture is None or self.capture.adapters is None:
+            raise ValueError(
+                "adapter: capture.adapters.configMap must name the routing table the "
+                "adapter's canary, promotion and rollback are written to"
+            )
+        return self
+
+    def adapter_org(self) -> str | None:
+        """The organisation an adapter RLCycle serves (None: a full-model RLCycle)."""
+        if self.adapter is None or self.data.population is None:
+            return None
+        orgs = self.data.population.orgs
+        return orgs[0] if orgs else None
 
     @model_validator(mode="after")
     def _capture_apart_from_shards(self) -> Self:

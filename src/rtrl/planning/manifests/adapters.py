@@ -28,7 +28,8 @@ def adapters_sidecar(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(env, volumes, mounts) the sidecar gets for ``table``."""
     env: list[dict[str, Any]] = [
-        {"name": "RTRL_CAPTURE_ADAPTERS", "value": f"{ADAPTERS_TABLE_MOUNT}/{table.key}"},
+        # the directory: every key is a table file, one per writer
+        {"name": "RTRL_CAPTURE_ADAPTERS", "value": ADAPTERS_TABLE_MOUNT},
         {"name": "RTRL_CAPTURE_ADAPTER_DIR", "value": ADAPTERS_MOUNT},
     ]
     volumes: list[dict[str, Any]] = [

@@ -76,10 +76,13 @@ def checkpoint_manifest(
     now: datetime,
     trigger: str | None,
     since: str | None = None,
+    base: str | None = None,
 ) -> dict[str, Any]:
     """The cycle's Checkpoint. Its annotations fix what its stage reads, so that every
     attempt (and an operator restarted mid-cycle) stages the same interactions: those that
-    became ready after ``since`` (the parent's data watermark) and up to ``now``."""
+    became ready after ``since`` (the parent's data watermark) and up to ``now``. ``base``:
+    for an adapter, the base Checkpoint it is trained on (its lineage's, and where it may
+    be served)."""
     meta = rlcycle["metadata"]
     name = checkpoint_name(meta["name"], cycle)
     annotations = {ANNOTATION_STARTED: iso(now)}
@@ -102,6 +105,7 @@ def checkpoint_manifest(
             "parent": parent,
             "rlCycle": meta["name"],
             "cycle": cycle,
+            **({"base": base} if base else {}),
         },
     }
 
