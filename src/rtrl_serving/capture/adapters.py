@@ -44,6 +44,7 @@ import aiohttp
 from rtrl.core.api.adapter import AdapterRef, AdapterRouting, base_digest
 from rtrl.core.store import open_store, redact
 from rtrl.core.store.base import sha256_file
+from rtrl_serving.capture.configmap import ConfigMapWatch
 from rtrl_serving.capture.table import Snapshot, TableError, parse, snapshot
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,10 @@ class AdapterRouter:
         engine: str,
         base_uri: str | None,
         endpoint_url: str | None = None,
+        watch: ConfigMapWatch | None = None,
     ) -> None:
         self.path = path
+        self.watch = watch  # the ConfigMap through the API, ahead of the mounted ``path``
         self.directory = directory
         self.engine = engine
         self.base_uri = base_uri
@@ -148,19 +151,26 @@ class AdapterRouter:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Follow the table until cancelled."""
-        while True:
-            try:
-                await self.refresh(session)
-            except Exception:  # a bug must not stop routing: the old table stays
-                log.exception("refreshing the adapter routing table failed")
-            await asyncio.sleep(POLL_S)
+        watching = asyncio.create_task(self.watch.run()) if self.watch is not None else None
+        try:
+            while True:
+                try:
+                    await self.refresh(session)
+                except Exception:  # a bug must not stop routing: the old table stays
+                    log.exception("refreshing the adapter routing table failed")
+                await asyncio.sleep(POLL_S)
+        finally:
+            if watching is not None:
+                watching.cancel()
 
     async def refresh(self, session: aiohttp.ClientSession) -> bool:
         """Apply the table if any of its files changed (or a refused one is due again);
         whether a new table is now in effect. Then unload what is retired and idle."""
         applied = False
         loop = asyncio.get_running_loop()
-        seen = await asyncio.to_thread(snapshot, self.path)
+        seen = self.watch.snapshot() if self.watch is not None else None
+        if seen is None:  # not (yet) through the API: the mounted table
+            seen = await asyncio.to_thread(snapshot, self.path)
         if seen is None and not self.applied:
             self.problem = f"{self.path}: no such file"
         due = self.problem is not None and loop.time() >= self._retry_at

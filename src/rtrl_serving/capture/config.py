@@ -61,6 +61,8 @@ class CaptureConfig:
     verify_interval_s: float = 30.0
     adapters: str | None = None  # the routing table's file or directory (adapters.py); None: off
     adapter_dir: str = "/var/lib/rtrl-adapters"
+    # the same table's ConfigMap, followed through the API ahead of the mounted --adapters
+    adapters_configmap: str | None = None
 
 
 # (flag, env, default, help)
@@ -106,6 +108,11 @@ _FLAGS: tuple[tuple[str, str, str | None, str], ...] = (
      "changes; off by default"),
     ("--adapter-dir", "RTRL_CAPTURE_ADAPTER_DIR", "/var/lib/rtrl-adapters",
      "where routed adapters are downloaded: a directory the engine reads too"),
+    ("--adapters-configmap", "RTRL_CAPTURE_ADAPTERS_CONFIGMAP", None,
+     "the ConfigMap (of the pod's namespace) mounted as --adapters: followed through the "
+     "Kubernetes API with the pod's ServiceAccount (get, list, watch on it), so a changed "
+     "route arrives in under a second rather than at the kubelet's next sync; the mounted "
+     "table while the API cannot be read"),
 )  # fmt: skip
 
 
@@ -167,6 +174,11 @@ def parse_args(
     if arm is not None and arm not in ARMS:
         raise ConfigError(f"RTRL_ARM: {arm!r} is not one of {', '.join(ARMS)}")
     markers = tuple(m for m in str(args.tool_call_markers).split(",") if m)
+    if args.adapters_configmap and not args.adapters:
+        raise ConfigError(
+            "--adapters-configmap: needs --adapters, the same table mounted, which the sidecar "
+            "follows while the API cannot be read"
+        )
     return CaptureConfig(
         listen_host=host,
         listen_port=int(port_text),
@@ -194,4 +206,5 @@ def parse_args(
         drain_timeout_s=number("--drain-timeout-s", args.drain_timeout_s, low=0),
         adapters=args.adapters or None,
         adapter_dir=str(args.adapter_dir),
+        adapters_configmap=args.adapters_configmap or None,
     )

@@ -33,6 +33,7 @@ from rtrl.core.store import ObjectStore, open_store, redact
 from rtrl_serving.capture.adapters import AdapterRouter, Route
 from rtrl_serving.capture.collect import Collector
 from rtrl_serving.capture.config import CaptureConfig
+from rtrl_serving.capture.configmap import ConfigMapWatch
 from rtrl_serving.capture.engine import EngineWatch
 from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, header_value, rows_ids
 from rtrl_serving.capture.headers import forward_headers, response_headers
@@ -82,6 +83,7 @@ class CaptureProxy:
             self.router = router = AdapterRouter(
                 Path(config.adapters), Path(config.adapter_dir),
                 engine=config.engine, base_uri=config.model_uri,
+                watch=ConfigMapWatch(name) if (name := config.adapters_configmap) else None,
             )  # fmt: skip
             self.metrics.watch_router(router)
         self._routing: asyncio.Task[None] | None = None

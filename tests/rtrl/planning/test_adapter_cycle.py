@@ -14,10 +14,10 @@ from rtrl.core.api.adapter import AdapterRouting
 from rtrl.planning import Create, Observed, Patch
 from tests.rtrl.planning.test_capture import CAPTURE, CaptureWorld, _lora_ready
 from tests.rtrl.planning.test_plan import (
-    _doc,
     EVAL_PASS,
     STAGE_OK,
     TRAIN_OK,
+    _doc,
     analyse,
     analysis,
     run_cycle,

@@ -360,6 +360,8 @@ def test_with_adapters_the_sidecar_follows_the_table_and_shares_the_engines_volu
     env = world.sidecar_env()
     assert env["RTRL_CAPTURE_ADAPTERS"] == "/etc/rtrl-capture/adapters"  # every key
     assert env["RTRL_CAPTURE_ADAPTER_DIR"] == "/var/lib/rtrl-adapters"
+    assert env["RTRL_CAPTURE_ADAPTERS_CONFIGMAP"] == "composer-adapters"  # through the API too
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     sidecar = world.sidecar()
     assert sidecar is not None
     mounts = {m["name"]: m for m in sidecar["volumeMounts"]}

@@ -24,6 +24,7 @@ from aiohttp import web
 from rtrl.core.api.adapter import AdapterRef, AdapterRouting, OrgRoute, base_digest
 from rtrl.core.store import open_store
 from rtrl_serving.capture.adapters import CANARY, STABLE, AdapterRouter, Route, bucket, choose
+from rtrl_serving.capture.configmap import ConfigMapWatch
 from rtrl_serving.capture.metrics import CaptureMetrics
 from rtrl_serving.capture.rewrite import COMPLETIONS, rewrite
 from rtrl_serving.capture.table import TableError, read_table
@@ -209,6 +210,24 @@ def test_a_change_to_any_file_of_the_directory_is_picked_up(tmp_path: Path) -> N
     assert _refresh(router) is False and set(router.table.orgs) == {"org-x", "org-c"}
     assert router.problem is not None and "c.json" in router.problem
     assert "b.yaml" in router.problem and router.tables["refused"] == 1
+
+
+def test_the_configmap_through_the_api_goes_ahead_of_the_mounted_table(tmp_path: Path) -> None:
+    """``--adapters-configmap``: once the watch has read the ConfigMap, its copy is the
+    table (its table keys only); until then, the mounted directory."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "a.yaml").write_text("orgs: {org-old: {}}\n")
+    watch = ConfigMapWatch("composer-adapters", namespace="ns", api="https://127.0.0.1:9")
+    router = AdapterRouter(tables, tmp_path / "dir", engine="http://127.0.0.1:9",
+                           base_uri=None, watch=watch)  # fmt: skip
+    assert _refresh(router) is True and set(router.table.orgs) == {"org-old"}
+    watch.data = {"a.yaml": "orgs: {org-new: {}}\n", "b.yaml": "orgs: {org-b: {}}\n",
+                  "notes.txt": "not a table"}  # fmt: skip
+    assert _refresh(router) is True and set(router.table.orgs) == {"org-new", "org-b"}
+    assert _refresh(router) is False  # the kubelet's older copy is not read meanwhile
+    watch.data = {}
+    assert _refresh(router) is True and router.table.orgs == {}
 
 
 def _kubelet_write(mount: Path, version: str, files: dict[str, str]) -> None:

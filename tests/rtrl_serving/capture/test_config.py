@@ -32,6 +32,7 @@ def test_the_environment_sets_what_the_flags_do_not() -> None:
         (["--logprobs-mode", "raw"], BASE, "--logprobs-mode"),
         (["--override-generation-config", "[1]"], BASE, "--override-generation-config"),
         ([], {**BASE, "RTRL_ARM": "blue"}, "RTRL_ARM"),
+        (["--adapters-configmap", "composer-adapters"], BASE, "--adapters-configmap: needs"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it(

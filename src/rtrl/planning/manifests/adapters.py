@@ -2,8 +2,10 @@
 in the engine (docs/operator.md, "Capture"), and what the engine must have for it.
 
 The routing table is a ConfigMap the operator mounts into the sidecar (its own volume,
-taken out with the sidecar). The adapters' files go through a volume of the pod's own,
-``rtrl-adapters``: the sidecar downloads them there and the engine loads them from there.
+taken out with the sidecar), which the sidecar also follows through the API when the pod's
+ServiceAccount may read it (faster than the kubelet refreshes the volume). The adapters'
+files go through a volume of the pod's own, ``rtrl-adapters``: the sidecar downloads them
+there and the engine loads them from there.
 That volume, its mount in the engine and the engine's ``--enable-lora`` are the engine's,
 which rtrl does not edit: it checks them (:func:`adapters_conflict`) and says what is
 missing.
@@ -31,6 +33,10 @@ def adapters_sidecar(
         # the directory: every key is a table file, one per writer
         {"name": "RTRL_CAPTURE_ADAPTERS", "value": ADAPTERS_TABLE_MOUNT},
         {"name": "RTRL_CAPTURE_ADAPTER_DIR", "value": ADAPTERS_MOUNT},
+        # ... and the same ConfigMap through the API, a route in under a second where the
+        # pod's ServiceAccount may read it (docs/adapters.md), else the mount above
+        {"name": "RTRL_CAPTURE_ADAPTERS_CONFIGMAP", "value": table.config_map},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": ADAPTERS_TABLE_VOLUME, "configMap": {"name": table.config_map}}
