@@ -50,6 +50,7 @@ CHECKPOINT_STEP = (
     "rtrl.core.store",
     "rtrl_trainer.checkpoint_io",
     "rtrl_trainer.logprobs",
+    "rtrl_trainer.models",
     "rtrl_trainer.progress",
     "rtrl_trainer.runner",
     "rtrl_trainer.spec_file",
@@ -183,7 +184,14 @@ ROOMS: dict[str, Room] = {
         "rtrl.core.api",
     ),
     "rtrl_trainer.checkpoint_io": room(
-        "checksummed checkpoint transfers between the store and scratch", "rtrl.core.store"
+        "checksummed checkpoint transfers between the store and scratch; a LoRA adapter "
+        "fetched with its base, checked by digest",
+        "rtrl.core.api",
+        "rtrl.core.store",
+    ),
+    "rtrl_trainer.models": room(
+        "a fetched checkpoint loaded as a causal LM for inference: a whole model, or an "
+        "adapter merged into its base (PEFT)"
     ),
     "rtrl_trainer.logprobs": room(
         "log-probs under the distribution each row was sampled from (temperature, top-p/top-k "
@@ -195,6 +203,7 @@ ROOMS: dict[str, Room] = {
         *CORE,
         "rtrl_trainer.checkpoint_io",
         "rtrl_trainer.logprobs",
+        "rtrl_trainer.models",
         "rtrl_trainer.monitors",
         "rtrl_trainer.progress",
         "rtrl_trainer.quarantine",

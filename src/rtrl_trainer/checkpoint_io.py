@@ -6,6 +6,12 @@ manifest, such as a base model registered by hand, is checksummed on first use a
 one); outputs are committed the rtrl way, files first and ``_MANIFEST.json`` last, so a
 reader never sees a half-written checkpoint or half-saved optimizer state.
 
+A checkpoint loaded as a model may be a LoRA adapter (train/adapter.py publishes them):
+:func:`fetch_model` is the one place every step (stage, train, eval) resolves one, fetching
+the base its manifest names (``metadata.base``) and refusing a base whose files are not the
+ones the adapter was trained on (``metadata.baseDigest``); :func:`model_store` is the same
+resolution for a reader of the model's config.json alone.
+
 DeepSpeed state is written by every rank into its node's scratch; each rank uploads the
 files it owns and rank 0 writes the manifest once all are in, which is why this module has
 the pieces of :meth:`ObjectStore.commit` (upload, manifest) as separate functions.
@@ -13,6 +19,7 @@ the pieces of :meth:`ObjectStore.commit` (upload, manifest) as separate function
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -21,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtrl.core.store import MANIFEST_NAME, Manifest, ObjectStore, StoreError, join_key
+from rtrl.core.api.adapter import base_digest
+from rtrl.core.store import (
+    MANIFEST_NAME,
+    Manifest,
+    ObjectStore,
+    StoreError,
+    join_key,
+    open_store,
+)
 from rtrl.core.store.base import sha256_file
 
 STATE_PREFIX = "_deepspeed"
@@ -41,6 +56,9 @@ _WEIGHTS = re.compile(
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 FILE_MODE = 0o644
+# A LoRA adapter (PEFT's files): its config names it one; its manifest's metadata.kind says so.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_KIND = "adapter"
 
 
 class InputError(Exception):
@@ -106,6 +124,114 @@ def fetch_checkpoint(store: ObjectStore, dest: Path, *, label: str = "parent") -
         manifest="verified" if manifest is not None else "first-use",
         notes=notes,
     )
+
+
+def is_adapter(names: Iterable[str]) -> bool:
+    """Whether a checkpoint's files are an adapter's (PEFT's config among them)."""
+    return ADAPTER_CONFIG in set(names)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What an adapter's manifest says of the model it adapts: the base's store, and the
+    digest of the base's files it was trained on (``metadata.baseDigest``). ``label``
+    names the adapter in every message (``parent adapter s3://...``)."""
+
+    label: str
+    base: ObjectStore
+    digest: object
+
+    def check(self, files: Mapping[str, str]) -> None:
+        """Refuse a base whose files (name -> sha256) are not the ones the adapter was
+        trained on: it would compute something nobody measured."""
+        found = base_digest(files)
+        if self.digest != found:
+            raise InputError(
+                f"{self.label} was trained on other files than base {self.base.uri} holds now "
+                f"(digest {str(self.digest)[:12]}..., now {found[:12]}...): it would run on a "
+                "base it was not trained on; train a new adapter from the base"
+            )
+
+
+def lineage(store: ObjectStore, *, label: str, endpoint_url: str | None) -> Lineage | None:
+    """The lineage of the checkpoint at ``store`` when it is a committed adapter (None: a
+    whole checkpoint); an adapter whose manifest names no usable base is an InputError."""
+    manifest = store.committed("")
+    if manifest is None or not is_adapter(manifest.files):
+        return None
+    label = f"{label} adapter {store.uri}"
+    base_uri = manifest.metadata.get("base")
+    if not isinstance(base_uri, str) or not base_uri:
+        raise InputError(
+            f"{label}: its manifest names no base (metadata.base): the model it adapts is unknown"
+        )
+    try:
+        base = open_store(base_uri, endpoint_url=endpoint_url)
+    except ValueError as exc:
+        raise InputError(f"{label}: metadata.base {base_uri!r}: {exc}") from None
+    return Lineage(label=label, base=base, digest=manifest.metadata.get("baseDigest"))
+
+
+def _checked_early(found: Lineage) -> None:
+    """The digest checked against the base's manifest, before anything is downloaded (a
+    base without one is checked once its files are fetched and checksummed)."""
+    manifest = found.base.committed("")
+    if manifest is None:
+        return
+    if is_adapter(manifest.files):
+        raise InputError(f"{found.label}: its base {found.base.uri} is itself an adapter")
+    found.check(
+        {
+            name: str(entry.get("sha256"))
+            for name, entry in manifest.files.items()
+            if not name.startswith(_NOT_CHECKPOINT)
+        }
+    )
+
+
+def fetch_model(
+    store: ObjectStore,
+    dest: Path,
+    *,
+    label: str,
+    endpoint_url: str | None,
+    base_dest: Path | None = None,
+) -> tuple[Fetched, Fetched | None]:
+    """(the checkpoint at ``store``, the base under it when it is an adapter, else None).
+
+    A whole checkpoint is fetched as :func:`fetch_checkpoint` fetches it. An adapter is
+    fetched (committed, verified) into ``dest`` and the base its manifest names into
+    ``base_dest`` (default: beside ``dest``, one directory per base URI, so two adapters on
+    one base download it once: a file already there is kept), and the base's files must be
+    the ones the adapter was trained on (their :func:`~rtrl.core.api.adapter.base_digest`,
+    ``metadata.baseDigest``), or the InputError names the adapter and the base. The model
+    is then the base with the adapter on it; its vocabulary and tokenizer are the base's."""
+    found = lineage(store, label=label, endpoint_url=endpoint_url)
+    if found is None:
+        return fetch_checkpoint(store, dest, label=label), None
+    adapter, _ = fetch_committed(store, dest, label=found.label)
+    _checked_early(found)
+    if base_dest is None:
+        base_dest = dest.parent / f"base-{hashlib.sha256(found.base.uri.encode()).hexdigest()[:16]}"
+    base = fetch_checkpoint(found.base, base_dest, label="base")
+    if is_adapter(base.files):
+        raise InputError(f"{found.label}: its base {found.base.uri} is itself an adapter")
+    found.check(base.files)
+    return adapter, base
+
+
+def model_store(
+    store: ObjectStore, *, label: str, endpoint_url: str | None
+) -> tuple[ObjectStore, Lineage | None]:
+    """The store that holds the model's config.json and tokenizer: ``store`` itself, or
+    the base an adapter's manifest names, its digest checked against the base's manifest
+    (a reader of config.json alone, such as the stage's vocabulary bound, refuses the same
+    adapters :func:`fetch_model` refuses, without downloading the weights)."""
+    found = lineage(store, label=label, endpoint_url=endpoint_url)
+    if found is None:
+        return store, None
+    _checked_early(found)
+    return found.base, found
 
 
 def fetch_committed(

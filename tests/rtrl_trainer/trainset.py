@@ -208,6 +208,52 @@ def save_parent(
     return directory
 
 
+def save_adapter(
+    store: ObjectStore,
+    prefix: str,
+    base_model: Any,
+    base_uri: str,
+    tmp: Path,
+    *,
+    seed: int,
+    scale: float = 0.5,
+) -> Any:
+    """A LoRA adapter (rank 4 on q_proj and v_proj) on ``base_model``, committed under
+    ``base_uri`` in ``store``, published under ``prefix`` as ``rtrl-job train`` publishes one
+    (PEFT's files; the manifest's ``kind``, ``base`` and ``baseDigest``) without training:
+    its ``lora_B`` is drawn at random (``seed``, standard deviation ``scale``) so that it
+    changes the model. Returns base + adapter, merged (the base model is left as it was)."""
+    import copy
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from rtrl.core.api.adapter import base_digest
+    from rtrl.core.store import open_store
+    from rtrl_trainer.train.adapter import KIND, save
+
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+        model = get_peft_model(copy.deepcopy(base_model), config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+    directory = tmp / f"adapter-{uuid.uuid4().hex[:8]}"
+    save(model, directory, base_uri=base_uri)
+    manifest = open_store(base_uri).committed("")
+    assert manifest is not None, f"{base_uri} is not committed"
+    digest = base_digest({n: e["sha256"] for n, e in manifest.files.items()})
+    files = {p.name: p for p in directory.iterdir() if p.is_file()}
+    store.commit(prefix, files, {"kind": KIND, "base": base_uri, "baseDigest": digest})
+    return model.merge_and_unload().eval()
+
+
 @torch.no_grad()
 def completion_logprobs(
     model: Any, prompt: Sequence[int], completion: Sequence[int]

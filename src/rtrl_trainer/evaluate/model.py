@@ -1,8 +1,18 @@
 """A checkpoint loaded for evaluation: tokenizer, generation, and per-token log-probs.
 
-Both checkpoints of an eval are Hugging Face directories. Their tokenizer is the one saved
-with the checkpoint; a checkpoint without one (tiny test models, a bare base model) falls
-back to bytes: UTF-8 bytes are token ids 0..255, which needs a vocabulary of at least 256.
+Both checkpoints of an eval are Hugging Face directories, or LoRA adapters (what
+``rtrl-job train`` publishes with ``--adapter-*``). An adapter is fetched with the base its
+manifest names and refused when the base's files are not the ones it was trained on (its
+``baseDigest``: :func:`~rtrl_trainer.checkpoint_io.fetch_model`, as stage and train fetch
+theirs), then evaluated as the base with the adapter merged in (:mod:`rtrl_trainer.models`).
+Each checkpoint is loaded on its own base: a candidate adapter on the parent's base, two
+adapters on one base, an adapter whose base is not the parent's, a whole candidate against
+an adapter parent: all are evaluated as the two models they are, which need not share a
+base, only a vocabulary the held-out token ids fit (each model bounds them by its own).
+
+A checkpoint's tokenizer is the one saved with it (an adapter's: its base's); one without
+(tiny test models, a bare base model) falls back to bytes: UTF-8 bytes are token ids
+0..255, which needs a vocabulary of at least 256.
 Generation is seeded per call, so two identical checkpoints produce identical completions
 under any decoding settings, and a rerun reproduces its completions.
 """
@@ -15,7 +25,9 @@ from typing import Any
 
 import torch
 
-from rtrl_trainer.checkpoint_io import has_tokenizer
+from rtrl.core.store import ObjectStore
+from rtrl_trainer.checkpoint_io import Fetched, fetch_model, has_tokenizer
+from rtrl_trainer.models import load_causal_lm, tokenizer_directory
 from rtrl_trainer.progress import Progress
 
 
@@ -35,20 +47,55 @@ class Decoding:
     batch_size: int
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint fetched for evaluation, and the base under it when it is an adapter."""
+
+    fetched: Fetched
+    base: Fetched | None = None
+
+    @classmethod
+    def fetch(
+        cls, store: ObjectStore, dest: Path, label: str, endpoint_url: str | None
+    ) -> Checkpoint:
+        """Fetched into ``dest`` (its base, if any, beside it: one download for two adapters
+        on one base); InputError when it cannot be."""
+        fetched, base = fetch_model(store, dest, label=label, endpoint_url=endpoint_url)
+        return cls(fetched, base)
+
+    @property
+    def files(self) -> dict[str, str]:
+        """What the model is made of (name -> sha256), for a cache key: an adapter's files
+        and its base's (under ``base/``)."""
+        if self.base is None:
+            return self.fetched.files
+        return {**self.fetched.files, **{f"base/{n}": s for n, s in self.base.files.items()}}
+
+    def says(self, label: str) -> str:
+        """What the step's log says of it: that it is an adapter, and on which base."""
+        return "" if self.base is None else f"; the {label} is an adapter on {self.base.uri}"
+
+    def load(self, label: str) -> EvalModel:
+        base = self.base.directory if self.base is not None else None
+        return EvalModel(self.fetched.directory, label=label, base=base)
+
+
 class EvalModel:
-    def __init__(self, directory: Path, *, label: str) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The checkpoint in ``directory``; with ``base``, a LoRA adapter on the base there."""
+
+    def __init__(self, directory: Path, *, label: str, base: Path | None = None) -> None:
+        from transformers import AutoTokenizer
 
         self.label = label
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            self.model: Any = load_causal_lm(directory, base=base, dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise ModelError(f"{label}: cannot load the checkpoint: {exc}") from None
-        self.model.eval()  # type: ignore[no-untyped-call]
         self.vocab = int(self.model.config.vocab_size)
         self.tokenizer: Any = None
-        if has_tokenizer(p.name for p in directory.iterdir()):
-            self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        own = tokenizer_directory(directory, base=base)
+        if has_tokenizer(p.name for p in own.iterdir()):
+            self.tokenizer = AutoTokenizer.from_pretrained(own)
         elif self.vocab < 256:
             raise ModelError(
                 f"{label}: no tokenizer and a vocabulary of {self.vocab} < 256 (byte fallback)"

@@ -7,6 +7,8 @@ generation on held-out prompts) and every metric is compared with a paired boots
 (:mod:`.gates`). A gate fails only when the regression beyond its threshold is significant
 at ``eval.alpha``.
 
+Either checkpoint may be a LoRA adapter, loaded on its own base (:class:`.model.Checkpoint`).
+
 The verdict is data: the step commits ``eval.json`` (manifest last) and exits 0 whether the
 candidate passed or not. It exits 1 only when it could not evaluate (a checkpoint or the
 held-out set is missing or corrupt, the task suite is broken, the store fails) and 2 for
@@ -29,7 +31,7 @@ from rtrl.core.api.progress import duration
 from rtrl.core.api.rlcycle import EvalSuite
 from rtrl.core.results import EvalFailure, EvalResult
 from rtrl.core.store import ObjectStore, open_store
-from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint
+from rtrl_trainer.checkpoint_io import InputError
 from rtrl_trainer.evaluate import behaviour, replay, sandbox, sandbox_shared, sandbox_types
 from rtrl_trainer.evaluate import suite as tasks
 from rtrl_trainer.evaluate.config import (
@@ -49,7 +51,7 @@ from rtrl_trainer.evaluate.inputs import (
     read_cache,
     write_cache,
 )
-from rtrl_trainer.evaluate.model import EvalModel, ModelError
+from rtrl_trainer.evaluate.model import Checkpoint, EvalModel, ModelError
 from rtrl_trainer.evaluate.scoring import (
     STEP,
     behaviour_metrics,
@@ -222,8 +224,9 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
         tmp_dir = Path(tmp)
         start = time.perf_counter()
         try:
-            cand_fetched = fetch_checkpoint(cand_store, tmp_dir / "candidate", label="candidate")
-            parent_fetched = fetch_checkpoint(parent_store, tmp_dir / "parent", label="parent")
+            url = config.endpoint_url
+            cand_ckpt = Checkpoint.fetch(cand_store, tmp_dir / "candidate", "candidate", url)
+            parent_ckpt = Checkpoint.fetch(parent_store, tmp_dir / "parent", "parent", url)
         except InputError as exc:
             raise EvalError(str(exc)) from None
         heldout_table: pa.Table | None = None
@@ -238,9 +241,10 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
         note(
             STEP,
             f"fetched the candidate and the parent in {duration(timing['download_seconds'])}; "
-            f"suites: {', '.join(str(s) for s in suites)}",
+            f"suites: {', '.join(str(s) for s in suites)}{cand_ckpt.says('candidate')}"
+            f"{parent_ckpt.says('parent')}",
         )
-        key = cache_key(config, parent_fetched.files, heldout_files, code_suites)
+        key = cache_key(config, parent_ckpt.files, heldout_files, code_suites)
         cache_name = f"{CACHE_DIR}/{key}.json"
         stores = cache_stores(config, parent_store)
         cached, cache_uri = read_cache(stores, cache_name)
@@ -250,9 +254,9 @@ def evaluate(config: EvalConfig, *, work_dir: Path | None = None) -> dict[str, A
             else {m["name"]: Metric.from_dict(m) for m in cached.get("metrics", [])}
         )
         try:
-            candidate = EvalModel(cand_fetched.directory, label="candidate")
+            candidate = cand_ckpt.load("candidate")
             need_parent = cached is None or EvalSuite.REPLAY in suites
-            parent = EvalModel(parent_fetched.directory, label="parent") if need_parent else None
+            parent = parent_ckpt.load("parent") if need_parent else None
         except ModelError as exc:
             raise EvalError(str(exc)) from None
         cand_metrics: list[Metric] = []

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parent",
         metavar="URI",
-        help="the serving checkpoint's prefix: token ids at or beyond its config.json "
+        help="the serving checkpoint's prefix (a LoRA adapter: loaded on the base its "
+        "manifest names, checked by digest): token ids at or beyond its config.json "
         "vocab_size are quarantined (without it, only negative ids are), and the fidelity "
         "gate recomputes sampled rows' log-probs with it",
     )

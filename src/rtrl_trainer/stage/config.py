@@ -63,7 +63,8 @@ class StageConfig:
     # of interaction_id), never trained on.
     heldout_fraction: float = 0.0
     # The serving checkpoint's prefix (the parent of the one to be trained): its
-    # config.json's vocab_size bounds the token ids. None: ids are only checked >= 0.
+    # config.json's vocab_size bounds the token ids (a LoRA adapter's: its base's).
+    # None: ids are only checked >= 0.
     parent: str | None = None
     # Read only the files the seal markers under data.shards list (rtrl-job seal's).
     sealed: bool = False

@@ -7,8 +7,9 @@ serving another checkpoint, an engine whose temperature was not what the logging
 recorded, or raw log-probs labelled processed, all look like valid rows. So before pass 1,
 for each partition (the directory of its files: ``checkpoint=/date=/hour=``) of the
 serving checkpoint, the gate takes a bounded sample of rows (``data.fidelity.sampleRows``),
-recomputes their completion log-probs with the serving checkpoint (``--parent``) in float32
-under each row's sampling (:mod:`rtrl_trainer.logprobs`), and compares:
+recomputes their completion log-probs with the serving checkpoint (``--parent``; a LoRA
+adapter is loaded on its base) in float32 under each row's sampling
+(:mod:`rtrl_trainer.logprobs`), and compares:
 
 - per token, ``delta = recomputed - logged``; ``exp(delta)`` is the first step's
   importance weight (a token outside the recomputed top-p/top-k is *unsupported*: weight 0);
@@ -173,21 +174,22 @@ class GateError(Exception):
 
 class Recomputer:
     """The serving checkpoint in float32 (on the GPU when the pod has one, else the CPU):
-    each row's completion log-probs under its sampling. torch and transformers are imported
-    here, only when the gate runs."""
+    each row's completion log-probs under its sampling; with ``base``, the checkpoint in
+    ``directory`` is a LoRA adapter, merged into that base (:mod:`rtrl_trainer.models`).
+    torch and transformers are imported here, only when the gate runs."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, base: Path | None = None) -> None:
         import inspect
 
         import torch
-        from transformers import AutoModelForCausalLM
+
+        from rtrl_trainer.models import load_causal_lm
 
         self.torch = torch
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        self.model.eval()  # type: ignore[no-untyped-call]
+        self.model = load_causal_lm(directory, base=base, dtype=torch.float32)
         if self.device.type != "cpu":
-            self.model.to(self.device)  # type: ignore[arg-type]
+            self.model.to(self.device)
         # Logits of the completion's positions only (the vocabulary projection is most of a
         # small model's forward), where the model supports it (the trainer does the same).
         self.keep_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -336,15 +338,20 @@ def run_gate(
 
 
 def _load(parent: str, endpoint_url: str | None, scratch: Path) -> Recomputer:
-    """The serving checkpoint, downloaded (checksums verified) into ``scratch``;
-    :class:`GateError` when it cannot be fetched or loaded."""
-    from rtrl_trainer.checkpoint_io import InputError, fetch_checkpoint
+    """The serving checkpoint, downloaded (checksums verified) into ``scratch``, a LoRA
+    adapter with the base its manifest names (checked by digest:
+    :func:`~rtrl_trainer.checkpoint_io.fetch_model`); :class:`GateError` when it cannot be
+    fetched or loaded."""
+    from rtrl_trainer.checkpoint_io import InputError, fetch_model
 
     try:
-        fetched = fetch_checkpoint(
-            open_store(parent, endpoint_url=endpoint_url), scratch / "serving", label="--parent"
+        fetched, base = fetch_model(
+            open_store(parent, endpoint_url=endpoint_url),
+            scratch / "serving",
+            label="--parent",
+            endpoint_url=endpoint_url,
         )
-        return Recomputer(fetched.directory)
+        return Recomputer(fetched.directory, base=base.directory if base else None)
     except (InputError, OSError, ValueError) as exc:
         text = " ".join(str(exc).split())
         raise GateError(

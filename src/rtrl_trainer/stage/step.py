@@ -21,6 +21,7 @@ from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import VocabularyError, read_vocab_size
 from rtrl.core.store import ObjectStore, open_store
 from rtrl.core.store.local import LocalStore
+from rtrl_trainer.checkpoint_io import InputError, model_store
 from rtrl_trainer.quarantine import Quarantine, quarantine, quarantine_message
 from rtrl_trainer.reward import RunningStats
 from rtrl_trainer.spec_file import ConfigError, format_time
@@ -49,14 +50,22 @@ class StageError(Exception):
 
 def parent_vocabulary(config: StageConfig) -> int | None:
     """The vocabulary token ids must lie in: the parent's config.json ``vocab_size``
-    (read through the store, as the train step reads it), None without ``--parent``."""
+    (read through the store, as the train step reads it), None without ``--parent``. A
+    parent that is a LoRA adapter has the vocabulary of the base its manifest names, whose
+    files must be the ones it was trained on (checked by digest, as train and the fidelity
+    gate check them)."""
     if config.parent is None:
         return None
     store = open_store(config.parent, endpoint_url=config.endpoint_url)
     try:
-        return read_vocab_size(store)
+        model, lineage = model_store(store, label="--parent", endpoint_url=config.endpoint_url)
+    except InputError as exc:
+        raise StageError(str(exc)) from None
+    try:
+        return read_vocab_size(model)
     except VocabularyError as exc:
-        raise StageError(f"parent {config.parent}: {exc}") from None
+        under = f" (base {model.uri})" if lineage is not None else ""
+        raise StageError(f"parent {config.parent}{under}: {exc}") from None
 
 
 def _summary_document(config: StageConfig) -> dict[str, Any]:

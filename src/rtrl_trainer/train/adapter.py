@@ -4,10 +4,11 @@ loads it.
 A parent is either a whole checkpoint, on which a fresh adapter is put (PEFT starts every
 ``lora_B`` at zero, so the policy at the start of the cycle is the parent itself), or an
 adapter this step published, which is continued: the base its manifest names is fetched,
-checked against the digest of the files it was trained on, and the adapter loaded
-trainable on it. Either way the start-of-cycle log-probs are the parent policy's (base +
-parent adapter), so the PPO ratio and the KL penalty are to the parent, as for a whole
-model (resume.py), and only the adapter's matrices reach the optimizer.
+checked against the digest of the files it was trained on
+(:func:`~rtrl_trainer.checkpoint_io.fetch_model`, as stage and eval fetch one), and the
+adapter loaded trainable on it. Either way the start-of-cycle log-probs are the parent
+policy's (base + parent adapter), so the PPO ratio and the KL penalty are to the parent, as
+for a whole model (resume.py), and only the adapter's matrices reach the optimizer.
 
 Published: ``adapter_config.json`` and ``adapter_model.safetensors`` (what vLLM's
 ``--lora-modules`` and ``POST /v1/load_lora_adapter`` load) and train.json; nothing of the
@@ -20,21 +21,17 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rtrl.core.api.adapter import ALL_LINEAR, AdapterSpec
 from rtrl_trainer import checkpoint_io as cio
 
-ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_CONFIG = cio.ADAPTER_CONFIG
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-KIND = "adapter"
-
-
-def is_adapter(names: Iterable[str]) -> bool:
-    """Whether a checkpoint's files are an adapter's (PEFT's config among them)."""
-    return ADAPTER_CONFIG in set(names)
+KIND = cio.ADAPTER_KIND
+# Whether a checkpoint's files are an adapter's: one rule for every step (checkpoint_io).
+is_adapter = cio.is_adapter
 
 
 def spec_of(directory: Path, label: str) -> AdapterSpec:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rtrl.core.api.adapter import AdapterSpec, base_digest
+from rtrl.core.api.adapter import AdapterSpec
 from rtrl.core.results import StageResult
 from rtrl.core.shards.vocabulary import CONFIG_NAME, parse_config, vocab_size_of
 from rtrl.core.store import MANIFEST_NAME, StoreError, open_store
@@ -184,34 +184,20 @@ def _fetch_parent(
     """(the parent, the base under it when it is an adapter, the adapter shape to train).
     An adapter parent's base is the one its manifest names, with the files it was trained
     on (their digest), or the step stops: an adapter on another base computes something
-    nobody measured."""
+    nobody measured (:func:`~rtrl_trainer.checkpoint_io.fetch_model`, as stage and eval
+    fetch theirs)."""
     parent_store = open_store(config.parent, endpoint_url=config.endpoint_url)
-    manifest = parent_store.committed("")
-    if manifest is None or not lora.is_adapter(manifest.files):
-        return cio.fetch_checkpoint(parent_store, scratch / "parent"), None, config.adapter
+    parent, base = cio.fetch_model(
+        parent_store,
+        scratch / "parent",
+        label="parent",
+        endpoint_url=config.endpoint_url,
+        base_dest=scratch / "base",
+    )
+    if base is None:
+        return parent, None, config.adapter
     label = f"parent adapter {parent_store.uri}"
-    parent, _ = cio.fetch_committed(parent_store, scratch / "parent", label=label)
-    shape = lora.resolve(config.adapter, lora.spec_of(parent.directory, label), label)
-    base_uri = manifest.metadata.get("base")
-    if not isinstance(base_uri, str) or not base_uri:
-        raise cio.InputError(
-            f"{label}: its manifest names no base (metadata.base): the model it adapts is unknown"
-        )
-    try:
-        base_store = open_store(base_uri, endpoint_url=config.endpoint_url)
-    except ValueError as exc:
-        raise cio.InputError(f"{label}: metadata.base {base_uri!r}: {exc}") from None
-    base = cio.fetch_checkpoint(base_store, scratch / "base", label="base")
-    if lora.is_adapter(base.files):
-        raise cio.InputError(f"{label}: its base {base_uri} is itself an adapter")
-    recorded, found = manifest.metadata.get("baseDigest"), base_digest(base.files)
-    if recorded != found:
-        raise cio.InputError(
-            f"{label} was trained on other files than base {base_uri} holds now (digest "
-            f"{str(recorded)[:12]}..., now {found[:12]}...): it would run on a base it was "
-            "not trained on; train a new adapter from the base"
-        )
-    return parent, base, shape
+    return parent, base, lora.resolve(config.adapter, lora.spec_of(parent.directory, label), label)
 
 
 def _vocabulary(label: str, model: cio.Fetched) -> tuple[int, int | None]:

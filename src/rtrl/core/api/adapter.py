@@ -55,12 +55,23 @@ class AdapterSpec(ApiModel):
         return ALL_LINEAR if self.target_modules == [ALL_LINEAR] else list(self.target_modules)
 
 
+# What a checkpoint's prefix holds besides the model: the trainer's account (train.json),
+# its resumable state and its TensorBoard events; not part of what a base computes.
+NOT_MODEL = ("train.json",)
+NOT_MODEL_PREFIXES = ("_deepspeed/", "tensorboard/")
+
+
 def base_digest(files: Mapping[str, str]) -> str:
-    """One sha256 over a checkpoint's files (name -> sha256, as its manifest lists them),
-    train.json left out: what an adapter records of the base it was trained on
-    (``metadata.baseDigest`` of its manifest), and what an engine's base is checked
-    against before the adapter is served on it."""
-    kept = sorted((name, sha) for name, sha in files.items() if name != "train.json")
+    """One sha256 over a checkpoint's model files (name -> sha256, as its manifest lists
+    them; :data:`NOT_MODEL` and :data:`NOT_MODEL_PREFIXES` left out): what an adapter
+    records of the base it was trained on (``metadata.baseDigest`` of its manifest), and
+    what an engine's base is checked against before the adapter is served on it. Every
+    reader computes it here, from whatever subset of the manifest it holds."""
+    kept = sorted(
+        (name, sha)
+        for name, sha in files.items()
+        if name not in NOT_MODEL and not name.startswith(NOT_MODEL_PREFIXES)
+    )
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
 
 
