@@ -14,10 +14,10 @@ the same base (c1's update reversed, with c1's lineage). Then:
   that served it (whose log-probs are that adapter's), and gives every client the model
   name it asked for;
 - promoting c2 is a change of the file: applied within seconds under load with no failed
-  request, c1 unloaded once idle; an adapter the engine lost (a restarted engine) is loaded
-  again; an adapter trained on another base (a promoted base) is not loaded and holds back
-  nothing: the rest of the table is applied, its organisations get their stable route or
-  the base, and their events say so.
+  request, c1 unloaded once idle; rolling back to c1 (loaded again) the same; an adapter
+  the engine lost (a restarted engine) is loaded again; an adapter trained on another base
+  (a promoted base) is not loaded and holds back nothing: the rest of the table is applied,
+  its organisations get their stable route or the base, and their events say so.
 """
 
 from __future__ import annotations
@@ -278,10 +278,9 @@ def _applied(cap: Capture) -> float:
     return cap.metric("rtrl_capture_adapter_tables_total", result="applied")
 
 
-def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
-    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
-) -> None:
-    cap, table = routed
+def _swap_under_load(cap: Capture, table: Path, doc: str) -> tuple[float, int]:
+    """Write ``doc`` as the table while 4 streams of org-a's users ask; (seconds until it
+    was applied, requests served), every request answered 200 (else the test fails)."""
     stop, failures, served = threading.Event(), [], [0]
 
     def load(worker: int) -> None:
@@ -301,10 +300,10 @@ def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
         time.sleep(1.0)
         before, written = _applied(cap), time.monotonic()
         staged = table.with_suffix(".next")
-        staged.write_text(trained.table({"org-a": {"stable": trained.c2.to_k8s()}}))
+        staged.write_text(doc)
         os.replace(staged, table)  # as the kubelet swaps a ConfigMap's files
         while _applied(cap) == before:
-            assert time.monotonic() - written < 30, "the promotion was not applied"
+            assert time.monotonic() - written < 30, "the new table was not applied"
             time.sleep(0.05)
         took = time.monotonic() - written
         time.sleep(1.0)
@@ -313,7 +312,17 @@ def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
         for t in threads:
             t.join(60)
     assert failures == [] and served[0] > 10
-    print(f"promotion applied {took:.2f} s after the file changed; {served[0]} requests, 0 failed")
+    return took, served[0]
+
+
+def test_a_promotion_and_a_rollback_are_file_changes_applied_under_load_with_no_failed_request(
+    vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
+) -> None:
+    cap, table = routed
+    took, served = _swap_under_load(
+        cap, table, trained.table({"org-a": {"stable": trained.c2.to_k8s()}})
+    )
+    print(f"promotion applied {took:.2f} s after the file changed; {served} requests, 0 failed")
     assert took < 10
     # every user of org-a now gets c2, including those c1 served
     interaction, _ = _ask(cap, "org-a", "user-0")
@@ -324,26 +333,36 @@ def test_a_promotion_is_a_file_change_applied_under_load_with_no_failed_request(
         assert time.monotonic() < deadline, "c1 was not unloaded"
         time.sleep(0.2)
     assert trained.c1.name not in {m.id for m in vllm_engine.client().models.list().data}
+    # the rollback: org-a back on c1, which must be loaded again, under the same load
+    took, served = _swap_under_load(
+        cap, table, trained.table({"org-a": {"stable": trained.c1.to_k8s()}})
+    )
+    print(f"rollback applied {took:.2f} s after the file changed; {served} requests, 0 failed")
+    assert took < 10
+    interaction, _ = _ask(cap, "org-a", "user-0")
+    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
+    assert (row["checkpoint_id"], row["arm"]) == (trained.c1.checkpoint, STABLE)
+    assert trained.c1.name in {m.id for m in vllm_engine.client().models.list().data}
 
 
 def test_an_adapter_the_engine_lost_is_loaded_again(
     vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
 ) -> None:
-    """A restarted engine container has no adapter: here c2 is unloaded behind the
-    sidecar's back, and the sidecar loads it again within seconds."""
+    """A restarted engine container has no adapter: here c1 (org-a's, since the rollback)
+    is unloaded behind the sidecar's back, and the sidecar loads it again within seconds."""
     cap, _ = routed
     reloads = cap.metric("rtrl_capture_adapter_reloads_total")
     status, text = _engine_post(vllm_engine, "/v1/unload_lora_adapter",
-                                {"lora_name": trained.c2.name})  # fmt: skip
+                                {"lora_name": trained.c1.name})  # fmt: skip
     assert status == 200, text
     deadline = time.monotonic() + 30
-    while trained.c2.name not in {m.id for m in vllm_engine.client().models.list().data}:
+    while trained.c1.name not in {m.id for m in vllm_engine.client().models.list().data}:
         assert time.monotonic() < deadline, "the lost adapter was not loaded again"
         time.sleep(0.2)
     assert cap.metric("rtrl_capture_adapter_reloads_total") == reloads + 1
     interaction, _ = _ask(cap, "org-a", "user-2")
     (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
-    assert (row["checkpoint_id"], row["status"]) == (trained.c2.checkpoint, 200)
+    assert (row["checkpoint_id"], row["status"]) == (trained.c1.checkpoint, 200)
 
 
 def test_an_adapter_of_another_base_is_not_served_and_its_orgs_get_the_base(
