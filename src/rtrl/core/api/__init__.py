@@ -90,6 +90,9 @@ CHECKPOINT = Resource(
             "Decision", "string", ".status.rollout[-1:].decision", "Last canary decision."
         ),
         PrinterColumn("URI", "string", ".spec.uri", "Where it is stored.", priority=1),
+        PrinterColumn(
+            "Base", "string", ".spec.base", "An adapter's base, the one it runs on.", priority=1
+        ),
         _AGE,
     ),
 )
