@@ -84,12 +84,7 @@ def want(r: Round, route: OrgRoute) -> bool:
     does (what the sidecars follow, within the kubelet's ConfigMap refresh)."""
     if own_route(r) == route:
         return True
-    org = r.spec.adapter_org() or ""
-    text = json.dumps(
-        AdapterRouting(orgs={org: route}).model_dump(mode="json", by_alias=True, exclude_none=True),
-        indent=2,
-        sort_keys=True,
-    )
+    text = _entry(r.spec.adapter_org() or "", route)
     adapters = r.spec.capture.adapters if r.spec.capture else None
     assert adapters is not None  # the spec's validation: spec.adapter needs it
     if r.obs.routing is None:
@@ -110,6 +105,13 @@ def want(r: Round, route: OrgRoute) -> bool:
     else:
         r.act(Patch("v1", "ConfigMap", adapters.config_map, {"data": {entry_key(r): text + "\n"}}))
     return False
+
+
+def _entry(org: str, route: OrgRoute) -> str:
+    """The key's text: the org's route as one table (JSON, which YAML reads)."""
+    table = AdapterRouting(orgs={org: route})
+    doc = table.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return json.dumps(doc, indent=2, sort_keys=True)
 
 
 def canary(r: Round, ck: dict[str, Any], weight: int) -> bool:
@@ -258,3 +260,64 @@ def routes_followed(spec: RLCycleSpec, template: Mapping[str, Any]) -> tuple[str
             f"capture.adapters.configMap: {table} in that RLCycle's spec, or this one's to its",
         )
     return adapters_conflict(spec, template, cap.container(template, spec.target.container) or {})
+
+
+# --- an RLCycle deleted mid-canary: the canary's share given back (rtrl.planning.traffic) --
+
+
+def _raw_table(rlcycle: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(configMap, org)`` of an adapter RLCycle, from the raw spec (a deleted RLCycle's
+    spec may no longer validate); None for any other."""
+    spec = rlcycle.get("spec") or {}
+    table = ((spec.get("capture") or {}).get("adapters") or {}).get("configMap")
+    orgs = ((spec.get("data") or {}).get("population") or {}).get("orgs") or []
+    if not spec.get("adapter") or not isinstance(table, str) or len(orgs) != 1:
+        return None
+    return table, str(orgs[0])
+
+
+def _route_in(data: Mapping[str, Any], key: str, org: str) -> OrgRoute | None:
+    try:
+        table = AdapterRouting.model_validate(json.loads(str(data.get(key) or "")))
+    except (ValueError, ValidationError):
+        return None
+    return table.orgs.get(org)
+
+
+def canary_routed_after(r: Round) -> bool:
+    """Whether the org's route, as the round's writes leave it, sends users to a canary."""
+    where = _raw_table(r.rlc)
+    if where is None:
+        return False
+    table, org = where
+    data = dict((r.obs.routing or {}).get("data") or {})
+    for action in r.out.actions:
+        written: Any = None
+        if isinstance(action, Patch) and action.kind == "ConfigMap" and action.name == table:
+            written = action.patch
+        elif isinstance(action, Create) and action.kind == "ConfigMap" and action.name == table:
+            written = action.manifest
+        if isinstance(written, dict):
+            data.update(written.get("data") or {})
+    route = _route_in(data, entry_key(r), org)
+    return route is not None and route.canary is not None and route.weight > 0
+
+
+def give_back(r: Round) -> None:
+    """A deleted adapter RLCycle's canary: the org's route keeps its stable adapter and
+    sends nobody to the candidate, which goes with the RLCycle (its files stay in the
+    store, so nothing fails meanwhile: what goes is an unjudged candidate's share)."""
+    where = _raw_table(r.rlc)
+    if where is None or r.obs.routing is None:
+        return
+    table, org = where
+    route = _route_in((r.obs.routing or {}).get("data") or {}, entry_key(r), org)
+    if route is None or route.canary is None:
+        return
+    text = _entry(org, OrgRoute(stable=route.stable))
+    r.act(Patch("v1", "ConfigMap", table, {"data": {entry_key(r): text + "\n"}}))
+    r.event(
+        Reason.TRAFFIC_RESTORED,
+        f"organisation {org}'s users all go to its stable route again in ConfigMap {table}: "
+        "the RLCycle is being deleted, its canary goes with it",
+    )

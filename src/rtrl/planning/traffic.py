@@ -20,6 +20,11 @@ operator runs, so:
   RLCycle stays Terminating and its canary keeps serving the share the route sends it: the
   route never names a Service that is gone.
 
+An adapter RLCycle's canary is a share of its organisation's users in its key of the
+routing ConfigMap: it holds the finalizer while that key gives a candidate a share, and a
+deleted one gets that share given back to the org's stable route (the candidate's files stay
+in the store, so nothing fails meanwhile; what goes is an unjudged candidate's share).
+
 Which route and Service are read from the raw spec, not the validated one: an RLCycle whose
 spec no longer validates is given back all the same, and one whose route is gone (deleted
 by the user) or never routed has nothing to give back and loses the finalizer at once.
@@ -37,6 +42,7 @@ from rtrl.core.api.reasons import Reason
 from rtrl.core.api.rlcycle import Router
 
 from .actions import Patch
+from .adapter_routes import canary_routed_after, give_back
 from .manifests.canary import restored_rules, routes_to_canary
 from .round import Plan, Round
 
@@ -94,6 +100,12 @@ def _route_after(r: Round, name: str) -> tuple[Mapping[str, Any] | None, int | N
     return route, first
 
 
+def _first_table_write(r: Round) -> int | None:
+    """The index of the round's first write of a ConfigMap (an adapter route's)."""
+    kinds = [getattr(a, "kind", None) for a in r.out.actions]
+    return kinds.index("ConfigMap") if "ConfigMap" in kinds else None
+
+
 def keep_finalizer(r: Round) -> None:
     """At the end of a live round: the finalizer on while the route, as the round leaves
     it, sends traffic to the canary (added before the round's first write to the route);
@@ -101,6 +113,8 @@ def keep_finalizer(r: Round) -> None:
     where = routed(r.rlc)
     route, first = _route_after(r, where[0]) if where is not None else (None, None)
     wanted = where is not None and route is not None and routes_to_canary(route, where[1])
+    if not wanted and canary_routed_after(r):  # an adapter's canary, in its org's route
+        wanted, first = True, _first_table_write(r)
     if wanted and not holds(r.rlc):
         at = first if first is not None else len(r.out.actions)
         r.out.actions.insert(at, _finalizers(r, held=True))
@@ -127,5 +141,6 @@ def finalize(r: Round) -> Plan:
                 f"HTTPRoute {name} sends all its traffic to Service {stable} again: the "
                 "RLCycle is being deleted, its canary goes with it",
             )
+    give_back(r)
     r.act(_finalizers(r, held=False))
     return r.out

@@ -299,3 +299,30 @@ def test_the_sidecar_and_the_seal_are_the_base_rlcycles() -> None:
         "has no rtrl-capture sidecar to route organisation acme"
         in (world.condition("InvalidSpec")["message"])
     )
+
+
+def test_deleted_mid_canary_the_orgs_users_go_back_to_its_stable_route() -> None:
+    world = AdapterWorld()
+    run_cycle(world)  # composer-1 promoted: acme's stable adapter
+    assert "rtrl.io/restore-traffic" not in world.rlcycle["metadata"].get("finalizers", [])
+    world.now += timedelta(hours=5)
+    to_adapter_canary(world)
+    assert world.route()["canary"]["checkpoint"] == "composer-2"
+    # held while a canary has a share of acme's users (added before that write)
+    assert "rtrl.io/restore-traffic" in world.rlcycle["metadata"]["finalizers"]
+    world.rlcycle["metadata"]["deletionTimestamp"] = "2026-11-29T06:00:00Z"
+    world.reconcile()
+    assert world.route() == {"stable": _uri(world, "composer-1"), "weight": 0}
+    assert "TrafficRestored" in world.reasons()
+    assert "rtrl.io/restore-traffic" not in (world.rlcycle["metadata"].get("finalizers") or [])
+
+
+def test_the_finalizer_goes_once_the_canary_is_decided() -> None:
+    world = AdapterWorld()
+    to_adapter_canary(world)
+    assert "rtrl.io/restore-traffic" in world.rlcycle["metadata"]["finalizers"]
+    world.analyses = []
+    analyse(world, "promote")
+    world.reconcile(2)
+    assert world.route() == {"stable": _uri(world, "composer-1"), "weight": 0}
+    assert "rtrl.io/restore-traffic" not in (world.rlcycle["metadata"].get("finalizers") or [])
