@@ -81,7 +81,8 @@ def route_for(r: Round, ck: dict[str, Any] | None) -> OrgRoute:
 
 def want(r: Round, route: OrgRoute) -> bool:
     """Write ``route`` as the org's entry unless the table holds it already; True when it
-    does (what the sidecars follow, within the kubelet's ConfigMap refresh)."""
+    does (what the sidecars follow: through the API in milliseconds, or at the kubelet's
+    next refresh of their mounted copy)."""
     if own_route(r) == route:
         return True
     text = _entry(r.spec.adapter_org() or "", route)
