@@ -8,11 +8,11 @@ the same base (c1's update reversed, with c1's lineage). Then:
 - loaded into the running engine (``POST /v1/load_lora_adapter``), an adapter samples with
   the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
   weights of the rows it served are 1), and the base's requests are untouched;
-- the sidecar, given a routing table (c1 stable, c2 on half of org-a's users, org-b not in
-  it), downloads both from S3 (moto) and loads them itself, sends each org-a user to one
-  arm for good, gives org-b the pod's checkpoint, tags every event with the adapter and arm
-  that served it (whose log-probs are that adapter's), and gives every client the model
-  name it asked for;
+- the sidecar, given a routing table of one file per organisation (c1 stable and c2 on
+  half of org-a's users; b1 for org-b; org-z not in it), downloads them from S3 (moto) and
+  loads them itself, sends each org-a user to one arm for good, org-b's to b1 alone, gives
+  org-z the pod's checkpoint, tags every event with the adapter and arm that served it
+  (whose log-probs are that adapter's), and gives every client the model name it asked for;
 - promoting c2 is a change of the file: applied within seconds under load with no failed
   request, c1 unloaded once idle; rolling back to c1 (loaded again) the same; an adapter
   the engine lost (a restarted engine) is loaded again; an adapter trained on another base
@@ -63,6 +63,7 @@ class Trained:
     base: Any  # the engine's checkpoint in a plain forward (float32)
     c1: AdapterRef
     c2: AdapterRef
+    b1: AdapterRef  # another organisation's
     models: dict[str, Any]  # adapter name -> PEFT model of base + adapter
 
     def table(self, orgs: dict[str, Any]) -> str:
@@ -98,16 +99,18 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     write_trainset(store, "runs/c1/stage", [pattern_rows(base, 48)], tmp)
     env = dict(os.environ, RTRL_SCRATCH=str(tmp / "scratch"))
-    uri = {k: (root / k).as_uri() + "/" for k in ("models/served", "runs/c1/stage", "a/c1", "a/c2")}
+    keys = ("models/served", "runs/c1/stage", "a/c1", "a/c2", "b/b1")
+    uri = {k: (root / k).as_uri() + "/" for k in keys}
     _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *QUICK, *SHAPE)
-    _another_adapter(store, "a/c1", "a/c2")
+    _another_adapter(store, "a/c1", "a/c2", scale=-1.0)
+    _another_adapter(store, "a/c1", "b/b1", scale=2.0)
     # published where a cluster's are: the session's S3 (moto), beside the base
     bucket = new_bucket(vllm_engine.s3_endpoint)
     with pytest.MonkeyPatch.context() as mp:
         for name, value in s3_env(vllm_engine.s3_endpoint).items():
             if name.startswith("AWS_"):
                 mp.setenv(name, value)
-        for key in ("a/c1", "a/c2"):
+        for key in ("a/c1", "a/c2", "b/b1"):
             uri[key] = f"s3://{bucket}/{key}/"
             manifest = store.committed(key)
             assert manifest is not None
@@ -116,25 +119,26 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
     tag = uuid.uuid4().hex[:6]  # the engine is the session's: names of this module alone
     c1 = AdapterRef(name=f"org-a-c1-{tag}", checkpoint=f"org-a-c1-{tag}", uri=uri["a/c1"])
     c2 = AdapterRef(name=f"org-a-c2-{tag}", checkpoint=f"org-a-c2-{tag}", uri=uri["a/c2"])
+    b1 = AdapterRef(name=f"org-b-b1-{tag}", checkpoint=f"org-b-b1-{tag}", uri=uri["b/b1"])
     models = {
         ref.name: PeftModel.from_pretrained(copy.deepcopy(base), root / key).eval()
-        for ref, key in ((c1, "a/c1"), (c2, "a/c2"))
+        for ref, key in ((c1, "a/c1"), (c2, "a/c2"), (b1, "b/b1"))
     }
-    return Trained(root, base, c1, c2, models)
+    return Trained(root, base, c1, c2, b1, models)
 
 
-def _another_adapter(store: Any, key: str, out: str) -> None:
-    """c2: c1's adapter with its update reversed (lora_B negated), committed with c1's
-    lineage: another adapter of the same base, without a second training run (the serving
-    side only needs them to differ; tests/rtrl_trainer/train/test_train_adapter.py trains
-    a second cycle)."""
+def _another_adapter(store: Any, key: str, out: str, *, scale: float) -> None:
+    """c1's adapter with its update scaled (c2: reversed; b1, org-b's: doubled), committed
+    with c1's lineage: another adapter of the same base, without a second training run (the
+    serving side only needs them to differ; tests/rtrl_trainer/train/test_train_adapter.py
+    trains a second cycle)."""
     from safetensors.torch import load_file, save_file
 
     manifest = store.committed(key)
     source, target = store.root / key, store.root / out
     target.mkdir(parents=True)
     weights = load_file(source / "adapter_model.safetensors")
-    save_file({k: -t if ".lora_B." in k else t for k, t in weights.items()},
+    save_file({k: scale * t if ".lora_B." in k else t for k, t in weights.items()},
               target / "adapter_model.safetensors")  # fmt: skip
     (target / "adapter_config.json").write_bytes((source / "adapter_config.json").read_bytes())
     files = {n: target / n for n in ("adapter_config.json", "adapter_model.safetensors")}
@@ -217,16 +221,20 @@ def test_the_engine_serves_an_adapter_with_the_trainers_logprobs(
 def routed(
     vllm_engine: VllmEngine, trained: Trained, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Capture, Path]]:
-    """The sidecar with c1 stable for org-a and c2 on half its users; org-b not routed."""
+    """The sidecar with c1 stable for org-a and c2 on half its users, b1 for org-b (each in
+    a file of its own, as each org's RLCycle writes its key), org-z not routed."""
     tmp = tmp_path_factory.mktemp("routed")
-    table = tmp / "adapters.json"
+    tables = tmp / "tables"
+    tables.mkdir()
+    table = tables / "org-a.yaml"
     route = {"stable": trained.c1.to_k8s(), "canary": trained.c2.to_k8s(), "weight": 50}
     table.write_text(trained.table({"org-a": route}))
+    (tables / "org-b.yaml").write_text(trained.table({"org-b": {"stable": trained.b1.to_k8s()}}))
     moto = vllm_engine.s3_endpoint
     cap = start_capture(
         vllm_engine.root_url, f"s3://{new_bucket(moto)}/events/", tmp / "spool", s3_env(moto),
         model_uri=vllm_engine.model_uri,
-        extra=["--segment-age-s", "0.3", "--adapters", str(table),
+        extra=["--segment-age-s", "0.3", "--adapters", str(tables),
                "--adapter-dir", str(tmp / "adapters")],
     )  # fmt: skip
     yield cap, table
@@ -247,7 +255,7 @@ def test_each_orgs_units_are_served_and_tagged_by_their_adapter(
     cap, _ = routed
     asked: dict[str, tuple[str, str]] = {}  # interaction id -> (org, user)
     for _ in range(2):
-        for org, users in (("org-a", 12), ("org-b", 3)):
+        for org, users in (("org-a", 12), ("org-b", 3), ("org-z", 2)):
             for i in range(users):
                 interaction, doc = _ask(cap, org, f"user-{i}")
                 assert doc["model"] == "tiny"  # what the client asked for, not the adapter
@@ -256,22 +264,26 @@ def test_each_orgs_units_are_served_and_tagged_by_their_adapter(
     arms: dict[str, set[str]] = {}
     for interaction, (org, user) in asked.items():
         (row,) = rows[interaction]
-        if org == "org-b":  # not in the table: the pod's own checkpoint and arm
+        if org == "org-z":  # not in the table: the pod's own checkpoint and arm
             assert (row["checkpoint_id"], row["arm"]) == ("ckpt-1", "stable")
             continue
-        arm = CANARY if bucket(trained.c2.checkpoint, user) < 50 else STABLE
-        ref = trained.c2 if arm == CANARY else trained.c1
+        if org == "org-b":  # its own adapter, never org-a's stable or candidate
+            arm, ref = STABLE, trained.b1
+        else:
+            arm = CANARY if bucket(trained.c2.checkpoint, user) < 50 else STABLE
+            ref = trained.c2 if arm == CANARY else trained.c1
         assert (row["arm"], row["checkpoint_id"], row["engine_model"]) == (
             arm, ref.checkpoint, ref.name)  # fmt: skip
         assert row["model_uri"] == ref.uri and row["checkpoint_verified"] is True
-        arms.setdefault(user, set()).add(arm)
+        if org == "org-a":
+            arms.setdefault(user, set()).add(arm)
         # served by that adapter: its log-probs are base + that adapter's
         expected = _forward(trained.models[ref.name], row["prompt_ids"], row["completion_ids"])
         for e, x in zip(row["completion_logprobs"], expected, strict=True):
             assert abs(e - x) <= FLOAT32_TOLERANCE
     assert all(len(a) == 1 for a in arms.values())  # each user in one arm, both rounds
     assert set().union(*arms.values()) == {STABLE, CANARY}
-    assert cap.metric("rtrl_capture_adapters_loaded") == 2
+    assert cap.metric("rtrl_capture_adapters_loaded") == 3
 
 
 def _applied(cap: Capture) -> float:
@@ -329,7 +341,7 @@ def test_a_promotion_and_a_rollback_are_file_changes_applied_under_load_with_no_
     (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
     assert (row["checkpoint_id"], row["arm"]) == (trained.c2.checkpoint, STABLE)
     deadline = time.monotonic() + 30
-    while cap.metric("rtrl_capture_adapters_loaded") != 1:  # c1, idle, is unloaded
+    while cap.metric("rtrl_capture_adapters_loaded") != 2:  # c1, idle, is unloaded (c2, b1)
         assert time.monotonic() < deadline, "c1 was not unloaded"
         time.sleep(0.2)
     assert trained.c1.name not in {m.id for m in vllm_engine.client().models.list().data}
