@@ -319,7 +319,7 @@ def observe(
         deployment = DeploymentState(True, container is not None, value)
     routing = None
     table = ((spec.get("capture") or {}).get("adapters") or {}).get("configMap")
-    if spec.get("adapter") and table:
+    if table:
         # Not a child (every organisation's RLCycle writes its own key): read, not cached.
         routing = KubeClient.get(client, "ConfigMap", namespace, str(table))
     stable_service = None

@@ -322,3 +322,19 @@ def give_back(r: Round) -> None:
         f"organisation {org}'s users all go to its stable route again in ConfigMap {table}: "
         "the RLCycle is being deleted, its canary goes with it",
     )
+
+
+def routed_orgs(r: Round) -> list[str]:
+    """Organisations the routing table sends to an adapter (any key): the base's canary
+    does not serve them alike in both arms, so its analysis leaves them out."""
+    found: set[str] = set()
+    for text in ((r.obs.routing or {}).get("data") or {}).values():
+        try:
+            doc = load(str(text)) or {}
+        except (ValueError, yaml.YAMLError):
+            continue
+        orgs = doc.get("orgs") if isinstance(doc, dict) else None
+        for org, route in (orgs if isinstance(orgs, dict) else {}).items():
+            if isinstance(route, dict) and (route.get("stable") or route.get("canary")):
+                found.add(str(org))
+    return sorted(found)

@@ -13,6 +13,7 @@ from rtrl.core.api.common import parse_duration
 from rtrl.core.results import AnalysisResult
 
 from .actions import Delete
+from .adapter_routes import routed_orgs
 from .manifests import canary as cn
 from .manifests.jobs import CONFIG_FILE, CONFIG_MOUNT
 from .manifests.names import step_out
@@ -112,6 +113,8 @@ def analyze_args(
     org = r.spec.adapter_org()
     if org is not None:  # an adapter's canary: its organisation's users alone see it
         args.append(f"--org={org}")
+    else:  # the base's canary: not the organisations its pods route to adapters
+        args += [f"--exclude-org={other}" for other in routed_orgs(r)]
     if max_reached:
         args.append("--max-duration-reached")
     return args

@@ -74,8 +74,9 @@ class Observed:
     # With the gatewayapi router, the stable Service (``rollout.service``), read only while
     # its canary Service is to be made: the canary Service copies its ports.
     stable_service: Mapping[str, Any] | None = None
-    # With spec.adapter: the routing table's ConfigMap (spec.capture.adapters.configMap),
-    # shared by the RLCycles of every organisation; None when absent.
+    # With spec.capture.adapters: the routing table's ConfigMap, shared by the RLCycles of
+    # every organisation (and read by the base's, whose canary leaves them out); None when
+    # absent.
     routing: Mapping[str, Any] | None = None
     # The seal CronJob (``<rlcycle>-seal``, spec.capture), None when absent.
     seal: Mapping[str, Any] | None = None

@@ -99,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only this organisation's rows and served requests: the canary of its adapter, "
         "which its users alone see (the other organisations' rows are counted as excluded)",
     )
+    parser.add_argument(
+        "--exclude-org",
+        dest="exclude_orgs",
+        action="append",
+        metavar="ORG",
+        help="leave this organisation's rows and served requests out (repeatable): those "
+        "served by adapters of their own, when the base is the canary (counted as excluded)",
+    )
     add_config_argument(parser, "rollout and/or data")
     add_now_argument(parser, "the analysis time")
     parser.add_argument(
@@ -124,6 +132,7 @@ CONFIG_FLAGS = (
     "pre_exposure_from",
     "events",
     "org",
+    "exclude_orgs",
 )
 
 

@@ -41,6 +41,9 @@ class AnalyzeConfig:
     events: str | None = None  # the capture proxy's events root: served requests per arm
     # one organisation's rows alone: the canary of its adapter, which its users alone see
     org: str | None = None
+    # organisations left out: those served by adapters of their own, whom the base's
+    # canary does not serve alike in both arms (its pods' sidecars route them elsewhere)
+    exclude_orgs: tuple[str, ...] = ()
 
     @property
     def looks(self) -> Looks:
@@ -112,6 +115,7 @@ def build_config(
     pre_exposure_from: list[str] | None = None,
     events: str | None = None,
     org: str | None = None,
+    exclude_orgs: list[str] | None = None,
 ) -> AnalyzeConfig:
     """Validate the file and flags; :class:`ConfigError` naming the field otherwise."""
     data_doc: dict[str, Any] = {}
@@ -155,6 +159,11 @@ def build_config(
             raise ConfigError(f"--events: {exc}") from None
     if org is not None and (not org or org != org.strip()):
         raise ConfigError(f"--org: {org!r} is not an organisation")
+    for other in exclude_orgs or []:
+        if not other or other != other.strip():
+            raise ConfigError(f"--exclude-org: {other!r} is not an organisation")
+        if other == org:
+            raise ConfigError(f"--exclude-org: {other!r} is the --org analysed")
     ordered = list(steps or [])
     for i, (at, share) in enumerate(ordered):
         if i and at <= ordered[i - 1][0]:
@@ -186,4 +195,5 @@ def build_config(
         ),
         events=events,
         org=org,
+        exclude_orgs=tuple(dict.fromkeys(exclude_orgs or [])),
     )

@@ -118,12 +118,13 @@ def sealed_hours(shards: ObjectStore, since: datetime, until: datetime) -> list[
 
 def count_served(
     events: ObjectStore, shards: ObjectStore, *, since: datetime, until: datetime,
-    checkpoints: tuple[str, ...], org: str | None = None,
+    checkpoints: tuple[str, ...], org: str | None = None, exclude_orgs: tuple[str, ...] = (),
 ) -> Served:  # fmt: skip
     """Generation events per checkpoint created in the canary's sealed hours (from
     ``since``, hours sealed before ``until``): the requests each arm served, errors
     included, read from the files the seal's marker lists, each interaction once (a retried
-    upload may repeat one); with ``org``, that organisation's alone."""
+    upload may repeat one); with ``org``, that organisation's alone; never those of
+    ``exclude_orgs``."""
     result = Served()
     for hour in sealed_hours(shards, since, until):
         marker = SealMarker.from_json(shards.get_bytes(seal_marker_key(hour)))
@@ -142,6 +143,9 @@ def count_served(
             )
             if org is not None:
                 inside = pc.and_(inside, pc.equal(table.column("org"), org))
+            if exclude_orgs:
+                left_out = pc.is_in(table.column("org"), value_set=pa.array(exclude_orgs))
+                inside = pc.and_(inside, pc.invert(pc.fill_null(left_out, False)))
             for ckpt in checkpoints:
                 mine = pc.and_(inside, pc.equal(table.column("checkpoint_id"), ckpt))
                 ids = table.column("interaction_id").filter(pc.fill_null(mine, False))

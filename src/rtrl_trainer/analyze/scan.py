@@ -43,6 +43,19 @@ def _mask(array: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
     return values
 
 
+def _other_orgs(org: pa.Array, config: AnalyzeConfig) -> np.ndarray[Any, np.dtype[np.bool_]] | None:
+    """Rows of organisations this analysis leaves out (another than ``--org``, or one of
+    ``--exclude-org``); None when it leaves none out."""
+    if config.org is None and not config.exclude_orgs:
+        return None
+    out = np.zeros(len(org), dtype=np.bool_)
+    if config.org is not None:
+        out |= ~_mask(pc.equal(org, config.org))
+    if config.exclude_orgs:
+        out |= _mask(pc.is_in(org, value_set=pa.array(config.exclude_orgs, pa.string())))
+    return out
+
+
 def _times(array: pa.Array, fill: int) -> np.ndarray[Any, np.dtype[np.int64]]:
     values: np.ndarray[Any, np.dtype[np.int64]] = filled(array.cast(pa.int64()), fill)
     return values
@@ -122,12 +135,11 @@ def scan(config: AnalyzeConfig) -> Scan:
                 selection.mismatched[file.url] += int(np.count_nonzero(mismatch))
                 batch = batch.filter(pa.array(~mismatch))
                 ckpt = batch.column("checkpoint_id")
-        if config.org is not None:
-            others = ~_mask(pc.equal(batch.column("org"), config.org))
-            if others.any():
-                result.excluded["other_orgs"] += int(np.count_nonzero(others))
-                batch = batch.filter(pa.array(~others))
-                ckpt = batch.column("checkpoint_id")
+        others = _other_orgs(batch.column("org"), config)
+        if others is not None and others.any():
+            result.excluded["other_orgs"] += int(np.count_nonzero(others))
+            batch = batch.filter(pa.array(~others))
+            ckpt = batch.column("checkpoint_id")
         if batch.num_rows == 0:
             continue
         created = _times(batch.column("created_at"), 0)
@@ -178,6 +190,7 @@ def scan(config: AnalyzeConfig) -> Scan:
             open_store(config.events, endpoint_url=config.endpoint_url), store,
             since=config.since, until=from_us(as_of),
             checkpoints=(config.baseline, config.canary), org=config.org,
+            exclude_orgs=config.exclude_orgs,
         )  # fmt: skip
     for file in reader.report.files:
         served_by = parse_partitions(file.key).get(key)

@@ -326,3 +326,36 @@ def test_the_finalizer_goes_once_the_canary_is_decided() -> None:
     world.reconcile(2)
     assert world.route() == {"stable": _uri(world, "composer-1"), "weight": 0}
     assert "rtrl.io/restore-traffic" not in (world.rlcycle["metadata"].get("finalizers") or [])
+
+
+def test_the_bases_canary_analysis_leaves_out_the_orgs_routed_to_adapters() -> None:
+    """The base's RLCycle, whose pods' sidecars follow the table: acme and globex have
+    adapters (any key), initech's entry routes nothing; the base's canary analysis leaves
+    out exactly acme and globex, whom its two arms do not serve alike."""
+    world = CaptureWorld(capture={**CAPTURE, "adapters": {"configMap": TABLE}})
+    _lora_ready(world)
+    routing = {
+        "metadata": {"name": TABLE, "labels": {"rtrl.io/adapter-routes": "true"}},
+        "data": {"globex.yaml": OTHER, "composer-acme.yaml": _route_doc("acme"),
+                 "by-hand.yaml": "orgs:\n  initech: {}\n"},
+    }  # fmt: skip
+    observed = world.observed
+
+    def with_routing() -> Observed:
+        return Observed(**{**observed().__dict__, "routing": copy.deepcopy(routing)})
+
+    world.observed = with_routing  # type: ignore[method-assign]
+    run_cycle(world, canary="continue")
+    analyze = world.manifests["composer-1-analyze-0-0"]["spec"]["template"]["spec"]
+    args = analyze["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--exclude-org")] == [
+        "--exclude-org=acme",
+        "--exclude-org=globex",
+    ]
+    assert not any(a.startswith("--org") for a in args)
+
+
+def _route_doc(org: str) -> str:
+    adapter = {"name": "composer-acme-1", "checkpoint": "composer-acme-1",
+               "uri": "s3://rtrl-artifacts/composer-acme/composer-acme-1/"}  # fmt: skip
+    return json.dumps({"orgs": {org: {"stable": adapter}}})

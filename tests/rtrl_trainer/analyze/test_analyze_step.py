@@ -379,6 +379,32 @@ def test_sessions_as_the_unit(tmp_path: Path) -> None:
     assert doc["ok"] is False and doc["files_bad"] == doc["files_total"] == 2
 
 
+def test_the_bases_canary_leaves_out_the_organisations_served_by_adapters(
+    tmp_path: Path,
+) -> None:
+    """acme has an adapter of its own: on the stable pods its requests go to it (rows of
+    the adapter's checkpoint, in neither arm), on the new base's canary pods the adapter is
+    stale and acme gets the candidate. Judged on all rows, acme's users weigh on the canary
+    arm alone (a sample ratio mismatch, and acme's own behaviour read as the candidate's);
+    with ``--exclude-org acme`` both arms are the users the base serves."""
+    shards = write(
+        tmp_path / "s",
+        arm("base", 3_000, seed=1, org="globex"),
+        arm("cand", 3_000, seed=2, org="globex"),
+        arm("cand", 1_500, seed=3, edit=0.2, org="acme",
+            interaction_id=[f"a-{i:06d}" for i in range(1_500)]),
+    )  # fmt: skip
+    code, doc = analyze(shards, tmp_path / "all", "--canary-weight", "50")
+    assert code == 0 and doc["decision"] == "rollback"
+    code, doc = analyze(shards, tmp_path / "base", "--canary-weight", "50",
+                        "--exclude-org", "acme")  # fmt: skip
+    assert code == 0 and doc["decision"] == "continue", doc["reasons"]
+    assert doc["excluded"]["other_orgs"] == 1_500
+    assert (doc["baseline_samples"], doc["canary_samples"]) == (3_000, 3_000)
+    code, doc = analyze(shards, tmp_path / "bad", "--org", "acme", "--exclude-org", "acme")
+    assert code != 0
+
+
 def test_one_organisations_adapter_canary_is_judged_on_its_rows_alone(tmp_path: Path) -> None:
     """An organisation's adapter is canaried on half of its users while the base serves
     every other organisation: the baseline's rows are everyone's, the canary's that org's.

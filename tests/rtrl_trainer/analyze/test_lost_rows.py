@@ -147,6 +147,11 @@ def test_count_served_counts_one_organisations_requests(tmp_path: Path) -> None:
         checkpoints=("base", "cand"), org="acme",
     )  # fmt: skip
     assert found.by_hour[START] == {"base": 250, "cand": 1_000}
+    left = count_served(
+        events, shards, since=START, until=START + timedelta(hours=3),
+        checkpoints=("base", "cand"), exclude_orgs=("acme",),
+    )  # fmt: skip
+    assert left.by_hour[START] == {"base": 750, "cand": 0}
 
 
 def shard_rows(logged: list[dict[str, Any]]) -> pa.Table:
