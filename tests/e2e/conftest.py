@@ -187,6 +187,14 @@ def deployment_controller(node: Kubelet) -> Kubelet:
 
 
 @pytest.fixture
+def fast_operator(rtrl_operator: Callable[..., OperatorProcess], namespace: str) -> OperatorProcess:
+    """The operator with a 1 s resync: "nothing is written" is seen across rounds, and what
+    a round reads but does not watch (the routing ConfigMap) is read every second."""
+    return rtrl_operator("--namespace", namespace, "--standalone",
+                         env={"RTRL_RESYNC_SECONDS": "1"})  # fmt: skip
+
+
+@pytest.fixture
 def operator(rtrl_operator: Callable[..., OperatorProcess]) -> Iterator[OperatorProcess]:
     """``rtrl operator`` for the test's namespace, as a process with the chart's
     ServiceAccount token; it must stop cleanly (exit 0 on SIGTERM)."""

@@ -20,7 +20,6 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +143,6 @@ def ref(kube: KubeAPI, name: str) -> dict[str, Any]:
     """A Checkpoint as the routing table names it."""
     ck = checkpoint(kube, name)
     return {"name": name, "checkpoint": name, "uri": ck["spec"]["uri"], "rlcycle": NAME}
-
-
-@pytest.fixture
-def fast_operator(rtrl_operator: Callable[..., OperatorProcess], namespace: str) -> OperatorProcess:
-    """The operator with a 1 s resync: the routing table is read each round, not watched."""
-    return rtrl_operator("--namespace", namespace, "--standalone",
-                         env={"RTRL_RESYNC_SECONDS": "1"})  # fmt: skip
 
 
 def test_an_adapter_is_canaried_and_promoted_as_routes_never_as_a_restart(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +70,6 @@ def sidecar_env(kube: KubeAPI, name: str = TARGET) -> dict[str, str]:
 
 def generation(kube: KubeAPI, name: str = TARGET) -> int:
     return int((kube.get("apps/v1", "Deployment", name) or {})["metadata"]["generation"])
-
-
-@pytest.fixture
-def fast_operator(rtrl_operator: Callable[..., OperatorProcess], namespace: str) -> OperatorProcess:
-    """The operator with a 1 s resync, so that "nothing is written" is seen across rounds."""
-    return rtrl_operator("--namespace", namespace, "--standalone",
-                         env={"RTRL_RESYNC_SECONDS": "1"})  # fmt: skip
 
 
 def test_the_sidecar_follows_the_checkpoint_through_a_canary_and_goes_with_the_spec(

@@ -21,6 +21,7 @@ from tests.rtrl.planning.test_plan import (
     analyse,
     analysis,
     run_cycle,
+    to_canary,
 )
 
 TABLE = "composer-adapters"
@@ -82,17 +83,6 @@ def base_target(adapters: dict[str, Any] | None = None) -> dict[str, Any]:
     return base.deployments["composer-vllm"]
 
 
-def to_adapter_canary(world: AdapterWorld) -> None:
-    world.reconcile()
-    world.finish("stage", result=STAGE_OK)
-    world.reconcile()
-    world.finish("train", result=TRAIN_OK)
-    world.reconcile()
-    world.finish("eval", result=EVAL_PASS)
-    world.reconcile()  # the canary's route written
-    world.reconcile()  # ... and read back: ready
-
-
 def ref(name: str, cycle: int) -> dict[str, Any]:
     uri = f"s3://rtrl-artifacts/composer/checkpoints/composer-{cycle}/"
     return {"name": name, "checkpoint": name, "uri": uri, "rlcycle": "composer"}
@@ -147,7 +137,7 @@ def test_the_next_cycle_continues_the_adapter_and_a_rollback_swaps_back() -> Non
     run_cycle(world)
     assert world.rlcycle["status"]["serving"] == "composer-1"
     world.now += timedelta(hours=5)
-    to_adapter_canary(world)
+    to_canary(world)
     ck = world.checkpoint("composer-2")
     assert ck["spec"]["parent"] == "composer-1" and ck["spec"]["base"] == "composer-0"
     train = world.manifests["composer-2-train-0"]["spec"]["template"]["spec"]["containers"][0]
@@ -228,7 +218,7 @@ def test_a_new_base_makes_the_adapter_stale_and_the_next_cycle_trains_on_it() ->
 
 def test_a_new_base_mid_canary_rolls_the_stale_candidate_back() -> None:
     world = AdapterWorld()
-    to_adapter_canary(world)
+    to_canary(world)
     _promote_new_base(world)
     world.reconcile(2)
     ck = world.checkpoint("composer-1")["status"]
@@ -246,7 +236,7 @@ def test_the_operator_writes_only_into_a_routing_table_labelled_as_one() -> None
     assert invalid["reason"] == "AdapterRoutesUnlabelled", invalid
     assert world.table_writes == []
     world.routing = None  # absent: the operator creates it, labelled
-    to_adapter_canary(world)
+    to_canary(world)
     assert world.routing is not None
     assert world.routing["metadata"]["labels"]["rtrl.io/adapter-routes"] == "true"
     assert world.route()["weight"] == 5
@@ -306,7 +296,7 @@ def test_deleted_mid_canary_the_orgs_users_go_back_to_its_stable_route() -> None
     run_cycle(world)  # composer-1 promoted: acme's stable adapter
     assert "rtrl.io/restore-traffic" not in world.rlcycle["metadata"].get("finalizers", [])
     world.now += timedelta(hours=5)
-    to_adapter_canary(world)
+    to_canary(world)
     assert world.route()["canary"]["checkpoint"] == "composer-2"
     # held while a canary has a share of acme's users (added before that write)
     assert "rtrl.io/restore-traffic" in world.rlcycle["metadata"]["finalizers"]
@@ -319,7 +309,7 @@ def test_deleted_mid_canary_the_orgs_users_go_back_to_its_stable_route() -> None
 
 def test_the_finalizer_goes_once_the_canary_is_decided() -> None:
     world = AdapterWorld()
-    to_adapter_canary(world)
+    to_canary(world)
     assert "rtrl.io/restore-traffic" in world.rlcycle["metadata"]["finalizers"]
     world.analyses = []
     analyse(world, "promote")

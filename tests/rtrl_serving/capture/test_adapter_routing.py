@@ -327,6 +327,13 @@ def _swap_under_load(cap: Capture, table: Path, doc: str) -> tuple[float, int]:
     return took, served[0]
 
 
+def _serves(engine: VllmEngine, cap: Capture, ref: AdapterRef) -> None:
+    """org-a's user-0 is now served by ``ref``, on the stable arm."""
+    interaction, _ = _ask(cap, "org-a", "user-0")
+    (row,) = wait_for_events(engine.s3_endpoint, cap.events, {interaction})[interaction]
+    assert (row["checkpoint_id"], row["arm"]) == (ref.checkpoint, STABLE)
+
+
 def test_a_promotion_and_a_rollback_are_file_changes_applied_under_load_with_no_failed_request(
     vllm_engine: VllmEngine, trained: Trained, routed: tuple[Capture, Path]
 ) -> None:
@@ -336,10 +343,7 @@ def test_a_promotion_and_a_rollback_are_file_changes_applied_under_load_with_no_
     )
     print(f"promotion applied {took:.2f} s after the file changed; {served} requests, 0 failed")
     assert took < 10
-    # every user of org-a now gets c2, including those c1 served
-    interaction, _ = _ask(cap, "org-a", "user-0")
-    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
-    assert (row["checkpoint_id"], row["arm"]) == (trained.c2.checkpoint, STABLE)
+    _serves(vllm_engine, cap, trained.c2)  # every user of org-a, including those c1 served
     deadline = time.monotonic() + 30
     while cap.metric("rtrl_capture_adapters_loaded") != 2:  # c1, idle, is unloaded (c2, b1)
         assert time.monotonic() < deadline, "c1 was not unloaded"
@@ -351,9 +355,7 @@ def test_a_promotion_and_a_rollback_are_file_changes_applied_under_load_with_no_
     )
     print(f"rollback applied {took:.2f} s after the file changed; {served} requests, 0 failed")
     assert took < 10
-    interaction, _ = _ask(cap, "org-a", "user-0")
-    (row,) = wait_for_events(vllm_engine.s3_endpoint, cap.events, {interaction})[interaction]
-    assert (row["checkpoint_id"], row["arm"]) == (trained.c1.checkpoint, STABLE)
+    _serves(vllm_engine, cap, trained.c1)
     assert trained.c1.name in {m.id for m in vllm_engine.client().models.list().data}
 
 
