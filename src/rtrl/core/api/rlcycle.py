@@ -1059,6 +1059,14 @@ CAPTURE_OVERLAPS_SHARDS = (
     "capture.events and data.shards must not hold one another: the sidecars write events "
     "under capture.events, the seal writes shards under data.shards"
 )
+ADAPTER_ONE_ORG = (
+    "adapter: data.population.orgs must name exactly one organisation, the one whose rows "
+    "train the adapter and whose requests it serves"
+)
+ADAPTER_ROUTES = (
+    "adapter: capture.adapters.configMap must name the routing table the adapter's canary, "
+    "promotion and rollback are written to"
+)
 
 
 def _with_slash(expr: str) -> str:
@@ -1231,7 +1239,16 @@ class RLCycleSpec(ApiModel):
                     + ")",
                     CAPTURE_OVERLAPS_SHARDS,
                     field_path=".capture.events",
-                )
+                ),
+                cel(
+                    "!has(self.adapter) || (has(self.data.population) && "
+                    "has(self.data.population.orgs) && size(self.data.population.orgs) == 1)",
+                    ADAPTER_ONE_ORG,
+                ),
+                cel(
+                    "!has(self.adapter) || (has(self.capture) && has(self.capture.adapters))",
+                    ADAPTER_ROUTES,
+                ),
             ]
         }
     )
@@ -1303,15 +1320,9 @@ class RLCycleSpec(ApiModel):
             return self
         orgs = self.data.population.orgs if self.data.population else None
         if not orgs or len(orgs) != 1:
-            raise ValueError(
-                "adapter: data.population.orgs must name exactly one organisation, the one "
-                "whose rows train the adapter and whose requests it serves"
-            )
+            raise ValueError(ADAPTER_ONE_ORG)
         if self.capture is None or self.capture.adapters is None:
-            raise ValueError(
-                "adapter: capture.adapters.configMap must name the routing table the "
-                "adapter's canary, promotion and rollback are written to"
-            )
+            raise ValueError(ADAPTER_ROUTES)
         return self
 
     def adapter_org(self) -> str | None:
