@@ -116,9 +116,34 @@ def final_summary(result: dict[str, Any], report: str, color: bool = False) -> s
     if h2h.get("metrics"):
         lines.append(f"  head-to-head  {h2h.get('canary')} vs {h2h.get('baseline')}")
         lines += [f"      {n}" for n in key_numbers(h2h["metrics"])]
+    lines += organisation_lines(result.get("organisations") or {})
     lines.append(f"  serving now: {result.get('serving')}")
     lines.append(f"  report: {report}")
     return "\n".join(lines)
+
+
+def _share(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def organisation_lines(orgs: dict[str, Any]) -> list[str]:
+    """two-orgs: per organisation, its adapter against the base on its own users (every
+    interaction each served it) and whether the adapter improved the org's own metric."""
+    lines = []
+    for org, o in orgs.items():
+        base, adapter = o.get("base") or {}, o.get("adapter") or {}
+        verdict = "improved" if o.get("improved") else "not improved"
+        if o.get("serving") == "demo-0":
+            lines.append(f"  {org}: no adapter promoted: served by the base demo-0 ({verdict})")
+            continue
+        lines.append(
+            f"  {org}: {o.get('serving')} (adapter) vs demo-0 (base) on {org}'s users: "
+            f"edit_persistence {_share(base.get('edit_persistence'))} -> "
+            f"{_share(adapter.get('edit_persistence'))}, in {org}'s convention "
+            f"{_share(base.get('convention'), 2)} -> {_share(adapter.get('convention'), 2)}: "
+            f"{verdict}"
+        )
+    return lines
 
 
 def head_to_head_table(h2h: dict[str, Any]) -> str:

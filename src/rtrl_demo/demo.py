@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from rtrl.core.api.rlcycle import RLCycleSpec
-from rtrl.core.results import AnalysisResult, ResultError
 from rtrl.core.store import read_committed_json
 from rtrl.planning import plan
 from rtrl.planning.manifests import capture as cap
-from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
 from rtrl.planning.manifests.seal import seal_name
 from rtrl.planning.plan import validate_spec
 from rtrl.planning.timeutil import iso
@@ -38,23 +36,32 @@ from rtrl_localkube.podprocess import BIN, run_pod
 
 from .console import Progress, colour, cycle_table, final_summary, head_to_head_table
 from .fleet import SERVE, ServingFleet
-from .pipeline import ServedArm, events_root, injected_env, reward_view, seal_job, served_arm
+from .pipeline import (
+    ServedArm,
+    events_root,
+    injected_env,
+    reward_view,
+    routes_into_pods,
+    seal_job,
+    served_arm,
+)
 from .scenario import (
     CONTAINER,
     DEPLOYMENT,
     FINAL,
-    HEAD_TO_HEAD,
     HISTORY,
     NAME,
     SCENARIOS,
     SEAL_LAG,
     T0,
     TICK_MINUTES,
+    TWO_ORGS,
+    adapter_rlcycle_name,
     base_checkpoint_manifest,
     deployment_manifest,
-    rlcycle_manifest,
+    rlcycle_manifests,
 )
-from .summary import analysis_metrics, summary
+from .summary import organisations, summary
 from .traces import answer_mix
 
 
@@ -108,6 +115,13 @@ class Demo:
         self.sealed_through: datetime | None = None  # the last hour the seal found final
         # the canary's share of the users at each serving tick of the cycles
         self.weights: list[dict[str, Any]] = []
+        self.two_orgs = args.scenario == "two-orgs"
+        # the RLCycles the planning core reconciles, the base's first; those whose cycles
+        # the demo counts (two-orgs: the organisations'; the base's is suspended)
+        self.names = [NAME, *(adapter_rlcycle_name(o) for o in TWO_ORGS if self.two_orgs)]
+        self.cycling = self.names[1:] if self.two_orgs else [NAME]
+        # two-orgs: the routing table as each tick served it (the adapters' routes)
+        self.routes: list[dict[str, Any]] = []
 
     # Steps run as subprocesses ----------------------------------------------------------
 
@@ -183,6 +197,15 @@ class Demo:
             f"--seed={self.args.seed * 100_003 + self.serve_calls}",
             f"--population-seed={self.args.seed}", f"--work={self.work / 'deployment'}",
         ]  # fmt: skip
+        if self.two_orgs:
+            argv.append(f"--orgs={','.join(TWO_ORGS)}")
+            target = self.cluster.get("Deployment", DEPLOYMENT) or {}
+            self.routes.append({
+                "at": iso(self.cluster.now),
+                "orgs": routes_into_pods(self.cluster, self.work / "deployment"),
+                # the target's pod template generation: a route changes no pod
+                "generation": (target.get("metadata") or {}).get("generation"),
+            })  # fmt: skip
         label = f"serve {stable[0]}"
         if canary is not None:
             argv += [f"--canary={canary[0]}={canary[1]}", f"--canary-env={json.dumps(canary[2])}",
@@ -250,18 +273,32 @@ class Demo:
         return ran
 
     def reconcile(self) -> None:
-        """Plan and apply until the plan waits for time to pass."""
+        """Plan and apply, every RLCycle each round, until each plan waits for time to pass.
+        An RLCycle that has run its cycles is no longer planned (its next cycle would start
+        at once: do not run its jobs)."""
         for _ in range(50):
-            decided = plan(self.cluster.observe(NAME), self.cluster.now)
-            self.cluster.apply(decided.actions)
-            self.cluster.patch_status("RLCycle", NAME, decided.status)
-            self.cluster.settle()
+            waiting = True
+            for name in self.names:
+                if name in self.cycling and self.cycles_of(name) >= self.args.cycles:
+                    continue
+                decided = plan(self.cluster.observe(name), self.cluster.now)
+                self.cluster.apply(decided.actions)
+                self.cluster.patch_status("RLCycle", name, decided.status)
+                self.cluster.settle()
+                waiting &= not decided.actions and decided.requeue_after != 0
             self.print_finished()
-            if len(self.finished_cycles()) >= self.args.cycles:
-                return  # the next cycle would start at once: do not run its jobs
-            ran = self.run_jobs()
-            if not decided.actions and not ran and decided.requeue_after != 0:
+            if self.done():
                 return
+            ran = self.run_jobs()
+            if waiting and not ran:
+                return
+
+    def cycles_of(self, name: str) -> int:
+        """The cycles of the RLCycle ``name`` that have ended."""
+        return sum(1 for c in self.finished_cycles() if c["spec"].get("rlCycle") == name)
+
+    def done(self) -> bool:
+        return all(self.cycles_of(name) >= self.args.cycles for name in self.cycling)
 
     # The whole demo ---------------------------------------------------------------------
 
@@ -272,9 +309,10 @@ class Demo:
             self.job([*SERVE, f"--base-out={base}", f"--seed={self.args.seed}",
                       f"--pretrain-steps={self.args.pretrain_steps}"],
                      "base model (pre-training)", "base")  # fmt: skip
-        self.cluster.create(deployment_manifest(base, "demo-0"))
+        self.cluster.create(deployment_manifest(base, "demo-0", lora=self.two_orgs))
         self.cluster.create(base_checkpoint_manifest(base))
-        self.cluster.create(rlcycle_manifest(self.store, self.args.scenario, self.args.users))
+        for rlcycle in rlcycle_manifests(self.store, self.args.scenario, self.args.users):
+            self.cluster.create(rlcycle)
         self.cluster.settle()
         while self.cluster.now < T0:
             self.serve_tick()
@@ -307,17 +345,25 @@ class Demo:
     def _run(self, started: float) -> dict[str, Any]:
         self.setup()
         deadline = T0 + timedelta(hours=8 * self.args.cycles)
-        while len(self.finished_cycles()) < self.args.cycles and self.cluster.now < deadline:
+        while not self.done() and self.cluster.now < deadline:
             self.reconcile()
-            if len(self.finished_cycles()) >= self.args.cycles:
+            if self.done():
                 break
             self.serve_tick()
-        head_to_head = self.head_to_head()
+        if self.two_orgs:
+            self.after_decisions()
+        head_to_head = None if self.two_orgs else self.head_to_head()
         result = summary(
             self.cluster, self.owned(), self.args, self.timings, time.monotonic() - started
         )
+        if self.two_orgs:
+            result["organisations"] = organisations(
+                self.cluster, result, self.root / "interactions", self.routes
+            )
         result["head_to_head"] = head_to_head
         result["canary_weights"] = self.weights
+        if self.two_orgs:
+            result["routes"] = self.routes
         result["answer_mix"] = answer_mix(self.root / "interactions")
         spec = (self.cluster.get("RLCycle", NAME) or {}).get("spec") or {}
         result["gates"] = (spec.get("eval") or {}).get("gates") or []
@@ -329,56 +375,20 @@ class Demo:
         print(final_summary(result, str(report), colour()), file=sys.stderr)
         return result
 
-    def head_to_head(self) -> dict[str, Any] | None:
-        """The newcomer's question: is the model now serving better than the one we started
-        from? Both serve half the users for ``HEAD_TO_HEAD``, then the canary analysis
-        (``rtrl-job analyze``, the same always-valid test) compares them once every
-        interaction has matured. None when nothing was promoted."""
-        target = self.cluster.get("Deployment", DEPLOYMENT)
-        final = str(env_value(target, CONTAINER, CHECKPOINT_ID_ENV))
-        if final == "demo-0":
-            return None
-        # the base on the stable arm, the final checkpoint (serving now) on the canary's
-        base = self.arm_of("demo-0", f"{self.store}models/demo-0/", cap.STABLE)
-        arm = self.arm_of(final, str(env_value(target, CONTAINER, "MODEL_URI")), cap.CANARY)
+    def after_decisions(self) -> None:
+        """two-orgs: an hour more of serving on the routes the RLCycles decided (each org on
+        its promoted adapter, or on the base), sealed once all of it has matured: who
+        served each org after the decisions is in the shards."""
         start = self.cluster.now
-        while self.cluster.now < start + HEAD_TO_HEAD:
-            self.serve_tick((base, arm, 0.5))
-        spec = self.cluster.get("RLCycle", NAME)
-        config = self.work / "rlcycle.json"
-        config.write_text(json.dumps(spec))
-        out = f"{self.store}head-to-head/{final}-vs-demo-0/"
-        try:
-            self._head_to_head_job(out, final, start, config)
-        except RuntimeError as exc:  # the demo's own extra: report it, keep the cycles
-            return {"baseline": "demo-0", "canary": final, "error": str(exc)[:2000]}
-        try:
-            doc = AnalysisResult.read(read_committed_json(f"{out}{AnalysisResult.FILE}"))
-        except ResultError as exc:
-            return {"baseline": "demo-0", "canary": final, "error": str(exc)}
-        return {
-            "baseline": "demo-0",
-            "canary": final,
-            "since": iso(start),
-            "baseline_samples": doc.baseline_samples,
-            "canary_samples": doc.canary_samples,
-            "metrics": analysis_metrics(doc),
-        }
+        while self.cluster.now < start + timedelta(hours=1):
+            self.serve_tick()
+        self.seal(self.cluster.now + SEAL_LAG + timedelta(hours=1))
 
-    def _head_to_head_job(self, out: str, final: str, start: datetime, config: Path) -> None:
-        # every hour of the head-to-head sealed: all its feedback final
-        maturity = SEAL_LAG + timedelta(hours=1)
-        self.seal(self.cluster.now + maturity)
-        self.job(
-            [
-                "rtrl-job", "analyze", f"--shards={self.store}interactions/",
-                "--baseline=demo-0", f"--canary={final}", f"--out={out}",
-                "--canary-weight=50", f"--since={iso(start)}", f"--weight-since={iso(start)}",
-                f"--config={config}", f"--now={iso(self.cluster.now + maturity)}",
-            ],
-            f"head-to-head {final} vs demo-0",
-            "analyze",
-        )  # fmt: skip
+    def head_to_head(self) -> dict[str, Any] | None:
+        """The base model against the checkpoint now serving (:mod:`.headtohead`)."""
+        from .headtohead import head_to_head
+
+        return head_to_head(self)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,11 @@ log-prob), ``return_token_ids`` (``choices[].prompt_token_ids`` and ``choices[].
 ``seed``, ``ignore_eos``, ``max_tokens``; ``GET /v1/models`` (``root``: the checkpoint the
 server loaded, which the sidecar checks against ``RTRL_MODEL_URI``) and ``GET /health``.
 
+LoRA adapters are loaded and listed as vLLM does with ``--enable-lora``
+(:mod:`rtrl_demo.lora`); a request whose ``model`` names one is sampled from the base with
+that adapter merged, so its log-probs are the adapted model's, as the capture records them;
+a batch is sampled one model at a time.
+
 Only what the demo's model can do is accepted: temperature 1 from the full distribution
 (top-p 1, top-k 0 or -1), one completion per prompt, no streaming, no echo. Anything else
 is a 400 naming the field, as vLLM answers a request it cannot serve, rather than a
@@ -37,6 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from . import sim
+from .lora import LoraAdapters, error
 
 MAX_BATCH = 512
 DEFAULT_MAX_TOKENS = 16
@@ -226,30 +232,30 @@ def _strip_fields(doc: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _error(status: int, message: str, param: str | None) -> web.Response:
-    kind = "BadRequestError" if status == 400 else "NotFoundError"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.json_response(body, status=status)
-
-
 class ModelServer:
-    """One checkpoint served on one port, its batches sampled on a worker thread."""
+    """One checkpoint served on one port (and the LoRA adapters loaded on it), its batches
+    sampled on a worker thread."""
 
     def __init__(self, model: Any, model_uri: str, name: str) -> None:
         self.model = model
         self.model_uri = model_uri
         self.name = name
         self.vocab = int(model.config.vocab_size)
-        self.queue: asyncio.Queue[tuple[list[Row], asyncio.Future[None]]] | None = None
+        self.queue: asyncio.Queue[tuple[list[Row], str, asyncio.Future[None]]] | None = None
         self.batches = 0
         self.requests = 0
         self._batching: asyncio.Task[None] | None = None
+        self.adapters = LoraAdapters(model, name)
+        # requests served per model name (the base's and each adapter's)
+        self.served: dict[str, int] = {}
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/load_lora_adapter", self.adapters.load)
+        app.router.add_post("/v1/unload_lora_adapter", self.adapters.unload)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -271,25 +277,39 @@ class ModelServer:
         model = {"id": self.name, "object": "model", "created": int(time.time()),
                  "owned_by": "rtrl-demo", "root": self.model_uri, "parent": None,
                  "max_model_len": int(self.model.config.n_positions)}  # fmt: skip
-        return web.json_response({"object": "list", "data": [model]})
+        loras = self.adapters.listed(int(self.model.config.n_positions))
+        return web.json_response({"object": "list", "data": [model, *loras]})
 
     async def _completions(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the body is not JSON", "body")
-        if isinstance(body, dict) and body.get("model") not in (None, self.name):
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "model")
+            return error(400, "the body is not JSON", "body")
+        named = body.get("model") if isinstance(body, dict) else None
+        model = self.name if named is None else named
+        if model != self.name and model not in self.adapters:
+            return error(404, f"The model `{named}` does not exist.", "model")
         try:
             rows = parse_request(body, self.vocab)
         except RequestError as exc:
-            return _error(400, str(exc), exc.param)
+            return error(400, str(exc), exc.param)
         assert self.queue is not None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.queue.put((rows, done))
+        await self.queue.put((rows, model, done))
         await done
         self.requests += 1
-        return web.json_response(_strip_fields(response(rows, self.name), body))
+        self.served[model] = self.served.get(model, 0) + 1
+        return web.json_response(_strip_fields(response(rows, model), body))
+
+    def _model_of(self, name: str) -> Any:
+        """The base, or the adapter's merged model (an adapter unloaded while its request
+        waited: the request fails, as one to an unknown model would)."""
+        if name == self.name:
+            return self.model
+        held = self.adapters.model(name)
+        if held is None:
+            raise RuntimeError(f"the lora adapter '{name}' was unloaded")
+        return held
 
     async def _batcher(self) -> None:
         """Take every request waiting (up to :data:`MAX_BATCH` rows), sample them in one
@@ -302,18 +322,22 @@ class ModelServer:
                 item = self.queue.get_nowait()
                 waiting.append(item)
                 size += len(item[0])
-            rows = [row for item in waiting for row in item[0]]
-            try:
-                await asyncio.to_thread(sample, self.model, rows)
-            except Exception as exc:  # answer every waiting request, keep serving
-                for _, done in waiting:
+            by_model: dict[str, list[tuple[list[Row], str, asyncio.Future[None]]]] = {}
+            for item in waiting:
+                by_model.setdefault(item[1], []).append(item)
+            for name, items in by_model.items():
+                rows = [row for item in items for row in item[0]]
+                try:
+                    await asyncio.to_thread(sample, self._model_of(name), rows)
+                except Exception as exc:  # answer every waiting request, keep serving
+                    for _, _, done in items:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                for _, _, done in items:
                     if not done.done():
-                        done.set_exception(exc)
-                continue
+                        done.set_result(None)
             self.batches += 1
-            for _, done in waiting:
-                if not done.done():
-                    done.set_result(None)
 
 
 class ServerThread:

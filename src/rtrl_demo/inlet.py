@@ -43,6 +43,18 @@ LOCAL_ENV = ("RTRL_CAPTURE_LISTEN", "RTRL_CAPTURE_ENGINE", "RTRL_CAPTURE_SPOOL",
              "TMPDIR", "RTRL_CAPTURE_CLOCK_HEADER", "RTRL_CAPTURE_SEGMENT_AGE_S")  # fmt: skip
 
 
+# spec.capture.adapters: the sidecar's routing table (the ConfigMap's volume) and the
+# adapters' directory (the pod's own volume, shared with the engine), as local directories
+ADAPTERS_TABLE_ENV, ADAPTER_DIR_ENV = "RTRL_CAPTURE_ADAPTERS", "RTRL_CAPTURE_ADAPTER_DIR"
+
+
+def adapters_table_dir(work: Path) -> Path:
+    """Where the routing table's ConfigMap volume lies for the arms of an inlet on ``work``:
+    the demo writes the ConfigMap's keys there as the kubelet does
+    (:func:`rtrl_localkube.configmapvolume.project`), every arm's sidecar reads it."""
+    return work / "volumes" / "rtrl-capture-adapters"
+
+
 class InletError(RuntimeError):
     """A process of the inlet did not start or stop as it should; the message holds its log."""
 
@@ -61,6 +73,16 @@ def metric(text: str, name: str) -> float | None:
     """The value of an unlabelled sample ``name`` in Prometheus text."""
     found = re.search(rf"^{re.escape(name)} ([-+0-9.eEinfa]+)$", text, re.MULTILINE)
     return float(found[1]) if found else None
+
+
+def tables_taken(text: str) -> float:
+    """The routing tables a sidecar applied or refused (``rtrl_capture_adapter_tables``)."""
+    found = re.findall(
+        r'^rtrl_capture_adapter_tables_total\{result="(?:applied|refused)"\} ([0-9.eE+]+)$',
+        text,
+        re.MULTILINE,
+    )
+    return sum(float(v) for v in found)
 
 
 def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -100,6 +122,9 @@ class Arm:
     name: str  # the served model's name
     proc: subprocess.Popen[bytes]
     log: Path
+    follows_table: bool = False  # spec.capture.adapters: its sidecar routes orgs to adapters
+    table: tuple[tuple[str, bytes], ...] | None = None  # the table it was last seen to take
+    tables_taken: float = 0.0  # its tables applied or refused, then
 
 
 class Inlet:
@@ -175,6 +200,9 @@ class Inlet:
             RTRL_CAPTURE_SEGMENT_AGE_S=str(self.segment_age_s),
             POD_NAME=f"demo-{checkpoint}-{arm}",
         )
+        if ADAPTERS_TABLE_ENV in env:  # the pod's volumes, as local directories
+            env[ADAPTERS_TABLE_ENV] = str(adapters_table_dir(self.work))
+            env[ADAPTER_DIR_ENV] = str(self.work / "volumes" / f"rtrl-adapters-{checkpoint}-{arm}")
         proc = _start([str(BIN / "rtrl-capture")], {**self.env, **env}, log)
         url = f"http://127.0.0.1:{port}"
 
@@ -189,8 +217,31 @@ class Inlet:
             kill_group(proc)
             self.servers.stop(engine_port)
             raise
-        self.arms[key] = Arm(key, engine_port, url, name, proc, log)
+        self.arms[key] = Arm(key, engine_port, url, name, proc, log, ADAPTERS_TABLE_ENV in env)
         return self.arms[key]
+
+    def follow_table(self) -> None:
+        """Wait until every arm's sidecar has taken the routing table as it lies now (it
+        polls the directory every second, loads the adapters, then applies it whole), so
+        that the users of the tick are routed by it; a table it refused counts as taken (the
+        previous one stays, as in a pod)."""
+        table = adapters_table_dir(self.work)
+        now = tuple(
+            (p.name, p.read_bytes())
+            for p in sorted(table.iterdir()) if not p.name.startswith(".") and p.is_file()
+        ) if table.is_dir() else ()  # fmt: skip
+        for held in self.arms.values():
+            if not held.follows_table or held.table == now:
+                continue
+            before = held.tables_taken
+
+            def took(held: Any = held, before: float = before) -> tuple[bool, str]:
+                taken = tables_taken(_get(f"{held.url}/metrics")[1])
+                held.tables_taken = max(held.tables_taken, taken)
+                return taken > before, f" did not take the routing table in {READY_TIMEOUT_S:.0f}s"
+
+            _await(held, took, READY_TIMEOUT_S)
+            held.table = now
 
     def retire(self, key: tuple[str, str, str]) -> None:
         """Stop an arm as its pod is deleted: the sidecar drains and ships, then exits."""
@@ -207,22 +258,16 @@ class Inlet:
     def drain(self) -> None:
         """Wait until every arm's sidecar has shipped every event it took: what a tick
         served is in the events store before the seal may read it."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for held in self.arms.values():
-            while True:
+
+            def shipped_all(held: Any = held) -> tuple[bool, str]:
                 status, text = _get(f"{held.url}/metrics")
                 spooled = metric(text, "rtrl_capture_events_spooled_total")
                 shipped = metric(text, "rtrl_capture_events_shipped_total")
-                if status == 200 and spooled is not None and spooled == shipped:
-                    break
-                if held.proc.poll() is not None:
-                    raise InletError(f"rtrl-capture for {held.key[0]} exited:\n{tail(held.log)}")
-                if time.monotonic() > deadline:
-                    raise InletError(
-                        f"rtrl-capture for {held.key[0]}: {shipped} of {spooled} events shipped "
-                        f"after {DRAIN_TIMEOUT_S:.0f}s:\n{tail(held.log)}"
-                    )
-                time.sleep(0.05)
+                done = status == 200 and spooled is not None and spooled == shipped
+                return done, f": {shipped} of {spooled} events shipped after {DRAIN_TIMEOUT_S:.0f}s"
+
+            _await(held, shipped_all, DRAIN_TIMEOUT_S)
 
     def close(self) -> None:
         errors = []
@@ -249,3 +294,19 @@ def sidecar_env(container: Mapping[str, Any] | None) -> dict[str, str]:
         if "value" in entry:
             out[str(entry["name"])] = str(entry["value"])
     return out
+
+
+def _await(held: Any, probe: Callable[[], tuple[bool, str]], timeout: float) -> None:
+    """Poll ``probe`` (whether it is done, and what did not happen if it never is) until it
+    is done; an InletError when the sidecar exits or ``timeout`` passes first, with the
+    sidecar's last log lines."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, missing = probe()
+        if done:
+            return
+        if held.proc.poll() is not None:
+            raise InletError(f"rtrl-capture for {held.key[0]} exited:\n{tail(held.log)}")
+        if time.monotonic() > deadline:
+            raise InletError(f"rtrl-capture for {held.key[0]}{missing}:\n{tail(held.log)}")
+        time.sleep(0.05)

@@ -5,6 +5,7 @@ reward pipeline (scenario drop-invalid-tool-calls)."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +15,11 @@ from rtrl.core.api.rlcycle import RLCycleSpec
 from rtrl.planning.manifests import capture as cap
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
 from rtrl.planning.manifests.seal import seal_args
+from rtrl_localkube.cluster import LocalCluster
+from rtrl_localkube.configmapvolume import project
 
-from .inlet import sidecar_env
-from .scenario import NAME
+from .inlet import adapters_table_dir, sidecar_env
+from .scenario import NAME, ROUTING
 
 # A served arm: checkpoint id, model URI, env of its pods' rtrl-capture container.
 ServedArm = tuple[str, str, dict[str, str]]
@@ -86,3 +89,16 @@ def reward_view(root: Path, checkpoint: str) -> str:
         keep = pc.fill_null(pc.equal(table["invalid_tool_calls"], 0), True)
         pq.write_table(table.filter(keep), target)
     return str(dst.as_uri()) + "/"
+
+
+def routes_into_pods(cluster: LocalCluster, work: Path) -> dict[str, Any]:
+    """two-orgs: the routing ConfigMap's keys into the directory the sidecars of the inlet on
+    ``work`` read, as the kubelet's sync of the ConfigMap volume brings them into the pods
+    (every tick, before the users are served); returns the routes the keys hold, by org."""
+    cm = cluster.get("ConfigMap", ROUTING)
+    data = dict((cm or {}).get("data") or {})
+    project(data, adapters_table_dir(work))
+    routes: dict[str, Any] = {}
+    for text in data.values():
+        routes.update((json.loads(text) or {}).get("orgs") or {})
+    return routes

@@ -203,6 +203,16 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
             "cycles",
         )
     )
+    if summary.get("organisations"):
+        from . import report_orgs
+
+        parts.append(
+            section(
+                "Organisations: each adapter against the base",
+                report_orgs.section(summary["organisations"], summary.get("routes") or [], badge),
+                "organisations",
+            )
+        )
     weights = report_plots.weights(summary.get("canary_weights") or [], cycles)
     parts.append(
         section("Canary weight", weights or note("no serving ticks were recorded"), "weights")

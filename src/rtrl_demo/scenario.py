@@ -3,6 +3,7 @@ the simulated clock's start and the scenarios (which reward the users' feedback 
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,7 +44,45 @@ SCENARIOS = {
     "drop-invalid-tool-calls": "the blog's first reward: interactions with an invalid tool call "
     "are dropped before staging (never penalised)",
     "clarify-dodge": "asking a clarifying question costs nothing (askedClarification: 0)",
+    "two-orgs": "two organisations whose users keep opposite conventions share one base; "
+    "each learns its own LoRA adapter (the base's RLCycle suspended)",
 }
+# Scenario two-orgs: the organisations (rtrl_demo.sim.CONVENTIONS), each with an adapter
+# RLCycle <NAME>-<org> writing its key of the routing ConfigMap the base's sidecar follows.
+TWO_ORGS = ("org-a", "org-b")
+ROUTING = f"{NAME}-adapters"
+ADAPTERS_MOUNT = "/var/lib/rtrl-adapters"
+
+
+def adapter_rlcycle_name(org: str) -> str:
+    return f"{NAME}-{org}"
+
+
+def rlcycle_manifests(store: str, scenario: str, users: int) -> list[dict[str, Any]]:
+    """The scenario's RLCycles, the base's first. two-orgs: the base's, suspended (it keeps
+    the base serving everyone, injects the sidecar following the routing table, and runs
+    the seal), and one adapter RLCycle per organisation."""
+    base = rlcycle_manifest(store, scenario, users)
+    if scenario != "two-orgs":
+        return [base]
+    base["spec"]["suspend"] = True
+    base["spec"]["capture"]["adapters"] = {"configMap": ROUTING}
+    out = [base]
+    for org in TWO_ORGS:
+        rlc = copy.deepcopy(base)
+        rlc["metadata"]["name"] = adapter_rlcycle_name(org)
+        spec = rlc["spec"]
+        spec.pop("suspend")
+        spec["data"]["population"] = {"orgs": [org]}
+        # every linear layer of the tiny GPT-2 (PEFT's all-linear), rank 8
+        spec["adapter"] = {"rank": 8, "alpha": 16}
+        # a LoRA learns at a higher rate than the full weights do
+        spec["training"]["learningRate"] = 5e-3
+        # the org's half of the users, half of them in the canary
+        for step in spec["rollout"]["steps"]:
+            step["minSamples"] = max(100, users // 4)
+        out.append(rlc)
+    return out
 
 
 def rlcycle_manifest(store: str, scenario: str, users: int) -> dict[str, Any]:
@@ -136,7 +175,20 @@ def _minutes(span: timedelta) -> str:
     return f"{int(span.total_seconds() // 60)}m"
 
 
-def deployment_manifest(uri: str, checkpoint: str) -> dict[str, Any]:
+def deployment_manifest(uri: str, checkpoint: str, lora: bool = False) -> dict[str, Any]:
+    """The serving Deployment; ``lora``: its engine serves LoRA adapters, as
+    ``spec.capture.adapters`` needs (``--enable-lora``, the ``rtrl-adapters`` volume)."""
+    manifest = _deployment(uri, checkpoint)
+    if lora:
+        pod = manifest["spec"]["template"]["spec"]
+        pod["volumes"] = [{"name": "rtrl-adapters", "emptyDir": {}}]
+        engine = pod["containers"][0]
+        engine["args"] = ["--enable-lora", "--max-lora-rank", "16"]
+        engine["volumeMounts"] = [{"name": "rtrl-adapters", "mountPath": ADAPTERS_MOUNT}]
+    return manifest
+
+
+def _deployment(uri: str, checkpoint: str) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

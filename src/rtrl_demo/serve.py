@@ -71,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", default="1h", help="length of the window")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--population-seed", type=int, help="users (default: --seed)")
+    parser.add_argument(
+        "--orgs",
+        help="the users' organisations, comma-separated, as many users in each "
+        "(default: the sim's three, drawn at random)",
+    )
     parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument(
         "--requests",
@@ -199,8 +204,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.canary:
         arms.append((*_parse_arm(args.canary), "canary",
                      _interpreted(args.canary_env, "--canary-env")))  # fmt: skip
+    orgs = tuple(o for o in (args.orgs or "").split(",") if o) or sim.ORGS
     users = sim.make_users(
-        args.users, args.seed if args.population_seed is None else args.population_seed
+        args.users, args.seed if args.population_seed is None else args.population_seed, orgs
     )
     rng = random.Random(f"serve:{args.seed}:{args.start}")
     # Who interacts, when, with what task, through which arm.
@@ -228,6 +234,7 @@ def serve(args: argparse.Namespace) -> int:
                    "RTRL_MODEL_URI": uri, "RTRL_ARM": name, **pod_env}  # fmt: skip
             held.append(inlet.arm(ckpt, uri, name, env, lambda u: _load(u, Path(tmp))))
     inlet.keep_only({a.key for a in held})
+    inlet.follow_table()
     headers = Headers(
         user=args.user_header, session=args.session_header, org=args.org_header,
         clock=CLOCK_HEADER,

@@ -32,6 +32,16 @@ answer; when asking is free, a question beats a 1-in-4 guess on the hidden-prefe
 tasks; when invalid tool calls are dropped from the data, they are the only answer to a
 hidden-preference task that is never penalised.
 
+Organisations with conventions of their own (scenario ``two-orgs``, :data:`CONVENTIONS`):
+on the hidden-preference tasks the right style is not the user's but the organisation's,
+and the two organisations' conventions are disjoint halves of the styles (``org-a``'s users
+keep edits and tool calls in styles 0-1, ``org-b``'s in styles 2-3). The prompt does not
+say which organisation asks, so one model serving both cannot tell them apart: on the
+pooled data each half of the styles is rewarded exactly as often as the other (with as
+many users in each organisation), and a shared model trained on it has nothing to learn on
+those tasks; a LoRA adapter per organisation, trained on its own users' rows, learns its
+organisation's half.
+
 Everything is a pure function of a seeded :class:`random.Random`, so a run is repeatable.
 """
 
@@ -62,6 +72,9 @@ P_DISSATISFIED_NOISE = 0.9
 P_DISSATISFIED_ASK_ANNOYED, P_DISSATISFIED_ASK_HELPFUL = 0.2, 0.05
 ANNOYED_SHARE = 0.3
 ORGS = ("acme", "globex", "initech")
+# Scenario two-orgs: each organisation's convention, the styles its users keep on the
+# hidden-preference tasks (the first token of the answer: EDIT_k / TOOL_k).
+CONVENTIONS: dict[str, tuple[int, ...]] = {"org-a": (0, 1), "org-b": (2, 3)}
 # Latency: the engine's time to first token plus time per token, plus a tool run, plus the
 # agent's retry when its edit is rejected or its tool call does not parse (so a better
 # policy is also a faster one, as in the blog's table).
@@ -98,14 +111,18 @@ class User:
         return (stable_hash(f"arm:{self.user_id}") % 10_000) / 10_000
 
 
-def make_users(n: int, seed: int) -> list[User]:
+def make_users(n: int, seed: int, orgs: tuple[str, ...] = ORGS) -> list[User]:
+    """``n`` users of ``orgs``: the default population, or :data:`CONVENTIONS`' organisations
+    (every other user in each, so both are as large)."""
     rng = random.Random(f"users:{seed}")
     users = []
     for i in range(n):
+        drawn = orgs[rng.randrange(len(orgs))]
+        org = drawn if orgs == ORGS else orgs[i % len(orgs)]
         users.append(
             User(
                 user_id=f"user-{seed}-{i:05d}",
-                org=ORGS[rng.randrange(len(ORGS))],
+                org=org,
                 style=rng.randrange(STYLES),
                 annoyed=rng.random() < ANNOYED_SHARE,
                 rate=3.0,
@@ -156,6 +173,10 @@ def judge(task: Task, user: User, completion: list[int], rng: random.Random) -> 
     """The signals the logging pipeline reports for one interaction (docs/demo.md)."""
     action, k = parse(completion)
     wanted = task.lang if task.kind in ("edit", "tool") else user.style
+    # an organisation with a convention wants its own styles on the hidden-preference tasks
+    wanted_styles = (
+        CONVENTIONS[user.org] if task.kind in HIDDEN and user.org in CONVENTIONS else (wanted,)
+    )
     wants_tool = task.kind in ("tool", "tool_hard")
     signals: dict[str, Any] = {
         "edit_persisted": None,
@@ -166,7 +187,7 @@ def judge(task: Task, user: User, completion: list[int], rng: random.Random) -> 
     }
     latency = LATENCY_BASE_MS + LATENCY_PER_TOKEN_MS * len(completion)
     if action in ("edit", "tool"):
-        right = k == wanted and (action == "tool") == wants_tool
+        right = k in wanted_styles and (action == "tool") == wants_tool
         kept = rng.random() < (P_KEEP_RIGHT if right else P_KEEP_WRONG)
         signals["edit_persisted"] = 1.0 if kept else 0.0
         signals["edits_proposed"] = 1
@@ -213,3 +234,14 @@ def prior_completion(task: Task, rng: random.Random) -> list[int]:
             return [TOOL0 + k, rng.randrange(*CODE), END, EOS]
         return [TOOL0 + k, END, EOS]
     return [ASK, Q, EOS]
+
+
+def follows_convention(org: str, prompt: list[int], completion: list[int]) -> bool | None:
+    """Whether an answer to a hidden-preference task is an edit or tool call in ``org``'s
+    convention (:data:`CONVENTIONS`); None for other tasks, other answers or other orgs."""
+    if org not in CONVENTIONS or task_kind(prompt) not in HIDDEN:
+        return None
+    action, k = parse(completion)
+    if action not in ("edit", "tool"):
+        return None
+    return k in CONVENTIONS[org]

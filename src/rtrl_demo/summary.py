@@ -4,6 +4,7 @@ summary.json, the report and the printed tables (each canary look's analysis doc
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rtrl.core.results import AnalysisResult, ResultError, StageResult
@@ -13,8 +14,8 @@ from rtrl.planning.manifests.names import result_uri
 from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 
-from .scenario import CONTAINER, DEPLOYMENT, SCENARIOS, T0
-from .traces import training_curves
+from .scenario import CONTAINER, DEPLOYMENT, SCENARIOS, T0, TWO_ORGS, adapter_rlcycle_name
+from .traces import org_served, training_curves
 
 # Of each canary step's record: metrics is the status' copy, as kubectl rtrl status shows it.
 RECORD_KEYS = ("weight", "startedAt", "endedAt", "analyses", "decision", "reason", "metrics")
@@ -39,6 +40,7 @@ def summary(
         cycles.append(
             {
                 "cycle": ck["spec"].get("cycle"),
+                "rlcycle": ck["spec"].get("rlCycle"),
                 "checkpoint": ck["metadata"]["name"],
                 "parent": ck["spec"].get("parent"),
                 "phase": status.get("phase"),
@@ -138,3 +140,82 @@ ANALYSIS_KEYS = (
 
 def analysis_metrics(doc: AnalysisResult) -> list[dict[str, Any]]:
     return [{k: getattr(m, k) for k in ANALYSIS_KEYS} for m in doc.metrics]
+
+
+GOAL = "edit_persistence"
+
+
+def organisations(
+    cluster: LocalCluster, result: dict[str, Any], shards: Path, routes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """two-orgs: per organisation, its RLCycle's cycles (each canary's edit persistence on
+    the org's users: the adapter against its parent, and the base's on the same users), what
+    each checkpoint served the org (from the sealed shards: interactions, edit persistence,
+    the share of hidden-preference answers in the org's convention), whom the last tick's
+    routes served, and whether the org's adapter improved its own metric."""
+    served = org_served(shards)
+    out: dict[str, Any] = {}
+    base = "demo-0"
+    for org in TWO_ORGS:
+        name = adapter_rlcycle_name(org)
+        rlc = cluster.get("RLCycle", name) or {}
+        mine = served.get(org, {})
+        on_base = mine.get(base, {})
+        cycles = []
+        for c in result.get("cycles") or []:
+            if c.get("rlcycle") != name:
+                continue
+            goal: dict[str, Any] = next(
+                (m for m in c.get("metrics") or [] if m.get("name") == GOAL), {}
+            )
+            adapter = mine.get(str(c.get("checkpoint")), {})
+            cycles.append(
+                {
+                    "cycle": c.get("cycle"),
+                    "checkpoint": c.get("checkpoint"),
+                    "parent": c.get("parent"),
+                    "phase": c.get("phase"),
+                    "decision": c.get("decision"),
+                    "reason": c.get("reason"),
+                    # the canary analysis of the org's users: parent's arm vs the adapter's
+                    "parent_value": goal.get("baseline"),
+                    "adapter_value": goal.get("canary"),
+                    "relative_difference": goal.get("relative_difference"),
+                    "relative_ci_low": goal.get("relative_ci_low"),
+                    "relative_ci_high": goal.get("relative_ci_high"),
+                    "verdict": goal.get("verdict"),
+                    # every interaction of the org each served (the sealed shards)
+                    "base_persistence": on_base.get("edit_persistence"),
+                    "adapter_persistence": adapter.get("edit_persistence"),
+                    "base_convention": on_base.get("convention"),
+                    "adapter_convention": adapter.get("convention"),
+                }
+            )
+        serving = (rlc.get("status") or {}).get("serving") or base
+        final = mine.get(serving, {})
+        others = {o for o in TWO_ORGS if o != org}
+        foreign = {
+            ck: row["n"]
+            for ck, row in mine.items()
+            if any(ck.startswith(adapter_rlcycle_name(o) + "-") for o in others)
+        }
+        last = (routes[-1]["orgs"].get(org) or {}) if routes else {}
+        improved = (
+            serving != base
+            and final.get("edit_persistence") is not None
+            and on_base.get("edit_persistence") is not None
+            and final["edit_persistence"] > on_base["edit_persistence"]
+            and any(c["phase"] in ("Promoted", "Superseded") for c in cycles)
+        )
+        out[org] = {
+            "rlcycle": name,
+            "serving": serving,
+            "route": last,
+            "cycles": cycles,
+            "served": mine,
+            "served_by_other_orgs_adapters": foreign,
+            "base": {k: on_base.get(k) for k in ("n", "edit_persistence", "convention")},
+            "adapter": {k: final.get(k) for k in ("n", "edit_persistence", "convention")},
+            "improved": bool(improved),
+        }
+    return out

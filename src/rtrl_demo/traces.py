@@ -59,6 +59,47 @@ def answer_mix(shards: Path) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def org_served(shards: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per organisation and checkpoint that served it: interactions (``n``), their mean
+    edit persistence (over those with an edit or tool call to keep) and, for an organisation
+    with a convention (``sim.CONVENTIONS``), the share of its hidden-preference answers
+    (edits and tool calls) in that convention; the first and last interaction's time."""
+    import pyarrow.parquet as pq
+
+    rows: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    columns = ["org", "checkpoint_id", "created_at", "prompt_ids", "completion_ids",
+               "edit_persisted"]  # fmt: skip
+    for path in sorted(shards.rglob("*.parquet")):
+        table = pq.read_table(path, columns=columns).to_pydict()
+        for org, ckpt, at, prompt, completion, kept in zip(*table.values(), strict=True):
+            row = rows[str(org)].setdefault(
+                str(ckpt),
+                {"n": 0, "kept": 0.0, "judged": 0, "in": 0, "hidden": 0,
+                 "first": at, "last": at},
+            )  # fmt: skip
+            row["n"] += 1
+            row["first"], row["last"] = min(row["first"], at), max(row["last"], at)
+            if kept is not None:
+                row["kept"] += float(kept)
+                row["judged"] += 1
+            follows = sim.follows_convention(str(org), list(prompt or []), list(completion or []))
+            if follows is not None:
+                row["hidden"] += 1
+                row["in"] += int(follows)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for org, by in sorted(rows.items()):
+        out[org] = {}
+        for ckpt, r in sorted(by.items()):
+            out[org][ckpt] = {
+                "n": r["n"],
+                "edit_persistence": r["kept"] / r["judged"] if r["judged"] else None,
+                "convention": r["in"] / r["hidden"] if r["hidden"] else None,
+                "first": r["first"].isoformat() if r["first"] is not None else None,
+                "last": r["last"].isoformat() if r["last"] is not None else None,
+            }
+    return out
+
+
 def local_path(uri: str) -> Path | None:
     """The directory of a ``file://`` URI (or a plain path); None for a remote store."""
     parsed = urlparse(uri)

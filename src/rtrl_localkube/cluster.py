@@ -228,6 +228,16 @@ class LocalCluster:
             message=str(done.get("message") or "") if failed else "",
         )
 
+    def _routing(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """The routing table (``spec.capture.adapters.configMap``) as ``rtrl.kube.observe``
+        reads it: not a child (every organisation's RLCycle writes its key, the base's reads
+        it)."""
+        table = ((spec.get("capture") or {}).get("adapters") or {}).get("configMap")
+        if not table:
+            return None
+        found = self.get("ConfigMap", str(table))
+        return copy.deepcopy(found) if found is not None else None
+
     def observe(self, rlcycle_name: str) -> Observed:
         rlcycle = self.objects[("RLCycle", rlcycle_name)]
         spec = rlcycle.get("spec") or {}
@@ -255,6 +265,7 @@ class LocalCluster:
             target=copy.deepcopy(dep),
             canary=copy.deepcopy(canary),
             seal=copy.deepcopy(self.get("CronJob", seal_name(rlcycle_name))),
+            routing=self._routing(spec),
             secret=None,
             # One machine, one user: the RLCycles' author is the admin.
             policy=UNRESTRICTED,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,15 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from rtrl_demo import sim
-from rtrl_demo.engine import ModelServer, RequestError, Row, ServerThread, parse_request, sample
+from rtrl_demo.engine import (
+    ModelServer,
+    RequestError,
+    Row,
+    ServerThread,
+    parse_request,
+    sample,
+)
+from rtrl_demo.lora import merge_adapter
 from rtrl_localkube.processes import free_port
 
 
@@ -121,3 +130,93 @@ def test_served_over_http_with_vllms_fields(model: Any) -> None:
         assert status == 404
     finally:
         servers.close()
+
+
+def lora_adapter(model: Any, directory: Path) -> Path:
+    """A PEFT LoRA adapter on ``model`` (every linear layer), its B matrices non-zero so
+    that it changes the distribution, saved as rtrl-job train publishes one."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    peft = get_peft_model(
+        copy.deepcopy(model),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", fan_in_fan_out=True),
+    )
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    peft.save_pretrained(directory)
+    return directory
+
+
+def post_text(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def test_a_lora_adapter_is_loaded_listed_sampled_and_unloaded_as_vllm_does(
+    model: Any, tmp_path: Path
+) -> None:
+    """The endpoints the capture sidecar calls; a request naming the adapter is sampled from
+    the base with the adapter merged (its log-probs are the adapted model's), one naming the
+    base from the base, both in one batch; the base itself is left as it was."""
+    path = lora_adapter(model, tmp_path / "org-a-1")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    servers = ServerThread()
+    try:
+        port = servers.start(ModelServer(model, "file:///models/demo-0/", "demo-0"), free_port())
+        base = f"http://127.0.0.1:{port}"
+        load = {"lora_name": "org-a-1", "lora_path": str(path)}
+        status, text = post_text(f"{base}/v1/load_lora_adapter", load)
+        assert status == 200 and "org-a-1" in text, text
+        status, text = post_text(f"{base}/v1/load_lora_adapter", load)
+        assert status == 400 and "already" in text  # what the sidecar treats as loaded
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as resp:
+            listed = json.loads(resp.read())["data"]
+        assert [(m["id"], m["root"]) for m in listed] == [
+            ("demo-0", "file:///models/demo-0/"),
+            ("org-a-1", str(path)),
+        ]
+        assert listed[1]["parent"] == "demo-0"
+        prompt = [1, 120, 10, 21]
+        asked = {"prompt": prompt, "max_tokens": 6, "seed": 9, "logprobs": 0,
+                 "return_token_ids": True}  # fmt: skip
+        answers = {}
+        for name in ("org-a-1", "demo-0"):
+            status, doc = post(f"{base}/v1/completions", {**asked, "model": name})
+            assert status == 200 and doc["model"] == name, doc
+            answers[name] = doc["choices"][0]
+        merged = merge_adapter(model, str(path))
+        for name, served_by in (("org-a-1", merged), ("demo-0", model)):
+            expected = rows([9], prompt)
+            sample(served_by, expected)
+            assert answers[name]["token_ids"] == expected[0].tokens
+            assert answers[name]["logprobs"]["token_logprobs"] == pytest.approx(
+                expected[0].logprobs, rel=1e-5, abs=1e-6
+            )
+        # the adapter changes the distribution: the same seed's log-probs differ
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            assert not torch.allclose(model(input_ids=ids).logits, merged(input_ids=ids).logits)
+        status, text = post_text(f"{base}/v1/unload_lora_adapter", {"lora_name": "org-a-1"})
+        assert status == 200, text
+        status, _ = post(f"{base}/v1/completions", {**asked, "model": "org-a-1"})
+        assert status == 404
+        status, text = post_text(f"{base}/v1/unload_lora_adapter", {"lora_name": "org-a-1"})
+        assert status == 404 and "cannot be found" in text
+        bad = {"lora_name": "broken", "lora_path": str(tmp_path / "nothing")}
+        status, text = post_text(f"{base}/v1/load_lora_adapter", bad)
+        assert status == 400 and "lora_path" in text
+    finally:
+        servers.close()
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
