@@ -133,11 +133,12 @@ def organisation_lines(orgs: dict[str, Any]) -> list[str]:
     for org, o in orgs.items():
         base, adapter = o.get("base") or {}, o.get("adapter") or {}
         verdict = "improved" if o.get("improved") else "not improved"
+        what = "one shared model" if o.get("shared") else "adapter"
         if o.get("serving") == "demo-0":
-            lines.append(f"  {org}: no adapter promoted: served by the base demo-0 ({verdict})")
+            lines.append(f"  {org}: no {what} promoted: served by the base demo-0 ({verdict})")
             continue
         lines.append(
-            f"  {org}: {o.get('serving')} (adapter) vs demo-0 (base) on {org}'s users: "
+            f"  {org}: {o.get('serving')} ({what}) vs demo-0 (base) on {org}'s users: "
             f"edit_persistence {_share(base.get('edit_persistence'))} -> "
             f"{_share(adapter.get('edit_persistence'))}, in {org}'s convention "
             f"{_share(base.get('convention'), 2)} -> {_share(adapter.get('convention'), 2)}: "

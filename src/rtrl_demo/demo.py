@@ -61,7 +61,7 @@ from .scenario import (
     deployment_manifest,
     rlcycle_manifests,
 )
-from .summary import organisations, summary
+from .summary import organisations, shared_model, summary
 from .traces import answer_mix
 
 
@@ -116,6 +116,8 @@ class Demo:
         # the canary's share of the users at each serving tick of the cycles
         self.weights: list[dict[str, Any]] = []
         self.two_orgs = args.scenario == "two-orgs"
+        # two-orgs-shared: the same two organisations' users, one shared model, no adapter
+        self.org_users = args.scenario.startswith("two-orgs")
         # the RLCycles the planning core reconciles, the base's first; those whose cycles
         # the demo counts (two-orgs: the organisations'; the base's is suspended)
         self.names = [NAME, *(adapter_rlcycle_name(o) for o in TWO_ORGS if self.two_orgs)]
@@ -197,8 +199,9 @@ class Demo:
             f"--seed={self.args.seed * 100_003 + self.serve_calls}",
             f"--population-seed={self.args.seed}", f"--work={self.work / 'deployment'}",
         ]  # fmt: skip
-        if self.two_orgs:
+        if self.org_users:
             argv.append(f"--orgs={','.join(TWO_ORGS)}")
+        if self.two_orgs:
             target = self.cluster.get("Deployment", DEPLOYMENT) or {}
             self.routes.append({
                 "at": iso(self.cluster.now),
@@ -360,6 +363,8 @@ class Demo:
             result["organisations"] = organisations(
                 self.cluster, result, self.root / "interactions", self.routes
             )
+        elif self.org_users:
+            result["organisations"] = shared_model(self.cluster, self.root / "interactions")
         result["head_to_head"] = head_to_head
         result["canary_weights"] = self.weights
         if self.two_orgs:

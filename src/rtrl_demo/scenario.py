@@ -46,6 +46,8 @@ SCENARIOS = {
     "clarify-dodge": "asking a clarifying question costs nothing (askedClarification: 0)",
     "two-orgs": "two organisations whose users keep opposite conventions share one base; "
     "each learns its own LoRA adapter (the base's RLCycle suspended)",
+    "two-orgs-shared": "the users of two-orgs with one shared model retrained on everyone's "
+    "rows and no adapter: what a single model learns of two opposite conventions",
 }
 # Scenario two-orgs: the organisations (rtrl_demo.sim.CONVENTIONS), each with an adapter
 # RLCycle <NAME>-<org> writing its key of the routing ConfigMap the base's sidecar follows.
@@ -63,7 +65,7 @@ def rlcycle_manifests(store: str, scenario: str, users: int) -> list[dict[str, A
     the base serving everyone, injects the sidecar following the routing table, and runs
     the seal), and one adapter RLCycle per organisation."""
     base = rlcycle_manifest(store, scenario, users)
-    if scenario != "two-orgs":
+    if scenario != "two-orgs":  # (two-orgs-shared: the base's RLCycle alone, cycling)
         return [base]
     base["spec"]["suspend"] = True
     base["spec"]["capture"]["adapters"] = {"configMap": ROUTING}

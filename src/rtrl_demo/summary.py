@@ -14,7 +14,15 @@ from rtrl.planning.manifests.names import result_uri
 from rtrl.planning.timeutil import iso
 from rtrl_localkube.cluster import LocalCluster
 
-from .scenario import CONTAINER, DEPLOYMENT, SCENARIOS, T0, TWO_ORGS, adapter_rlcycle_name
+from .scenario import (
+    CONTAINER,
+    DEPLOYMENT,
+    NAME,
+    SCENARIOS,
+    T0,
+    TWO_ORGS,
+    adapter_rlcycle_name,
+)
 from .traces import org_served, training_curves
 
 # Of each canary step's record: metrics is the status' copy, as kubectl rtrl status shows it.
@@ -217,5 +225,37 @@ def organisations(
             "base": {k: on_base.get(k) for k in ("n", "edit_persistence", "convention")},
             "adapter": {k: final.get(k) for k in ("n", "edit_persistence", "convention")},
             "improved": bool(improved),
+        }
+    return out
+
+
+def shared_model(cluster: Any, shards: Path) -> dict[str, Any]:
+    """two-orgs-shared: per organisation, the one shared model the base's RLCycle serves
+    after its cycles against the base, on that organisation's users (every interaction
+    each served it): what a single model learns of two opposite conventions."""
+    served = org_served(shards)
+    rlc = cluster.get("RLCycle", NAME) or {}
+    serving = (rlc.get("status") or {}).get("serving") or "demo-0"
+    out: dict[str, Any] = {}
+    for org in TWO_ORGS:
+        mine = served.get(org, {})
+        on_base, final = mine.get("demo-0", {}), mine.get(serving, {})
+        keys = ("n", "edit_persistence", "convention")
+        before, after = on_base.get("convention"), final.get("convention")
+        out[org] = {
+            "rlcycle": NAME,
+            "shared": True,
+            "serving": serving,
+            "route": {},
+            "cycles": [],
+            "served": mine,
+            "served_by_other_orgs_adapters": {},
+            "base": {k: on_base.get(k) for k in keys},
+            "adapter": {k: final.get(k) for k in keys},
+            # its own convention followed more than under the base (by 0.05)
+            "improved": serving != "demo-0"
+            and before is not None
+            and after is not None
+            and after > before + 0.05,
         }
     return out

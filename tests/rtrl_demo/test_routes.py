@@ -96,3 +96,11 @@ def test_two_orgs_plans_a_suspended_base_that_follows_the_table_and_one_cycle_pe
     for name in names:  # the organisations' RLCycles write it, the base's reads it
         assert (cluster.observe(name).routing or {})["data"] == {"demo-org-b.yaml": ROUTE_B}
     assert routes_into_pods(cluster, tmp_path / "deployment") == {"org-b": {"weight": 0}}
+
+
+def test_two_orgs_shared_is_the_bases_rlcycle_alone_cycling_with_no_adapter() -> None:
+    (base,) = rlcycle_manifests("file:///tmp/store/", "two-orgs-shared", 1000)
+    spec = base["spec"]
+    assert not spec.get("suspend") and "adapter" not in spec
+    assert "adapters" not in (spec.get("capture") or {})
+    assert "population" not in spec["data"]  # everyone's rows: one model for both orgs
