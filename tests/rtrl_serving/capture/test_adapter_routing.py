@@ -2,8 +2,12 @@
 each organisation's requests sent to its own by the real ``rtrl-capture``.
 
 The base is the engine's tiny model (tests/vllm_engine.py starts the engine with LoRA on).
-c1 is an adapter of one organisation trained on it by the real train step; c2 another of
-the same base (c1's update reversed, with c1's lineage). Then:
+c1 is org-a's adapter, made by the real steps from what the engine served: org-a's and
+org-b's users ask through the real sidecar, their feedback follows, ``rtrl-job seal`` joins
+them into shards, ``rtrl-job stage`` keeps org-a's rows alone (``data.population``; its
+fidelity gate recomputes the engine's log-probs) and ``rtrl-job train`` trains the adapter
+on them. c2 is another of the same base (c1's update reversed, with c1's lineage), b1
+org-b's. Then:
 
 - loaded into the running engine (``POST /v1/load_lora_adapter``), an adapter samples with
   the log-probs of PEFT's forward of base + adapter (float32, within 1e-4: the importance
@@ -34,6 +38,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,6 @@ from tests.rtrl_serving.capture.events_store import wait_for_events
 from tests.rtrl_serving.capture.http import post
 from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
 from tests.rtrl_trainer.train.test_train_adapter import LEARNING, SHAPE
-from tests.rtrl_trainer.trainset import pattern_rows, write_trainset
 from tests.vllm_engine import VllmEngine
 
 FLOAT32_TOLERANCE = 1e-4
@@ -97,10 +101,13 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
     }
     store.commit("models/served", files, {"kind": "checkpoint"})
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    write_trainset(store, "runs/c1/stage", [pattern_rows(base, 48)], tmp)
     env = dict(os.environ, RTRL_SCRATCH=str(tmp / "scratch"))
     keys = ("models/served", "runs/c1/stage", "a/c1", "a/c2", "b/b1")
     uri = {k: (root / k).as_uri() + "/" for k in keys}
+    staged = _stage_org_a(vllm_engine, tmp, uri["models/served"], uri["runs/c1/stage"])
+    assert staged["interactions_used"] == ORG_A_ASKS, staged  # org-b's rows: none
+    gate = staged["fidelity"]  # the engine's log-probs, recomputed from the served base
+    assert gate["checked"] and gate["partitions_quarantined"] == 0, gate
     _train(env, uri["models/served"], uri["runs/c1/stage"], uri["a/c1"], *QUICK, *SHAPE)
     _another_adapter(store, "a/c1", "a/c2", scale=-1.0)
     _another_adapter(store, "a/c1", "b/b1", scale=2.0)
@@ -125,6 +132,53 @@ def trained(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -
         for ref, key in ((c1, "a/c1"), (c2, "a/c2"), (b1, "b/b1"))
     }
     return Trained(root, base, c1, c2, b1, models)
+
+
+ORG_A_ASKS, ORG_B_ASKS = 36, 16  # org-a: 12 users x 3; org-b: 8 users x 2
+
+
+def _stage_org_a(engine: VllmEngine, tmp: Path, base_uri: str, out: str) -> dict[str, Any]:
+    """org-a's training set, from what the engine served: both organisations' users ask
+    through a sidecar (no routes yet: the base serves all), each answer's edit is kept when
+    its first token is even (the users' feedback), the seal joins them, and the stage keeps
+    org-a's rows alone; its stage.json."""
+    import pyarrow.parquet as pq
+
+    from rtrl.core.store.local import LocalStore
+    from rtrl_trainer.cli import main
+    from tests.rtrl_trainer.seal.events import feedback, write_events
+
+    events, shards = LocalStore(tmp / "events"), LocalStore(tmp / "shards")
+    cap = start_capture(engine.root_url, events.uri, tmp / "capture-spool", dict(os.environ),
+                        model_uri=engine.model_uri, extra=["--segment-age-s", "0.3"])  # fmt: skip
+    for org, users, rounds in (("org-a", 12, 3), ("org-b", 8, 2)):
+        for _ in range(rounds):
+            for i in range(users):
+                _ask(cap, org, f"{org}-user-{i}")
+    assert cap.stop() == 0  # drained: every event shipped
+    served = [row for path in sorted((tmp / "events").rglob("*.parquet"))
+              for row in pq.read_table(path).to_pylist()]  # fmt: skip
+    assert sorted(r["org"] for r in served) == ["org-a"] * ORG_A_ASKS + ["org-b"] * ORG_B_ASKS
+    for seq, row in enumerate(served):
+        seen = row["created_at"] + timedelta(minutes=1)
+        kept = 1.0 if row["completion_ids"][0] % 2 == 0 else 0.0
+        write_events(events, "feedback", seen.replace(minute=0, second=0, microsecond=0),
+                     [feedback(row["interaction_id"], "edit_persisted", kept, seen)],
+                     writer="feedback-0", seq=seq)  # fmt: skip
+    final = max(r["created_at"] for r in served) + timedelta(hours=4)
+    assert main(["seal", "--events", events.uri, "--shards", shards.uri,
+                 "--now", final.isoformat()]) == 0  # fmt: skip
+    (tmp / "stage-work").mkdir()
+    config = tmp / "rlcycle.yaml"
+    config.write_text(json.dumps({"data": {"shards": shards.uri, "population": {"orgs": ["org-a"]}},
+                                  "reward": {"editPersisted": 1.0}}))  # fmt: skip
+    code = main(["stage", "--checkpoint", "ckpt-1", "--out", out, "--parent", base_uri,
+                 "--config", str(config), "--now", final.isoformat(), "--sealed",
+                 "--min-interactions", "1", "--min-tokens", "1", "--heldout-fraction", "0",
+                 "--work-dir", str(tmp / "stage-work")])  # fmt: skip
+    doc: dict[str, Any] = json.loads((Path(out.removeprefix("file://")) / "stage.json").read_text())
+    assert code == 0, doc
+    return doc
 
 
 def _another_adapter(store: Any, key: str, out: str, *, scale: float) -> None:
