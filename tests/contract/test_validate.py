@@ -47,6 +47,15 @@ def test_examples_are_valid() -> None:
     assert "Deployment/composer-vllm skipped (not rtrl.io)" in out.stdout
 
 
+def test_the_adapter_examples_are_valid() -> None:
+    """examples/adapters/ (not applied with examples/: its RLCycle needs an engine with LoRA
+    and a base RLCycle whose sidecar follows the routing table, docs/adapters.md)."""
+    paths = sorted((REPO / "examples" / "adapters").glob("*.yaml"))
+    out = _rtrl_validate(*(p.relative_to(REPO) for p in paths))
+    assert paths and out.returncode == 0, out.stdout + out.stderr
+    assert "RLCycle/composer-acme valid" in out.stdout
+
+
 def test_there_are_at_least_twelve_invalid_examples() -> None:
     assert len(INVALID) >= 12
 
