@@ -28,6 +28,7 @@ one; buckets below the weight get the canary. A request with no unit never gets 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -160,8 +161,10 @@ class AdapterRouter:
                     log.exception("refreshing the adapter routing table failed")
                 await asyncio.sleep(POLL_S)
         finally:
-            if watching is not None:
+            if watching is not None:  # its session closed before the sidecar's loop ends
                 watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
 
     async def refresh(self, session: aiohttp.ClientSession) -> bool:
         """Apply the table if any of its files changed (or a refused one is due again);
