@@ -14,9 +14,9 @@ decision is recorded in the step's entry of ``status.rollout``:
   ``spec.pin``, the annotation ``rtrl.io/rollback``, or a record of ``status.rollout`` this
   rtrl cannot read (:mod:`.records`); ``rtrl.io/promote`` promotes by hand.
 
-A decision is written into the Checkpoint's status before it is carried out, so a restarted
-operator finishes what was decided instead of deciding again.
-"""
+An adapter RLCycle's canary workload, promotion and rollback are its organisation's route
+(:mod:`.adapter_routes`). A decision is written into the Checkpoint's status before it is
+carried out, so a restarted operator finishes what was decided instead of deciding again."""
 
 from __future__ import annotations
 
