@@ -61,7 +61,7 @@ from .scenario import (
     deployment_manifest,
     rlcycle_manifests,
 )
-from .summary import organisations, shared_model, summary
+from .summary import by_org, summary
 from .traces import answer_mix
 
 
@@ -115,9 +115,8 @@ class Demo:
         self.sealed_through: datetime | None = None  # the last hour the seal found final
         # the canary's share of the users at each serving tick of the cycles
         self.weights: list[dict[str, Any]] = []
-        self.two_orgs = args.scenario == "two-orgs"
-        # two-orgs-shared: the same two organisations' users, one shared model, no adapter
-        self.org_users = args.scenario.startswith("two-orgs")
+        # two-orgs: an adapter per organisation; -shared: their users, one model, no adapter
+        self.two_orgs, self.org_users = args.scenario == "two-orgs", args.scenario[:8] == "two-orgs"
         # the RLCycles the planning core reconciles, the base's first; those whose cycles
         # the demo counts (two-orgs: the organisations'; the base's is suspended)
         self.names = [NAME, *(adapter_rlcycle_name(o) for o in TWO_ORGS if self.two_orgs)]
@@ -359,16 +358,10 @@ class Demo:
         result = summary(
             self.cluster, self.owned(), self.args, self.timings, time.monotonic() - started
         )
-        if self.two_orgs:
-            result["organisations"] = organisations(
-                self.cluster, result, self.root / "interactions", self.routes
-            )
-        elif self.org_users:
-            result["organisations"] = shared_model(self.cluster, self.root / "interactions")
-        result["head_to_head"] = head_to_head
-        result["canary_weights"] = self.weights
-        if self.two_orgs:
-            result["routes"] = self.routes
+        if self.org_users:  # each organisation: its adapter (or the one shared model)
+            result.update(by_org(self.cluster, result, self.root / "interactions",
+                                 self.routes if self.two_orgs else None))  # fmt: skip
+        result.update(head_to_head=head_to_head, canary_weights=self.weights)
         result["answer_mix"] = answer_mix(self.root / "interactions")
         spec = (self.cluster.get("RLCycle", NAME) or {}).get("spec") or {}
         result["gates"] = (spec.get("eval") or {}).get("gates") or []

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rtrl.core.api.checkpoint import CheckpointPhase
 from rtrl.core.results import AnalysisResult, ResultError, StageResult
 from rtrl.core.store import read_committed_json
 from rtrl.planning.manifests.canary import CHECKPOINT_ID_ENV, env_value
@@ -213,7 +214,9 @@ def organisations(
             and final.get("edit_persistence") is not None
             and on_base.get("edit_persistence") is not None
             and final["edit_persistence"] > on_base["edit_persistence"]
-            and any(c["phase"] in ("Promoted", "Superseded") for c in cycles)
+            and any(
+                c["phase"] in (CheckpointPhase.PROMOTED, CheckpointPhase.SUPERSEDED) for c in cycles
+            )
         )
         out[org] = {
             "rlcycle": name,
@@ -259,3 +262,13 @@ def shared_model(cluster: Any, shards: Path) -> dict[str, Any]:
             and after > before + 0.05,
         }
     return out
+
+
+def by_org(
+    cluster: Any, result: dict[str, Any], shards: Path, routes: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The summary's per-organisation part: with ``routes`` (two-orgs) each organisation's
+    adapter and the routes each tick served; without (two-orgs-shared) the shared model."""
+    if routes is None:
+        return {"organisations": shared_model(cluster, shards)}
+    return {"organisations": organisations(cluster, result, shards, routes), "routes": routes}
