@@ -56,14 +56,8 @@ def is_adapter(ck: dict[str, Any] | None) -> bool:
 def own_route(r: Round) -> OrgRoute | None:
     """This RLCycle's org's route as the table holds it; None when it holds none (or a
     route that does not parse: the next write replaces it)."""
-    data = ((r.obs.routing or {}).get("data") or {}).get(entry_key(r))
-    if not data:
-        return None
-    try:
-        table = AdapterRouting.model_validate(json.loads(data))
-    except (ValueError, ValidationError):
-        return None
-    return table.orgs.get(r.spec.adapter_org() or "")
+    data = (r.obs.routing or {}).get("data") or {}
+    return _route_in(data, entry_key(r), r.spec.adapter_org() or "")
 
 
 def ref(ck: dict[str, Any]) -> AdapterRef:
@@ -211,15 +205,8 @@ def taken_route(r: Round) -> tuple[str, str]:
             "must not make it write into any ConfigMap); label it, or name a ConfigMap that "
             "does not exist yet (the operator creates it, labelled)",
         )
-    data = r.obs.routing.get("data") or {}
-    for key in sorted(data):
-        if key == entry_key(r):
-            continue
-        try:
-            doc = load(str(data[key])) or {}
-        except (ValueError, yaml.YAMLError):
-            continue
-        if isinstance(doc, dict) and org in (doc.get("orgs") or {}):
+    for key, orgs in _orgs_by_key(r).items():
+        if key != entry_key(r) and org in orgs:
             return (
                 Reason.ADAPTER_ROUTE_TAKEN,
                 f"data.population.orgs: organisation {org} is routed by key {key} of "
@@ -327,14 +314,25 @@ def give_back(r: Round) -> None:
 def routed_orgs(r: Round) -> list[str]:
     """Organisations the routing table sends to an adapter (any key): the base's canary
     does not serve them alike in both arms, so its analysis leaves them out."""
-    found: set[str] = set()
-    for text in ((r.obs.routing or {}).get("data") or {}).values():
+    found = {
+        org
+        for orgs in _orgs_by_key(r).values()
+        for org, route in orgs.items()
+        if isinstance(route, dict) and (route.get("stable") or route.get("canary"))
+    }
+    return sorted(found)
+
+
+def _orgs_by_key(r: Round) -> dict[str, dict[str, Any]]:
+    """Each key of the routing table and the ``orgs`` it routes, as written (YAML or JSON,
+    by rtrl or by hand); a key that does not parse routes nothing here (the sidecars refuse
+    it, naming it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, text in sorted(((r.obs.routing or {}).get("data") or {}).items()):
         try:
             doc = load(str(text)) or {}
         except (ValueError, yaml.YAMLError):
             continue
         orgs = doc.get("orgs") if isinstance(doc, dict) else None
-        for org, route in (orgs if isinstance(orgs, dict) else {}).items():
-            if isinstance(route, dict) and (route.get("stable") or route.get("canary")):
-                found.add(str(org))
-    return sorted(found)
+        out[str(key)] = {str(k): v for k, v in orgs.items()} if isinstance(orgs, dict) else {}
+    return out

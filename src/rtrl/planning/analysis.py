@@ -20,7 +20,7 @@ from .manifests.names import step_out
 from .reading import meta, step_jobs
 from .records import Record
 from .round import Round
-from .timeutil import iso
+from .timeutil import iso, parse_time
 
 
 def forget_analyses(r: Round, ck: dict[str, Any], judged: int) -> None:
@@ -145,16 +145,13 @@ def hours_to_decide(r: Round, ck: dict[str, Any]) -> tuple[float, float] | None:
     maturity an interaction waits before it counts. None when the stage says too little
     to tell (no span, no interactions)."""
     data = (ck.get("status") or {}).get("data") or {}
-    interactions, until = int(data.get("interactions") or 0), data.get("until")
-    since = data.get("since")
-    if not interactions or not until:
+    interactions = int(data.get("interactions") or 0)
+    end, start = parse_time(data.get("until")), parse_time(data.get("since"))
+    if not interactions or end is None:
         return None
-    end = datetime.fromisoformat(str(until).replace("Z", "+00:00"))
-    if since:
-        start = datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-    elif r.spec.data.window:
+    if start is None and r.spec.data.window:
         start = end - timedelta(seconds=parse_duration(r.spec.data.window))
-    else:
+    if start is None:
         return None
     span_h = (end - start).total_seconds() / 3600
     if span_h <= 0:
