@@ -6,6 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 CPU_OPS := $(VENV)/torch_extensions/deepspeed_shm_comm/rtrl-build.json
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: much of the suite waits on servers and subprocesses, so two
+# workers on two cores take about 0.6x the time of one. Each module runs on one worker (its
+# module fixtures start once), and so do all tests of the session's one vLLM engine
+# (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
@@ -140,7 +145,7 @@ browser:
 	|| { $$SUDO apt-get update -q >/dev/null && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
 test: install $(VLLM_STAMP) tools controlplane browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: install
 	$(BIN)/rtrl demo $(DEMO_ARGS)

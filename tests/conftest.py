@@ -28,6 +28,17 @@ BIN = Path(sys.executable).parent
 os.environ.setdefault(*next(iter(OPEN_POLICY_ENV.items())))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Where the workers of ``make test`` (pytest-xdist, ``--dist loadgroup``) run each test:
+    a module's tests on one worker, so its module-scoped fixtures (a demo run, a moto server)
+    start once; and every test of the session's vLLM engine on one worker, so the engine
+    starts once. Without xdist the marker is inert."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        group = "vllm-engine" if "vllm_engine" in fixtures else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
