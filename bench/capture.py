@@ -30,6 +30,8 @@ Goal (issue 30): <= 2 ms added at p50, <= 5% throughput lost.
 
     .venv/bin/python bench/capture.py --start-engine [--levels 16,64] [--rounds 5]
         [--tokens 32] [--placements pinned,shared] [--engine-cpus 0] [--json]
+    .venv/bin/python bench/capture.py --start-engine --levels 64 --tokens-spread 16
+        # a closed loop whose streams end apart: lengths of 16-48 tokens
     .venv/bin/python bench/capture.py --start-engine --levels "" --rates 50,150
         # open loop: Poisson arrivals at 50 and 150 requests/s, --rate-seconds 4 a round
     .venv/bin/python bench/capture.py --engine http://127.0.0.1:8000 --engine-pid PID ...
@@ -230,10 +232,20 @@ class Tree:
 # No per-request seed: vLLM 0.32 on CPU kills its engine core when a seeded request's step is
 # discarded under chunked prefill ("CPU Generator does not use offset"), which 64 concurrent
 # streams reach.
+def length(number: int, tokens: int, spread: int) -> int:
+    """Request ``number``'s completion length: ``tokens``, or with ``--tokens-spread`` drawn
+    from tokens +- spread by the request's number (the same in every path), so that a closed
+    loop's streams end at different times, as agents' requests do."""
+    if spread <= 0:
+        return tokens
+    return random.Random(number).randint(max(1, tokens - spread), tokens + spread)
+
+
 async def _one(session: aiohttp.ClientSession, base: str, number: int, tokens: int,
-               extra: dict[str, Any]) -> float:  # fmt: skip
+               extra: dict[str, Any], *, spread: int = 0) -> float:  # fmt: skip
     body = {
-        "model": "tiny", "stream": True, "max_tokens": tokens, "ignore_eos": True,
+        "model": "tiny", "stream": True, "max_tokens": length(number, tokens, spread),
+        "ignore_eos": True,
         "messages": [{"role": "user", "content": f"Write function {number}."}],
         **extra,
     }  # fmt: skip
@@ -248,7 +260,14 @@ async def _one(session: aiohttp.ClientSession, base: str, number: int, tokens: i
 
 
 async def _round(
-    base: str, load: Load, requests: int, tokens: int, *, first: int, extra: dict[str, Any]
+    base: str,
+    load: Load,
+    requests: int,
+    tokens: int,
+    *,
+    first: int,
+    extra: dict[str, Any],
+    spread: int = 0,
 ) -> tuple[list[float], float]:
     """``requests`` requests, ``load.streams`` in flight or arriving at ``load.rate``;
     latencies and wall seconds."""
@@ -262,7 +281,9 @@ async def _round(
             for number in range(first, first + requests):
                 due += gaps.expovariate(load.rate)
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                sent.append(asyncio.create_task(_one(session, base, number, tokens, extra)))
+                sent.append(
+                    asyncio.create_task(_one(session, base, number, tokens, extra, spread=spread))
+                )
             done = await asyncio.gather(*sent)
             return list(done), time.perf_counter() - started
         queue = iter(range(first, first + requests))
@@ -270,7 +291,7 @@ async def _round(
 
         async def worker() -> None:
             for number in queue:
-                latencies.append(await _one(session, base, number, tokens, extra))
+                latencies.append(await _one(session, base, number, tokens, extra, spread=spread))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(load.streams)))
@@ -336,7 +357,7 @@ def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict
 def measure(
     engine: str, proxy: str, procs: Processes, levels: list[Load], *,
     where: list[Placement], paths: list[str], rounds: int, tokens: int, per_stream: int,
-    seconds: float,
+    seconds: float, spread: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
     """Per level: ``rounds`` rounds of every placement and path in turn; the rows, and how
     many requests the proxy served."""
@@ -351,7 +372,9 @@ def measure(
             for name in paths:
                 via_proxy, extra = PATHS[name]
                 base = proxy if via_proxy else engine
-                asyncio.run(_round(base, load, warm, tokens, first=10**6, extra=extra))
+                asyncio.run(
+                    _round(base, load, warm, tokens, first=10**6, extra=extra, spread=spread)
+                )
                 proxied += warm if via_proxy else 0
         per_round = {(p.name, n): [] for p in where for n in paths}  # type: ignore[var-annotated]
         loads = []
@@ -363,7 +386,11 @@ def measure(
                     base = proxy if via_proxy else engine
                     before = procs.cpu()
                     lat, wall = asyncio.run(
-                        _round(base, load, requests, tokens, first=number, extra=extra)
+                        _round(base, load, requests, tokens, first=number, extra=extra,
+                               spread=spread)
+                    )  # fmt: skip
+                    served = sum(
+                        length(n, tokens, spread) for n in range(number, number + requests)
                     )
                     after = procs.cpu()
                     number += requests
@@ -371,7 +398,7 @@ def measure(
                     cpu = [1000 * (b - a) / requests for a, b in zip(before, after, strict=True)]
                     per_round[placement.name, name].append({
                         "p50": 1000 * statistics.median(lat), "p99": 1000 * _pct(lat, 0.99),
-                        "tps": requests * tokens / wall, "engine_cpu_ms": cpu[0],
+                        "tps": served / wall, "engine_cpu_ms": cpu[0],
                         "engine_core_cpu_ms": cpu[1], "proxy_cpu_ms": cpu[2],
                         "client_cpu_ms": cpu[3],
                     })  # fmt: skip
@@ -382,6 +409,7 @@ def measure(
                 "sidecar_cpus": sorted(placement.sidecar), "concurrency": load.streams or None,
                 "rate": load.rate, "load": load.label,
                 "rounds": rounds, "requests_per_round": requests, "tokens": tokens,
+                "tokens_spread": spread,
                 "loadavg_1m": [min(loads), statistics.median(loads), max(loads)],
             }  # fmt: skip
             runs = {n: per_round[placement.name, n] for n in paths}
@@ -432,6 +460,12 @@ def main() -> int:
                         help="open loop: seconds of arrivals per round")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument(
+        "--tokens-spread",
+        type=int,
+        default=0,
+        help="each request's length drawn from tokens +- this",
+    )
     parser.add_argument("--requests-per-stream", type=int, default=3,
                         help="requests per round: this many times the streams")  # fmt: skip
     parser.add_argument("--placements", default="pinned,shared")
@@ -467,7 +501,8 @@ def main() -> int:
             rows, proxied = measure(engine, proxy, procs, levels, where=where, paths=paths,
                                     rounds=args.rounds, tokens=args.tokens,
                                     per_stream=args.requests_per_stream,
-                                    seconds=args.rate_seconds)  # fmt: skip
+                                    seconds=args.rate_seconds,
+                                    spread=args.tokens_spread)  # fmt: skip
         finally:
             with contextlib.suppress(psutil.Error):
                 procs.engine.pin(every)  # a running engine (--engine) gets every CPU back
