@@ -5,7 +5,9 @@ Paths (streamed chat completions of ``--tokens`` tokens each, ``ignore_eos`` so 
 that length), all served by one engine started once: the engine directly (``direct``); the
 engine directly with what the proxy adds to each request, in part (``direct+logprobs``,
 ``direct+token_ids``) and whole (``direct+fields``): the engine's share of the cost of
-capture; and the proxy (``proxy``). The fields are taken from the proxy's own rewrite
+capture; nginx as a bare relay in front of the engine, the client asking for the fields
+itself (``relay+fields``, where nginx is installed: what any hop in the request's path
+costs); and the proxy (``proxy``). The fields are taken from the proxy's own rewrite
 (:func:`rtrl_serving.capture.rewrite.rewrite`), so the bench follows what the proxy asks.
 
 Placements (``--placements``): ``pinned`` is a pod's layout: the engine (every thread of its
@@ -47,6 +49,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -149,14 +152,64 @@ def _added_fields() -> dict[str, Any]:
     return {k: v for k, v in json.loads(rw.body).items() if k not in plain}
 
 
+NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {work}/nginx-body;
+    proxy_temp_path {work}/nginx-proxy;
+    fastcgi_temp_path {work}/nginx-fastcgi;
+    uwsgi_temp_path {work}/nginx-uwsgi;
+    scgi_temp_path {work}/nginx-scgi;
+    upstream engine {{ server {engine}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def start_relay(engine: str, workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """nginx as a bare relay in front of the engine (one process, streaming unbuffered,
+    keep-alive to the engine): what any hop in front of the engine costs, the strongest
+    baseline for a sidecar that must sit in the request's path."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        raise SystemExit("--paths relay+fields needs nginx (Debian: apt-get install nginx-light)")
+    port = _free_port()
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(work=workdir, engine=engine.split("//", 1)[1], port=port))
+    log = (workdir / "nginx.log").open("wb")
+    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(workdir)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    _wait(f"{url}/health", 60, proc)
+    return url, proc
+
+
 FIELDS = _added_fields()
-# name: (through the proxy, the fields the client adds)
-PATHS: dict[str, tuple[bool, dict[str, Any]]] = {
-    "direct": (False, {}),
-    "direct+logprobs": (False, {k: v for k, v in FIELDS.items() if k == "logprobs"}),
-    "direct+token_ids": (False, {k: v for k, v in FIELDS.items() if k == "return_token_ids"}),
-    "direct+fields": (False, FIELDS),
-    "proxy": (True, {}),
+# name: (where the client sends it: the engine, the capture proxy or the relay; the fields
+# the client adds)
+PATHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "direct": ("engine", {}),
+    "direct+logprobs": ("engine", {k: v for k, v in FIELDS.items() if k == "logprobs"}),
+    "direct+token_ids": ("engine", {k: v for k, v in FIELDS.items() if k == "return_token_ids"}),
+    "direct+fields": ("engine", FIELDS),
+    "relay+fields": ("relay", FIELDS),
+    "proxy": ("proxy", {}),
 }
 
 
@@ -328,11 +381,14 @@ class Processes:
     engine: Tree
     proxy: Tree
     client: Tree  # this process alone (the proxy is its child): the load generator
+    relay: Tree | None = None
 
     def place(self, placement: Placement) -> None:
         self.engine.pin(placement.engine)
         self.proxy.pin(placement.sidecar)
         self.client.pin(placement.sidecar)
+        if self.relay is not None:
+            self.relay.pin(placement.sidecar)
 
     def cpu(self) -> tuple[float, float, float, float]:
         """CPU seconds: the engine, of which its core (vLLM's ``VLLM::EngineCore`` and
@@ -340,7 +396,8 @@ class Processes:
         API server: requests, detokenizing, building and writing responses), the proxy, the
         load generator."""
         engine = self.engine.cpu()
-        return engine, self.engine.cpu(ENGINE_CORE), self.proxy.cpu(), self.client.cpu()
+        sidecar = self.proxy.cpu() + (self.relay.cpu() if self.relay is not None else 0.0)
+        return engine, self.engine.cpu(ENGINE_CORE), sidecar, self.client.cpu()
 
 
 def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict[str, Any]:
@@ -355,7 +412,7 @@ def _ratios(base: list[dict[str, float]], other: list[dict[str, float]]) -> dict
 
 
 def measure(
-    engine: str, proxy: str, procs: Processes, levels: list[Load], *,
+    bases: dict[str, str], procs: Processes, levels: list[Load], *,
     where: list[Placement], paths: list[str], rounds: int, tokens: int, per_stream: int,
     seconds: float, spread: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
@@ -370,20 +427,20 @@ def measure(
         for placement in where:  # warm-up, and the placement's threads settled
             procs.place(placement)
             for name in paths:
-                via_proxy, extra = PATHS[name]
-                base = proxy if via_proxy else engine
+                target, extra = PATHS[name]
+                base = bases[target]
                 asyncio.run(
                     _round(base, load, warm, tokens, first=10**6, extra=extra, spread=spread)
                 )
-                proxied += warm if via_proxy else 0
+                proxied += warm if target == "proxy" else 0
         per_round = {(p.name, n): [] for p in where for n in paths}  # type: ignore[var-annotated]
         loads = []
         for _ in range(rounds):
             for placement in where:
                 procs.place(placement)
                 for name in paths:
-                    via_proxy, extra = PATHS[name]
-                    base = proxy if via_proxy else engine
+                    target, extra = PATHS[name]
+                    base = bases[target]
                     before = procs.cpu()
                     lat, wall = asyncio.run(
                         _round(base, load, requests, tokens, first=number, extra=extra,
@@ -394,7 +451,7 @@ def measure(
                     )
                     after = procs.cpu()
                     number += requests
-                    proxied += requests if via_proxy else 0
+                    proxied += requests if target == "proxy" else 0
                     cpu = [1000 * (b - a) / requests for a, b in zip(before, after, strict=True)]
                     per_round[placement.name, name].append({
                         "p50": 1000 * statistics.median(lat), "p99": 1000 * _pct(lat, 0.99),
@@ -419,6 +476,10 @@ def measure(
                     row[name]["vs direct"] = _ratios(runs["direct"], runs[name])
             if "proxy" in runs and "direct+fields" in runs:
                 row["proxy vs direct+fields"] = _ratios(runs["direct+fields"], runs["proxy"])
+            if "relay+fields" in runs and "direct+fields" in runs:
+                row["relay vs direct+fields"] = _ratios(runs["direct+fields"], runs["relay+fields"])
+            if "proxy" in runs and "relay+fields" in runs:
+                row["proxy vs relay+fields"] = _ratios(runs["relay+fields"], runs["proxy"])
             results.append(row)
             print(json.dumps(row), file=sys.stderr)
     return results, proxied
@@ -439,12 +500,15 @@ def _print(rows: list[dict[str, Any]], paths: list[str]) -> None:
                   f"{m['p99']:>7.1f}ms {m['tps']:>6.0f} {extra} {m['engine_cpu_ms']:>7.2f} "
                   f"{m['engine_core_cpu_ms']:>6.2f} {m['proxy_cpu_ms']:>6.2f} "
                   f"{m['client_cpu_ms']:>6.2f}")  # fmt: skip
-        own = r.get("proxy vs direct+fields")
-        if own:
-            print(f"{'':>17} the proxy itself (vs direct+fields): {own['added_p50_ms']:+.1f} ms "
-                  f"at p50, throughput x{own['throughput_ratio']:.3f} "
-                  f"({own['throughput_ratio_range'][0]:.2f}-{own['throughput_ratio_range'][1]:.2f})"
-                  f"; load average {r['loadavg_1m']}")  # fmt: skip
+        for key, what in (("proxy vs direct+fields", "the proxy itself (vs direct+fields)"),
+                          ("relay vs direct+fields", "a bare relay, nginx (vs direct+fields)"),
+                          ("proxy vs relay+fields", "the proxy vs the relay")):  # fmt: skip
+            own = r.get(key)
+            if own:
+                lo, hi = own["throughput_ratio_range"]
+                print(f"{'':>17} {what}: {own['added_p50_ms']:+.1f} ms at p50, throughput "
+                      f"x{own['throughput_ratio']:.3f} ({lo:.2f}-{hi:.2f}); "
+                      f"load average {r['loadavg_1m']}")  # fmt: skip
 
 
 def main() -> int:
@@ -470,7 +534,8 @@ def main() -> int:
                         help="requests per round: this many times the streams")  # fmt: skip
     parser.add_argument("--placements", default="pinned,shared")
     parser.add_argument("--engine-cpus", help="comma-separated; default all CPUs but the last")
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", default=",".join(p for p in PATHS if p != "relay+fields"),
+                        help=f"of {','.join(PATHS)} (relay+fields needs nginx)")  # fmt: skip
     parser.add_argument("--profile", type=Path, help="run the proxy under cProfile, to here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -491,14 +556,21 @@ def main() -> int:
             parser.error("--engine URL with --engine-pid PID, or --start-engine")
         assert engine_pid is not None
         proxy, proxy_proc = start_proxy(engine, model, workdir, args.profile)
+        bases = {"engine": engine, "proxy": proxy}
+        relay_proc = None
+        if "relay+fields" in paths:
+            bases["relay"], relay_proc = start_relay(engine, workdir)
         procs = Processes(
-            Tree(engine_pid), Tree(proxy_proc.pid), Tree(os.getpid(), descendants=False)
+            Tree(engine_pid),
+            Tree(proxy_proc.pid),
+            Tree(os.getpid(), descendants=False),
+            Tree(relay_proc.pid) if relay_proc is not None else None,
         )
         load_before = os.getloadavg()
         try:
             levels = [Load(streams=int(x)) for x in args.levels.split(",") if x]
             levels += [Load(rate=float(x)) for x in args.rates.split(",") if x]
-            rows, proxied = measure(engine, proxy, procs, levels, where=where, paths=paths,
+            rows, proxied = measure(bases, procs, levels, where=where, paths=paths,
                                     rounds=args.rounds, tokens=args.tokens,
                                     per_stream=args.requests_per_stream,
                                     seconds=args.rate_seconds,
@@ -508,6 +580,9 @@ def main() -> int:
                 procs.engine.pin(every)  # a running engine (--engine) gets every CPU back
             proxy_proc.send_signal(signal.SIGTERM)
             proxy_proc.wait(120)
+            if relay_proc is not None:
+                relay_proc.send_signal(signal.SIGQUIT)
+                relay_proc.wait(30)
             if engine_proc is not None:
                 engine_proc.stop()
         events = sum(pq.read_metadata(p).num_rows for p in (workdir / "events").rglob("*.parquet"))
