@@ -393,7 +393,8 @@ class Processes:
     def cpu(self) -> tuple[float, float, float, float]:
         """CPU seconds: the engine, of which its core (vLLM's ``VLLM::EngineCore`` and
         ``VLLM::Worker`` processes: scheduling, the forward pass, sampling; the rest is its
-        API server: requests, detokenizing, building and writing responses), the proxy, the
+        API server: requests, detokenizing, building and writing responses), the sidecars (the
+        proxy, and nginx where it runs: each path uses one of them), the
         load generator."""
         engine = self.engine.cpu()
         sidecar = self.proxy.cpu() + (self.relay.cpu() if self.relay is not None else 0.0)
