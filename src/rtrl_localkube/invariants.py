@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,15 +165,19 @@ class Ledger:
         with self._lock:
             return [_meta(o)["name"] for o in self.objects.get(kind, {}).values()]
 
-    def violations(self) -> list[Violation]:
+    def violations(self, rlcycle_gone: Callable[[str], bool] | None = None) -> list[Violation]:
         """Every safety violation so far, including a serving that is judged only now (its
-        Checkpoint's eval may have arrived on another watch after the Deployment's event)."""
+        Checkpoint's eval may have arrived on another watch after the Deployment's event).
+        ``rlcycle_gone``: a direct read of whether an RLCycle is deleted or being deleted, for
+        a Checkpoint whose deletion arrived before its RLCycle's (the watches of two kinds
+        keep no common order): garbage collection took it, as the watch will show."""
         with self._lock:
             out = list(self.found)
             out += [
                 Violation("lost-checkpoint", what)
                 for rlc, what in self.deleted
-                if not self._rlcycle_went(rlc)  # garbage collection takes an RLCycle's children
+                # garbage collection takes an RLCycle's children
+                if not self._rlcycle_went(rlc) and not (rlcycle_gone and rlcycle_gone(rlc))
             ]
             for deployment, uri, rv in self.served:
                 if uri in self.owned_uris and not (0 < self.passed_at.get(uri, 0) < rv):

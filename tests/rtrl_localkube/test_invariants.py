@@ -137,6 +137,14 @@ def test_a_checkpoint_deleted_unless_insufficient_pruned_or_its_rlcycle_went_is_
     )
     gone.feed("RLCycle", "DELETED", rlcycle())  # its RLCycle's deletion, seen later
     assert kinds(gone) == []
+    # judged before that event arrives: a direct read of the RLCycle decides, and says
+    # whether it still exists
+    not_yet = ledger_with(
+        ("ADDED", checkpoint("composer-1", 1, "Training", data={})),
+        ("DELETED", checkpoint("composer-1", 1, "Training", data={})),
+    )
+    assert [v.invariant for v in not_yet.violations(lambda name: name == "composer")] == []
+    assert [v.invariant for v in not_yet.violations(lambda name: False)] == ["lost-checkpoint"]
 
 
 def test_serving_or_a_canary_before_eval_passed_is_caught() -> None:
