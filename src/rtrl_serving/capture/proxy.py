@@ -9,7 +9,8 @@ path passes to the engine unchanged; ``/healthz``, ``/readyz`` and ``/metrics`` 
 proxy's own.
 
 Order of the last steps, for the loss bounds of docs/writing-shards.md: the last bytes are
-written to the client, then the event is queued in the same tick (no await between), and the
+written to the client (a stream's last event with the response's end, before the engine's
+own end is read), then the event is queued in the same tick (no await between), and the
 spool's writer puts it in the page cache within milliseconds; so a SIGKILL loses the events
 of responses completed in those milliseconds, a power loss those of the commit window.
 """
@@ -334,6 +335,13 @@ class CaptureProxy:
         return resp
 
     async def _stream(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        """Relay the engine's stream. Its last event goes to the client with the end of the
+        response in one write, and the events are queued right after it, in the same tick;
+        the engine's own end of the stream is read after that. A closed loop's client sends
+        its next request only once it has the end: waiting for the engine's end first, or
+        building the events first (the tokens parsed, the tool calls checked, the row
+        encoded; for the many streams of one engine step, one after another), would be
+        latency."""
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in response_headers(upstream):
             resp.headers.add(key, value)
@@ -350,12 +358,18 @@ class CaptureProxy:
                     event, buffer = buffer[: cut + 2], buffer[cut + 2 :]
                     done = done or event == b"data: [DONE]\n\n"
                     out.append(self._relay(event, collector, ex.rw))
-                if out:
-                    await resp.write(b"".join(out))
-                if done:  # the client has its last byte: queue the events now
+                if done:
+                    await resp.write_eof(b"".join(out) + buffer)
+                    ex.delivered = time.monotonic()
                     self.recorder.record(
                         ex, _stream_status(collector), stream=True, collector=collector
                     )
+                    # the engine's end (its chunked body's last bytes): read, so that its
+                    # connection goes back to the pool rather than being closed
+                    await upstream.content.read()
+                    return resp
+                if out:
+                    await resp.write(b"".join(out))
             if buffer:
                 await resp.write(buffer)
             await resp.write_eof()
@@ -363,8 +377,9 @@ class CaptureProxy:
             upstream.close()  # drop the engine's connection: vLLM aborts the generation
             self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            log.warning("the engine's stream broke off: %s", exc)
-            self.recorder.record(ex, 502, stream=True, collector=None)
+            if ex.delivered is None:
+                log.warning("the engine's stream broke off: %s", exc)
+            self.recorder.record(ex, 502, stream=True, collector=None)  # once: not if served
         except asyncio.CancelledError:
             self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
             raise

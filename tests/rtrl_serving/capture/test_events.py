@@ -20,6 +20,7 @@ from rtrl.core.events import served_at
 from rtrl_localkube import tinymodel
 from tests.rtrl_serving.capture.events_store import wait_for_events
 from tests.rtrl_serving.capture.http import MESSAGES, WEATHER, post
+from tests.rtrl_serving.capture.late_end import engine_that_ends_late
 from tests.rtrl_serving.conftest import Capture, new_bucket, s3_env, start_capture
 from tests.vllm_engine import VllmEngine
 
@@ -276,6 +277,46 @@ def test_a_client_that_leaves_mid_stream_is_an_event(capture: Capture, moto: str
                          status="499") < 1:  # fmt: skip
         assert time.monotonic() - started < 10
         time.sleep(0.2)
+
+
+def test_a_streams_end_reaches_the_client_with_its_last_event(
+    vllm_engine: VllmEngine, moto: str, tmp_path: Path
+) -> None:
+    """A closed loop's client sends its next request once it has the response's end: the
+    proxy ends the response with the stream's last event, not when the engine's own end
+    comes (held back here by a relay), and records it served whole, its latency up to that
+    last event."""
+    hold = 3.0
+    body = (b'{"model": "tiny", "prompt": "x", "max_tokens": 8, "ignore_eos": true, '
+            b'"stream": true}')  # fmt: skip
+    with engine_that_ends_late(vllm_engine.root_url, hold=hold) as engine:
+        cap = start_capture(
+            engine, f"s3://{new_bucket(moto)}/events/", tmp_path / "spool", s3_env(moto),
+            model_uri=vllm_engine.model_uri, extra=["--segment-age-s", "0.3"],
+        )  # fmt: skip
+        try:
+            host, port = cap.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                        b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+                sock.sendall(head + body)
+                got = b""
+                while b"data: [DONE]" not in got:
+                    got += sock.recv(65536)
+                last_event = time.monotonic()
+                while not got.endswith(b"\r\n0\r\n\r\n"):
+                    got += sock.recv(65536)
+                waited = time.monotonic() - last_event
+            line = next(h for h in got.split(b"\r\n")
+                        if h.lower().startswith(b"x-rtrl-interaction-id"))  # fmt: skip
+            event = one_event(moto, cap, line.split(b":", 1)[1].strip().decode())
+        finally:
+            assert cap.stop() == 0
+    assert waited < hold / 2, f"the end came {waited:.2f} s after the last event"
+    assert event["status"] == 200
+    assert len(event["completion_ids"]) == 8
+    assert len(event["completion_logprobs"]) == 8
+    assert event["latency_ms"] < 1000 * hold
 
 
 def test_a_checkpoint_mismatch_is_recorded_unverified_and_counted(
