@@ -13,15 +13,18 @@ costs); and the proxy (``proxy``). The fields are taken from the proxy's own rew
 Placements (``--placements``): ``pinned`` is a pod's layout: the engine (every thread of its
 process tree) on one CPU set in every path, the proxy and the load generator on the other
 CPUs (a sidecar with a CPU request of its own); ``shared`` puts all three on every CPU, so
-that the proxy's CPU is taken from the engine. The placements and paths take turns, round
-after round, so that drift in the machine's load hits all alike. Per level, placement and
-path it reports latency per request (sent to last byte received) at p50 and p99, tokens per
-second, and the CPU milliseconds per request of the engine, the proxy and the load
-generator, as medians over the rounds; ratios against ``direct`` (and the proxy against
-``direct+fields``) are taken within each round (medians, with the range). The proxy runs as
-the real ``rtrl-capture`` console script, spooling to local disk with its default commit
-window and shipping to a ``file://`` events store, as in a pod; its events are counted at
-the end against the requests it served.
+that the proxy's CPU is taken from the engine; ``split`` is ``pinned`` with the engine's API
+server moved off its core's CPUs to the sidecar's, so that the forward passes no longer take
+the CPU the API server needs to take requests (as on a GPU node, where they run on the GPU),
+at the price of the API server sharing its CPUs with the proxy and the load generator. The
+placements and paths take turns, round after round, so that drift in the machine's load hits
+all alike. Per level, placement and path it reports latency per request (sent to last byte
+received) at p50 and p99, tokens per second, and the CPU milliseconds per request of the
+engine, the proxy and the load generator, as medians over the rounds; ratios against
+``direct`` (and the proxy against ``direct+fields``) are taken within each round (medians,
+with the range). The proxy runs as the real ``rtrl-capture`` console script, spooling to
+local disk with its default commit window and shipping to a ``file://`` events store, as in
+a pod; its events are counted at the end against the requests it served.
 
 Loads: ``--levels`` are closed loop (so many streams, each sending its next request when
 its last one ended: the engine's capacity, where every millisecond a request spends outside
@@ -31,7 +34,7 @@ whatever the responses do: what a deployment serving many users sees).
 Goal (issue 30): <= 2 ms added at p50, <= 5% throughput lost.
 
     .venv/bin/python bench/capture.py --start-engine [--levels 16,64] [--rounds 5]
-        [--tokens 32] [--placements pinned,shared] [--engine-cpus 0] [--json]
+        [--tokens 32] [--placements pinned,shared,split] [--engine-cpus 0] [--json]
     .venv/bin/python bench/capture.py --start-engine --levels 64 --tokens-spread 16
         # a closed loop whose streams end apart: lengths of 16-48 tokens
     .venv/bin/python bench/capture.py --start-engine --levels "" --rates 50,150
@@ -220,6 +223,7 @@ class Placement:
     name: str
     engine: frozenset[int]
     sidecar: frozenset[int]
+    api: frozenset[int] | None = None  # the engine's API server, where not with its core
 
 
 def placements(names: list[str], engine_cpus: str | None) -> list[Placement]:
@@ -239,8 +243,15 @@ def placements(names: list[str], engine_cpus: str | None) -> list[Placement]:
                     f"--engine-cpus {sorted(engine)}: must leave one of {sorted(every)}"
                 )
             out.append(Placement(name, engine, sidecar))
+        elif name == "split":
+            sidecar = every - engine
+            if not engine or not sidecar or not engine <= every:
+                raise SystemExit(
+                    f"--engine-cpus {sorted(engine)}: must leave one of {sorted(every)}"
+                )
+            out.append(Placement(name, engine, sidecar, api=sidecar))
         else:
-            raise SystemExit(f"--placements: {name!r} is neither pinned nor shared")
+            raise SystemExit(f"--placements: {name!r} is not pinned, shared or split")
     return out
 
 
@@ -262,11 +273,14 @@ class Tree:
         for proc in [self.root, *children]:
             self.procs.setdefault(proc.pid, proc)
 
-    def pin(self, cpus: frozenset[int]) -> None:
-        """Every thread of every process (a thread started later inherits its creator's)."""
+    def pin(self, cpus: frozenset[int], *, unless: str | None = None) -> None:
+        """Every thread of every process (a thread started later inherits its creator's),
+        but those of processes whose name starts with ``unless``."""
         self.refresh()
         for proc in list(self.procs.values()):
             with contextlib.suppress(psutil.Error):
+                if unless is not None and proc.name().startswith(unless):
+                    continue
                 for thread in proc.threads():
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.sched_setaffinity(thread.id, cpus)
@@ -385,6 +399,8 @@ class Processes:
 
     def place(self, placement: Placement) -> None:
         self.engine.pin(placement.engine)
+        if placement.api is not None:
+            self.engine.pin(placement.api, unless=ENGINE_CORE)
         self.proxy.pin(placement.sidecar)
         self.client.pin(placement.sidecar)
         if self.relay is not None:
