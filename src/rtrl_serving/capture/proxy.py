@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -37,7 +36,7 @@ from rtrl_serving.capture.config import CaptureConfig
 from rtrl_serving.capture.configmap import ConfigMapWatch
 from rtrl_serving.capture.engine import EngineWatch
 from rtrl_serving.capture.events import CLIENT_CLOSED, Identity, header_value, rows_ids
-from rtrl_serving.capture.headers import forward_headers, response_headers
+from rtrl_serving.capture.headers import forward_headers, response_headers, served_at
 from rtrl_serving.capture.metrics import CaptureMetrics
 from rtrl_serving.capture.recorder import Exchange, Recorder
 from rtrl_serving.capture.rewrite import ENDPOINTS, Rewrite, rewrite
@@ -243,23 +242,6 @@ class CaptureProxy:
 
     # --- capture -------------------------------------------------------------------------
 
-    def _served_at(self, request: web.Request) -> datetime:
-        name = self.config.clock_header
-        value = request.headers.get(name) if name else None
-        if not value:
-            return datetime.now(UTC)
-        try:
-            moment = (
-                datetime.fromtimestamp(float(value), UTC)
-                if value.replace(".", "", 1).isdigit()
-                else datetime.fromisoformat(value)
-            )
-        except ValueError:
-            raise web.HTTPBadRequest(
-                text=f"{name}: {value[:64]!r} is neither ISO 8601 nor Unix seconds\n"
-            ) from None
-        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
     def _route(self, request: web.Request) -> Route | None:
         if self.router is None:
             return None
@@ -280,7 +262,7 @@ class CaptureProxy:
     async def _captured(self, request: web.Request, route: Route | None) -> web.StreamResponse:
         assert self.session is not None
         started = time.monotonic()
-        created = self._served_at(request)
+        created = served_at(request.headers, self.config.clock_header)
         adapter = route.ref.name if route is not None and route.ref is not None else None
         served = self.watch.state.served_name if self.watch is not None else None
         rw = rewrite(ENDPOINTS[request.path], await request.read(), model=adapter, served=served)
