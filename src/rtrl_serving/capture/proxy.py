@@ -49,6 +49,7 @@ INTERACTION_HEADER = "X-Rtrl-Interaction-Id"
 GENERATIONS = EventKind(GENERATIONS_DIR, GENERATION_SCHEMA, by_hour_of("created_at"))
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 IDLE_KEEPALIVE_S = 2.0
+ENGINE_END_S = 30.0  # how long a stream's end may follow its [DONE]
 
 
 class CaptureProxy:
@@ -317,13 +318,11 @@ class CaptureProxy:
         return resp
 
     async def _stream(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        """Relay the engine's stream. Its last event goes to the client with the end of the
-        response in one write, and the events are queued right after it, in the same tick;
-        the engine's own end of the stream is read after that. A closed loop's client sends
-        its next request only once it has the end: waiting for the engine's end first, or
-        building the events first (the tokens parsed, the tool calls checked, the row
-        encoded; for the many streams of one engine step, one after another), would be
-        latency."""
+        """Relay the engine's stream. Its last event goes to the client with the response's end
+        in one write, the events are queued in the same tick, and the engine's end is read
+        after that: a client sends its next request once it has the end, so waiting for the
+        engine's, or building the events (for the streams an engine step ends, one after
+        another), first would be latency."""
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in response_headers(upstream):
             resp.headers.add(key, value)
@@ -346,9 +345,10 @@ class CaptureProxy:
                     self.recorder.record(
                         ex, _stream_status(collector), stream=True, collector=collector
                     )
-                    # the engine's end (its chunked body's last bytes): read, so that its
-                    # connection goes back to the pool rather than being closed
-                    await upstream.content.read()
+                    # the engine's end (its chunked body's last bytes), read so that its
+                    # connection goes back to the pool; one that never comes is closed
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(upstream.content.read(), ENGINE_END_S)
                     return resp
                 if out:
                     await resp.write(b"".join(out))
