@@ -236,20 +236,13 @@ def placements(names: list[str], engine_cpus: str | None) -> list[Placement]:
     for name in names:
         if name == "shared":
             out.append(Placement(name, every, every))
-        elif name == "pinned":
+        elif name in ("pinned", "split"):
             sidecar = every - engine
             if not engine or not sidecar or not engine <= every:
                 raise SystemExit(
                     f"--engine-cpus {sorted(engine)}: must leave one of {sorted(every)}"
                 )
-            out.append(Placement(name, engine, sidecar))
-        elif name == "split":
-            sidecar = every - engine
-            if not engine or not sidecar or not engine <= every:
-                raise SystemExit(
-                    f"--engine-cpus {sorted(engine)}: must leave one of {sorted(every)}"
-                )
-            out.append(Placement(name, engine, sidecar, api=sidecar))
+            out.append(Placement(name, engine, sidecar, api=sidecar if name == "split" else None))
         else:
             raise SystemExit(f"--placements: {name!r} is not pinned, shared or split")
     return out

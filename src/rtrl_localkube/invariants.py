@@ -173,12 +173,8 @@ class Ledger:
         keep no common order): garbage collection took it, as the watch will show."""
         with self._lock:
             out = list(self.found)
-            out += [
-                Violation("lost-checkpoint", what)
-                for rlc, what in self.deleted
-                # garbage collection takes an RLCycle's children
-                if not self._rlcycle_went(rlc) and not (rlcycle_gone and rlcycle_gone(rlc))
-            ]
+            # garbage collection takes an RLCycle's children
+            lost = [(rlc, what) for rlc, what in self.deleted if not self._rlcycle_went(rlc)]
             for deployment, uri, rv in self.served:
                 if uri in self.owned_uris and not (0 < self.passed_at.get(uri, 0) < rv):
                     out.append(
@@ -188,7 +184,10 @@ class Ledger:
                             "before its Checkpoint's eval passed",
                         )
                     )
-            return out
+        # read outside the lock (the watches feed the ledger meanwhile), once per RLCycle
+        gone = {rlc: rlcycle_gone(rlc) for rlc, _ in lost} if rlcycle_gone else {}
+        out += [Violation("lost-checkpoint", what) for rlc, what in lost if not gone.get(rlc)]
+        return out
 
     # --- the rules, each run under the lock ---------------------------------------------
     def _live(self, kind: str) -> list[dict[str, Any]]:

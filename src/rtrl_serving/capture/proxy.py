@@ -341,7 +341,6 @@ class CaptureProxy:
                     out.append(self._relay(event, collector, ex.rw))
                 if done:
                     await resp.write_eof(b"".join(out) + buffer)
-                    ex.delivered = time.monotonic()
                     self.recorder.record(
                         ex, _stream_status(collector), stream=True, collector=collector
                     )
@@ -359,9 +358,9 @@ class CaptureProxy:
             upstream.close()  # drop the engine's connection: vLLM aborts the generation
             self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            if ex.delivered is None:
+            if not ex.recorded:  # not after its [DONE], while its end was read
                 log.warning("the engine's stream broke off: %s", exc)
-            self.recorder.record(ex, 502, stream=True, collector=None)  # once: not if served
+            self.recorder.record(ex, 502, stream=True, collector=None)  # a no-op if served
         except asyncio.CancelledError:
             self.recorder.record(ex, CLIENT_CLOSED, stream=True, collector=None)
             raise

@@ -41,7 +41,6 @@ class Exchange:
     created: datetime  # its serving time
     started: float  # monotonic, at arrival
     recorded: bool = False
-    delivered: float | None = None  # monotonic, when a stream's [DONE] went to the client
     route: Route | None = None  # its org's adapter and arm (adapters.py), if routed
 
 
@@ -72,7 +71,7 @@ class Recorder:
             endpoint=rw.endpoint,
             stream=stream,
             status=status,
-            latency_ms=((ex.delivered or time.monotonic()) - ex.started) * 1000.0,
+            latency_ms=(time.monotonic() - ex.started) * 1000.0,
             sampling=sampling,
             user_id=header_value(headers, config.user_header),
             session_id=header_value(headers, config.session_header),

@@ -15,8 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from rtrl_localkube.processes import free_port
-
-_HOP = {"host", "content-length", "transfer-encoding", "connection"}
+from rtrl_serving.capture.headers import forward_headers
 
 
 @contextlib.contextmanager
@@ -27,8 +26,8 @@ def engine_that_ends_late(engine: str, hold: float) -> Iterator[str]:
     sessions: list[aiohttp.ClientSession] = []
 
     async def relay(request: web.Request) -> web.StreamResponse:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         body = await request.read()
+        headers = forward_headers(request.headers, plain=False)
         async with sessions[0].request(
             request.method, engine + request.path_qs, data=body or None, headers=headers
         ) as up:
